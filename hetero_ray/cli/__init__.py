@@ -1,0 +1,1 @@
+"""The ``hetero-ray`` command line: one module per subcommand."""

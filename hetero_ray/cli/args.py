@@ -1,0 +1,49 @@
+"""Argument types shared by the subcommands: parse strings, leave range checks to the configs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def int_list(text: str) -> list[int]:
+    """``"40,24"`` → ``[40, 24]``."""
+    try:
+        return [int(v) for v in _items(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 40,24; got {text!r}") from None
+
+
+def float_list(text: str) -> list[float]:
+    """``"1,0.5"`` → ``[1.0, 0.5]``."""
+    try:
+        return [float(v) for v in _items(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1,0.5; got {text!r}") from None
+
+
+def speed_change(text: str) -> dict:
+    """``"STEP:RANK:SPEED"`` → ``{"global_step": STEP, "rank": RANK, "speed": SPEED}``."""
+    try:
+        step, rank, speed = text.split(":")
+        change = {"global_step": int(step), "rank": int(rank), "speed": float(speed)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEP:RANK:SPEED like 200:1:0.5; got {text!r}") from None
+    if change["global_step"] < 0 or change["rank"] < 0 or not 0 < change["speed"] <= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: STEP and RANK must be ≥ 0 and SPEED in (0, 1]")
+    return change
+
+
+def _items(text: str) -> list[str]:
+    items = [v.strip() for v in text.split(",")]
+    if not items or any(v == "" for v in items):
+        raise ValueError(text)
+    return items
+
+
+class ErrorExitParser(argparse.ArgumentParser):
+    """argparse exits with code 2 on bad flags already; this adds the hint to --help."""
+
+    def error(self, message: str):
+        self.print_usage()
+        self.exit(2, f"{self.prog}: error: {message}\n(see {self.prog} --help)\n")

@@ -1,0 +1,54 @@
+"""Plain-text summaries for the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run_summary_text(summary: dict[str, Any]) -> str:
+    lines = [
+        f"== {summary['experiment_name']}: {summary['status']} in {summary['wall_time_s']:.1f} s ==",
+        f"{summary['model']} on {summary['dataset']}, global batch {summary['global_batch_size']}, "
+        f"{summary['num_workers']} workers, policy {summary['policy']}"
+        + (f", emulated speeds {summary['emulate_speeds']}" if summary.get("emulate_speeds") else ""),
+        f"{summary['global_steps']} steps, {summary['samples']} samples, "
+        f"steady throughput {_num(summary.get('steady_samples_per_s'))} samples/s, "
+        f"{summary['plan_changes']} plan change(s), {summary['restarts']} restart(s)",
+    ]
+    if summary.get("final_eval_metric") is not None:
+        lines.append(f"final train loss {summary['final_train_loss']:.4f}, "
+                     f"eval {summary['eval_metric_name']} {summary['final_eval_metric']:.4f}")
+    ranks = summary.get("ranks") or []
+    if ranks:
+        lines.append("")
+        lines.append(format_table(
+            ["rank", "node", "local batch", "busy ms", "wait ms", "samples/s (own)"],
+            [[r["rank"], r["node_id"][:8], r["local_batch_size"], _ms(r["busy_time_s"]),
+              _ms(r["wait_time_s"]), _num(r["samples_per_s"])] for r in ranks],
+        ))
+    lines.append("")
+    lines.append(f"results: {summary['run_dir']}  (summary.json, steps.parquet, plans.parquet, "
+                 "epochs.parquet, model_final.pt)")
+    if summary.get("error"):
+        lines.append(f"error: {summary['error']}")
+    return "\n".join(lines)
+
+
+def print_run_summary(summary: dict[str, Any]) -> None:
+    print(run_summary_text(summary), flush=True)
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"

@@ -1,0 +1,194 @@
+"""The training configuration: one typed object built by the CLI, the job entrypoints and
+the Python API alike, validated when it is made.
+
+:class:`TrainConfig` checks everything that can be checked without touching the disk or
+the cluster (``__post_init__``); :func:`hetero_ray.preflight.check` then checks files,
+directories and the cluster before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hetero_ray.errors import ConfigError
+
+MODELS = ("mlp", "simple_cnn", "resnet18", "resnet50", "gpt_tiny")
+DATASETS = ("synthetic_image", "synthetic_text", "cifar10", "cifar100")
+TEXT_MODELS = frozenset({"gpt_tiny"})
+TEXT_DATASETS = frozenset({"synthetic_text"})
+FILE_DATASETS = frozenset({"cifar10", "cifar100"})  # read from --data-dir
+POLICIES = ("static", "proportional")
+OPTIMIZERS = ("sgd", "adamw")
+LR_SCHEDULES = ("cosine", "constant")
+USE_GPU_CHOICES = ("auto", "yes", "no")
+BACKENDS = ("auto", "nccl", "gloo")
+
+_EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def default_experiment_name() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; defaults carry their reason."""
+
+    # --- what to train
+    model: str = "simple_cnn"  # small enough for a CPU demo, real convolutions
+    dataset: str = "synthetic_image"  # needs no download
+    data_dir: Optional[str] = None  # for cifar10/cifar100 (python-pickle batches)
+    download: bool = False  # fetch CIFAR into --data-dir (needs internet)
+    num_samples: int = 4096  # synthetic datasets: training samples
+    eval_samples: int = 512  # synthetic datasets: held-out samples for evaluation
+
+    # --- optimisation: depends on the global batch only, never on workers or speeds
+    batch_size: int = 64  # global batch B
+    epochs: int = 1
+    max_steps: Optional[int] = None  # stop after this many global steps (≤ epochs' worth)
+    lr: float = 0.05
+    optimizer: str = "sgd"  # SGD with momentum 0.9
+    lr_schedule: str = "cosine"  # cosine decay over the run's total steps
+    drop_last: bool = False  # keep the last short window (cut by the same rule)
+    seed: int = 0
+
+    # --- the cluster
+    address: Optional[str] = None  # None: RAY_ADDRESS or a local Ray
+    num_workers: int = 2
+    cpus_per_worker: float = 1.0
+    use_gpu: str = "auto"  # auto: GPU workers when the cluster has GPUs
+    backend: str = "auto"  # auto: nccl when every rank has a GPU, else gloo
+
+    # --- the plan
+    policy: str = "static"
+    batch_split: Optional[list[int]] = None  # explicit initial plan, e.g. [40, 24]
+    rebalance_interval: int = 20  # steps between plan checks (rank 0 fetch + broadcast)
+    emulate_speeds: Optional[list[float]] = None  # per-rank fraction of real speed
+
+    # --- fault tolerance
+    checkpoint_every: int = 100  # steps; also at every epoch end
+    max_failures: int = 3  # worker-group restarts from the last checkpoint
+    resume: bool = False  # continue the run of the same name in --output-dir
+
+    # --- output
+    experiment_name: str = field(default_factory=default_experiment_name)
+    output_dir: str = "runs"
+    record_sample_ids: bool = False  # write sample_ids.parquet (for exactly-once audits)
+
+    def __post_init__(self):
+        _choice("--model", self.model, MODELS)
+        _choice("--dataset", self.dataset, DATASETS)
+        _choice("--policy", self.policy, POLICIES)
+        _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        _choice("--use-gpu", self.use_gpu, USE_GPU_CHOICES)
+        _choice("--backend", self.backend, BACKENDS)
+        is_text_model = self.model in TEXT_MODELS
+        if is_text_model != (self.dataset in TEXT_DATASETS):
+            kind = "a text dataset (synthetic_text)" if is_text_model else "an image dataset"
+            raise ConfigError(f"--model {self.model} needs {kind}, got --dataset {self.dataset}")
+        if self.dataset in FILE_DATASETS and not self.data_dir:
+            raise ConfigError(
+                f"--dataset {self.dataset} reads its files from --data-dir; pass the folder "
+                f"that holds (or should receive, with --download) the {self.dataset} batches"
+            )
+        for name in ("num_samples", "eval_samples", "batch_size", "epochs", "num_workers",
+                     "rebalance_interval", "checkpoint_every"):
+            _positive_int(_flag(name), getattr(self, name))
+        if self.max_steps is not None:
+            _positive_int("--max-steps", self.max_steps)
+        _non_negative_int("--max-failures", self.max_failures)
+        _non_negative_int("--seed", self.seed)
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
+            raise ConfigError(f"--lr must be a positive number, got {self.lr!r}")
+        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
+            raise ConfigError(f"--cpus-per-worker must be positive, got {self.cpus_per_worker!r}")
+        if self.batch_size < self.num_workers:
+            raise ConfigError(
+                f"--batch-size {self.batch_size} is smaller than --num-workers {self.num_workers}: "
+                "every worker needs at least one sample per step; raise the global batch or use fewer workers"
+            )
+        if self.dataset not in FILE_DATASETS and self.num_samples < self.batch_size:
+            raise ConfigError(
+                f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}; "
+                "one epoch would not fill one global batch"
+            )
+        if self.batch_split is not None:
+            self.batch_split = _int_list("--batch-split", self.batch_split)
+            _per_rank_length("--batch-split", self.batch_split, self.num_workers)
+            if any(b < 1 for b in self.batch_split):
+                raise ConfigError(f"--batch-split values must be ≥ 1, got {self.batch_split}")
+            if sum(self.batch_split) != self.batch_size:
+                raise ConfigError(
+                    f"--batch-split {','.join(map(str, self.batch_split))} sums to "
+                    f"{sum(self.batch_split)}, but --batch-size is {self.batch_size}"
+                )
+        if self.emulate_speeds is not None:
+            self.emulate_speeds = [float(v) for v in self.emulate_speeds]
+            _per_rank_length("--emulate-speeds", self.emulate_speeds, self.num_workers)
+            if any(not 0 < v <= 1 for v in self.emulate_speeds):
+                raise ConfigError(
+                    f"--emulate-speeds values must be in (0, 1] (a fraction of the real speed), "
+                    f"got {self.emulate_speeds}"
+                )
+        if not isinstance(self.experiment_name, str) or not _EXPERIMENT_NAME.match(self.experiment_name):
+            raise ConfigError(
+                f"--experiment-name {self.experiment_name!r} must be 1-100 characters of letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        if not self.output_dir:
+            raise ConfigError("--output-dir must not be empty")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+        return cls(**d)
+
+    @property
+    def is_text(self) -> bool:
+        return self.model in TEXT_MODELS
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _choice(flag: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _positive_int(flag: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(flag: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{flag} must be a non-negative integer, got {value!r}")
+
+
+def _int_list(flag: str, values) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{flag} values must be integers, got {list(values)}")
+        out.append(int(v))
+    return out
+
+
+def _per_rank_length(flag: str, values, num_workers: int) -> None:
+    if len(values) != num_workers:
+        raise ConfigError(
+            f"{flag} has {len(values)} values but --num-workers is {num_workers}; give one value per rank"
+        )

@@ -1,0 +1,70 @@
+"""The tables of a run and their columns: one vocabulary for code, Parquet and the app.
+
+Every table is written to ``<run_dir>/<table>.parquet``. While a run is going, rows are
+appended as part files under ``<run_dir>/parts/<table>/`` and merged at the end; readers
+accept either (see :mod:`hetero_ray.metrics.run_files`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+STEPS = "steps"
+PLANS = "plans"
+EPOCHS = "epochs"
+SAMPLE_IDS = "sample_ids"
+DECISIONS = "decisions"
+TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, DECISIONS)
+
+# Tables whose rows belong to a global step, and so to the run's effective trajectory:
+# rows of steps that were redone after a restart are replaced by the redone ones.
+TRAJECTORY_TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS)
+STEP_COLUMN = {PLANS: "first_global_step"}  # the global-step column, where not "global_step"
+
+_f64 = pa.float64()
+_i64 = pa.int64()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    STEPS: pa.schema([
+        ("epoch", _i64), ("step", _i64), ("global_step", _i64), ("rank", _i64),
+        ("node_id", pa.string()), ("attempt", _i64),
+        ("local_batch_size", _i64), ("global_batch_size", _i64), ("plan_version", _i64),
+        ("data_time_s", _f64), ("forward_time_s", _f64), ("backward_time_s", _f64),
+        ("pad_time_s", _f64), ("optimizer_time_s", _f64), ("busy_time_s", _f64),
+        ("wait_time_s", _f64), ("step_time_s", _f64), ("loss", _f64), ("lr", _f64),
+        ("wall_time", _f64),
+        # In-training profiler; empty where not measured (no GPU, sampling off).
+        ("h2d_time_s", _f64), ("gpu_util", _f64), ("gpu_mem_used_bytes", _f64),
+        ("gpu_mem_peak_bytes", _f64), ("gpu_mem_total_bytes", _f64), ("gpu_temp_c", _f64),
+        ("gpu_power_w", _f64), ("cpu_util", _f64), ("rss_bytes", _f64),
+    ]),
+    PLANS: pa.schema([
+        ("plan_version", _i64), ("first_global_step", _i64), ("epoch", _i64), ("step", _i64),
+        ("attempt", _i64), ("num_workers", _i64), ("global_batch_size", _i64),
+        ("local_batch_sizes", pa.list_(_i64)), ("reason", pa.string()), ("wall_time", _f64),
+    ]),
+    EPOCHS: pa.schema([
+        ("epoch", _i64), ("global_step", _i64), ("attempt", _i64), ("train_loss", _f64),
+        ("eval_loss", _f64), ("eval_metric", _f64), ("eval_metric_name", pa.string()),
+        ("samples", _i64), ("epoch_time_s", _f64), ("samples_per_s", _f64), ("wall_time", _f64),
+    ]),
+    SAMPLE_IDS: pa.schema([
+        ("epoch", _i64), ("step", _i64), ("global_step", _i64), ("rank", _i64),
+        ("attempt", _i64), ("sample_index", _i64),
+    ]),
+    DECISIONS: pa.schema([
+        ("global_step", _i64), ("policy", pa.string()), ("adopted", pa.bool_()),
+        ("reason", pa.string()), ("plan_version", _i64), ("local_batch_sizes", pa.list_(_i64)),
+        ("predicted_step_time_s", _f64), ("current_predicted_step_time_s", _f64),
+        ("predicted_gain", _f64), ("achieved_step_time_s", _f64), ("wall_time", _f64),
+    ]),
+}
+
+STEP_COLUMNS = tuple(SCHEMAS[STEPS].names)
+
+
+def to_table(name: str, rows: list[dict]) -> pa.Table:
+    """Rows (dicts) as an Arrow table of the table's schema; missing columns are null."""
+    schema = SCHEMAS[name]
+    columns = {field.name: [row.get(field.name) for row in rows] for field in schema}
+    return pa.Table.from_pydict(columns, schema=schema)

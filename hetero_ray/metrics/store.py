@@ -1,0 +1,225 @@
+"""The metrics store: every record of a run, in memory for live readers, on disk for good.
+
+Workers send batches of records fire-and-forget; the store appends them to pending
+buffers, keeps the most recent step rows in a bounded window for live queries (the
+dashboard, the driver's progress line), and writes pending rows as Parquet parts at
+least every ``parquet_flush_interval_s``. :meth:`finalize` merges the parts into one file
+per table on the run's effective trajectory.
+
+Plain class, no Ray import: the actor in :mod:`hetero_ray.runtime.actors` wraps it. If
+that actor restarts, a new instance picks up the attempt table and the part sequence from
+the run directory, so nothing already on disk is lost.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import glob
+import os
+import time
+from typing import Any, Optional
+
+from hetero_ray.metrics import run_files
+from hetero_ray.metrics.records import (
+    DECISIONS, EPOCHS, PLANS, SAMPLE_IDS, STEPS, TABLES, to_table,
+)
+
+_PROGRESS_STEPS_KEPT = 200  # per-step totals kept for the progress view
+
+
+class MetricsStore:
+    def __init__(
+        self,
+        run_dir: str,
+        experiment_name: str,
+        max_recent_steps: int = 200_000,
+        parquet_flush_interval_s: float = 5.0,
+    ):
+        self.run_dir = run_dir
+        self.experiment_name = experiment_name
+        self._max_recent_steps = max_recent_steps
+        self._flush_interval_s = parquet_flush_interval_s
+        self._pending: dict[str, list[dict]] = {t: [] for t in TABLES}
+        self._recent_steps: collections.deque[tuple[int, dict]] = collections.deque(maxlen=max_recent_steps)
+        self._cursor = 0  # sequence number of the last step row received
+        self._last_flush = time.monotonic()
+        self._part_sequence = self._existing_part_count()
+        self._attempts: list[dict] = run_files.read_json(self._path(run_files.ATTEMPTS_FILE), []) or []
+        self._workers: dict[int, dict] = {}
+        self._latest_by_rank: dict[int, dict] = {}
+        self._step_totals: collections.OrderedDict[int, dict] = collections.OrderedDict()
+        self._plans: list[dict] = []
+        self._epochs: list[dict] = []
+        self._decisions: list[dict] = []
+        self._nodes: Optional[list[dict]] = run_files.read_json(self._path(run_files.NODES_FILE))
+        self._finalized = False
+
+    # ---- writers (workers, driver) -------------------------------------------------
+
+    def begin_attempt(self, start_global_step: int, num_workers: int) -> int:
+        """Registers a worker-group start; returns its attempt id (0, 1, …)."""
+        attempt = len(self._attempts)
+        self._attempts.append({
+            "attempt": attempt,
+            "start_global_step": int(start_global_step),
+            "num_workers": int(num_workers),
+            "wall_time": time.time(),
+        })
+        run_files.write_json(self._path(run_files.ATTEMPTS_FILE), self._attempts)
+        self._workers = {}
+        self._latest_by_rank = {}
+        self._step_totals = collections.OrderedDict()
+        return attempt
+
+    def register_worker(self, info: dict) -> None:
+        """A worker of the current attempt: rank, pid, node_id, hostname, device."""
+        self._workers[int(info["rank"])] = dict(info)
+
+    def add(self, steps: Optional[list[dict]] = None, sample_ids: Optional[list[dict]] = None) -> None:
+        """A worker's batch of step rows and (compact) sample-id rows."""
+        for row in steps or ():
+            self._cursor += 1
+            self._recent_steps.append((self._cursor, row))
+            self._pending[STEPS].append(row)
+            self._aggregate(row)
+        for row in sample_ids or ():
+            base = {k: row[k] for k in ("epoch", "step", "global_step", "rank", "attempt")}
+            self._pending[SAMPLE_IDS].extend({**base, "sample_index": int(i)} for i in row["sample_indices"])
+        self._maybe_flush()
+
+    def add_plan(self, row: dict) -> None:
+        self._plans.append(row)
+        self._pending[PLANS].append(row)
+        self._maybe_flush()
+
+    def add_epoch(self, row: dict) -> None:
+        self._epochs.append(row)
+        self._pending[EPOCHS].append(row)
+        self._maybe_flush(force=True)  # rare and valuable: on disk at once
+
+    def add_decision(self, row: dict) -> None:
+        self._decisions.append(row)
+        self._pending[DECISIONS].append(row)
+        self._maybe_flush()
+
+    def set_nodes(self, nodes: list[dict]) -> None:
+        self._nodes = nodes
+        run_files.write_json(self._path(run_files.NODES_FILE), {"nodes": nodes})
+
+    # ---- readers (driver progress, dashboard) --------------------------------------
+
+    def workers(self) -> dict[int, dict]:
+        return dict(self._workers)
+
+    def attempts(self) -> list[dict]:
+        return list(self._attempts)
+
+    def plans(self) -> list[dict]:
+        return list(self._plans)
+
+    def epochs(self) -> list[dict]:
+        return list(self._epochs)
+
+    def decisions(self) -> list[dict]:
+        return list(self._decisions)
+
+    def nodes(self) -> Optional[list[dict]]:
+        return self._nodes
+
+    def steps_since(self, cursor: int, limit: int = 50_000) -> tuple[list[dict], int]:
+        """Step rows received after ``cursor`` (oldest first) and the new cursor.
+
+        Rows older than the in-memory window are only on disk; a reader that fell that far
+        behind gets the oldest rows still held and should read Parquet for the gap.
+        """
+        if not self._recent_steps:
+            return [], cursor
+        # Sequence numbers in the window are contiguous, so the start is an offset.
+        first_seq = self._recent_steps[0][0]
+        start = max(0, cursor - first_seq + 1)
+        taken = list(itertools.islice(self._recent_steps, start, start + limit))
+        if not taken:
+            return [], cursor
+        return [row for _, row in taken], taken[-1][0]
+
+    def progress(self, window_steps: int = 20) -> dict[str, Any]:
+        """A compact view of the current attempt's latest steps (the driver's progress line)."""
+        attempt = self._current_attempt()
+        num_workers = self._attempts[-1]["num_workers"] if self._attempts else 0
+        complete = [g for g, t in self._step_totals.items() if t["ranks"] == num_workers]
+        if not complete:
+            return {"global_step": None, "attempt": attempt}
+        last = complete[-1]
+        window = complete[-window_steps:]
+        samples_per_s = None
+        if len(window) >= 2:
+            span = self._step_totals[window[-1]]["wall_time"] - self._step_totals[window[0]]["wall_time"]
+            samples = sum(self._step_totals[g]["samples"] for g in window[1:])
+            samples_per_s = samples / span if span > 0 else None
+        totals = self._step_totals[last]
+        ranks = {
+            rank: {k: row[k] for k in ("local_batch_size", "busy_time_s", "step_time_s", "node_id")}
+            for rank, row in sorted(self._latest_by_rank.items())
+        }
+        return {
+            "attempt": attempt,
+            "global_step": last,
+            "epoch": totals["epoch"],
+            "samples_per_s": samples_per_s,
+            "loss": totals["loss_sum"] / totals["loss_samples"] if totals["loss_samples"] else None,
+            "ranks": ranks,
+            "plan_version": totals["plan_version"],
+        }
+
+    def _aggregate(self, row: dict) -> None:
+        """Keeps per-step cluster totals of the current attempt for :meth:`progress`."""
+        if row["attempt"] != self._current_attempt():
+            return  # a late row of a dead attempt
+        self._latest_by_rank[row["rank"]] = row
+        totals = self._step_totals.get(row["global_step"])
+        if totals is None:
+            totals = self._step_totals[row["global_step"]] = {
+                "samples": 0, "ranks": 0, "wall_time": 0.0, "loss_sum": 0.0, "loss_samples": 0,
+                "epoch": row["epoch"], "plan_version": row["plan_version"],
+            }
+            while len(self._step_totals) > _PROGRESS_STEPS_KEPT:
+                self._step_totals.popitem(last=False)
+        totals["samples"] += row["local_batch_size"]
+        totals["ranks"] += 1
+        totals["wall_time"] = max(totals["wall_time"], row["wall_time"])
+        if row.get("loss") is not None:
+            totals["loss_sum"] += row["loss"] * row["local_batch_size"]
+            totals["loss_samples"] += row["local_batch_size"]
+
+    # ---- persistence ---------------------------------------------------------------
+
+    def flush(self) -> None:
+        for table, rows in self._pending.items():
+            if rows:
+                self._part_sequence += 1
+                run_files.write_part(self.run_dir, table, to_table(table, rows), self._part_sequence)
+                self._pending[table] = []
+        self._last_flush = time.monotonic()
+
+    def finalize(self) -> dict[str, Optional[str]]:
+        """Writes what is pending and merges every table into its final Parquet file."""
+        self.flush()
+        merged = {table: run_files.merge_parts(self.run_dir, table) for table in TABLES}
+        self._finalized = True
+        return merged
+
+    def _maybe_flush(self, force: bool = False) -> None:
+        if force or time.monotonic() - self._last_flush >= self._flush_interval_s:
+            self.flush()
+
+    def _current_attempt(self) -> int:
+        return len(self._attempts) - 1
+
+    def _existing_part_count(self) -> int:
+        pattern = os.path.join(self.run_dir, run_files.PARTS_DIR, "*", "part-*.parquet")
+        numbers = [int(os.path.basename(p)[5:13]) for p in glob.glob(pattern)]
+        return max(numbers, default=0)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.run_dir, name)

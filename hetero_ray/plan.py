@@ -1,0 +1,180 @@
+"""The plan: each rank's share of the global batch.
+
+A :class:`Plan` is the unit that every other part agrees on: the scheduler publishes it,
+rank 0 broadcasts it, the sampler cuts windows with it, the gradient hook weights by it,
+and the metrics store records it. It is immutable; a change is a new plan with a higher
+``version``.
+
+The integer splits here keep ``Σ local_batch_sizes == global_batch_size`` exactly and
+respect per-rank lower and upper bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-rank local batch sizes for one global batch.
+
+    Attributes:
+        version: increases by one with every adopted change; 0 is the initial plan.
+        local_batch_sizes: ``b_i`` for rank ``i``; every ``b_i ≥ 1`` so that every rank
+            takes part in each collective with real data.
+        reason: why this plan exists (policy name, decision), for the plan history.
+    """
+
+    version: int
+    local_batch_sizes: tuple[int, ...]
+    reason: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        sizes = tuple(int(b) for b in self.local_batch_sizes)
+        object.__setattr__(self, "local_batch_sizes", sizes)
+        if not sizes:
+            raise ValueError("a plan needs at least one rank")
+        if any(b < 1 for b in sizes):
+            raise ValueError(f"every local batch size must be at least 1, got {list(sizes)}")
+        if self.version < 0:
+            raise ValueError(f"plan version must be ≥ 0, got {self.version}")
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.local_batch_sizes)
+
+    @property
+    def global_batch_size(self) -> int:
+        return sum(self.local_batch_sizes)
+
+    def shares(self) -> list[float]:
+        """Each rank's fraction of the global batch, ``b_i / B``."""
+        total = self.global_batch_size
+        return [b / total for b in self.local_batch_sizes]
+
+    def cut(self, window_size: int) -> list[int]:
+        """Per-rank piece sizes for a window of ``window_size`` samples.
+
+        A full window (``window_size == B``) is cut exactly by the plan. The last, shorter
+        window of an epoch is cut by the same rule, scaled: pieces proportional to
+        ``b_i`` by largest remainder, so they still sum to the window; a rank may get 0.
+        """
+        if window_size == self.global_batch_size:
+            return list(self.local_batch_sizes)
+        if not 0 <= window_size <= self.global_batch_size:
+            raise ValueError(
+                f"window of {window_size} samples does not fit a global batch of "
+                f"{self.global_batch_size}"
+            )
+        return largest_remainder(self.local_batch_sizes, window_size)
+
+    def with_sizes(self, local_batch_sizes: Sequence[int], reason: str) -> "Plan":
+        """The next version of this plan with new sizes (same global batch)."""
+        plan = Plan(self.version + 1, tuple(local_batch_sizes), reason)
+        if plan.global_batch_size != self.global_batch_size:
+            raise ValueError(
+                f"new plan sums to {plan.global_batch_size}, expected {self.global_batch_size}"
+            )
+        return plan
+
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "local_batch_sizes": list(self.local_batch_sizes),
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(int(d["version"]), tuple(d["local_batch_sizes"]), d.get("reason", ""))
+
+    def __str__(self) -> str:
+        return f"v{self.version} " + "/".join(str(b) for b in self.local_batch_sizes)
+
+
+def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
+    """Integers proportional to ``weights`` that sum to exactly ``total``.
+
+    Hamilton's method: floor every quota ``total·w_i/Σw``, then give the leftover units to
+    the largest fractional parts (ties to the lower rank, so the result is deterministic).
+    """
+    weight_sum = float(sum(weights))
+    if total < 0 or weight_sum <= 0 or any(w < 0 for w in weights):
+        raise ValueError(f"cannot split {total} by weights {list(weights)}")
+    quotas = [total * w / weight_sum for w in weights]
+    sizes = [math.floor(q) for q in quotas]
+    leftover = total - sum(sizes)
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - sizes[i]), i))
+    for i in order[:leftover]:
+        sizes[i] += 1
+    return sizes
+
+
+def equal_split(global_batch_size: int, num_workers: int) -> list[int]:
+    """Equal shares; the first ``B mod n`` ranks get one sample more."""
+    base, extra = divmod(global_batch_size, num_workers)
+    return [base + (1 if rank < extra else 0) for rank in range(num_workers)]
+
+
+def proportional_split(
+    global_batch_size: int,
+    weights: Sequence[float],
+    min_size: int = 1,
+    caps: Optional[Sequence[Optional[int]]] = None,
+) -> list[int]:
+    """Integer shares proportional to ``weights`` within ``[min_size, cap_i]``, summing to B.
+
+    Quotas ``q_i = R·w_i / Σ_free w`` are computed over the ranks not yet pinned; ranks whose
+    quota exceeds their cap are pinned at the cap (or, if none does, ranks below
+    ``min_size`` are pinned at it), and the rest ``R`` is re-shared among the others. When
+    nothing is out of bounds, the free ranks get their quotas by largest remainder, which
+    stays within bounds because the bounds are integers.
+
+    Raises:
+        ValueError: if the bounds make the sum impossible (``n·min_size > B`` or
+            ``Σ cap_i < B``), or a weight is negative or not finite.
+    """
+    n = len(weights)
+    if n == 0:
+        raise ValueError("no ranks to split over")
+    caps_list = [global_batch_size if c is None else int(c) for c in (caps or [None] * n)]
+    if any(w < 0 or not math.isfinite(w) for w in weights):
+        raise ValueError(f"weights must be finite and ≥ 0, got {list(weights)}")
+    if n * min_size > global_batch_size:
+        raise ValueError(
+            f"global batch {global_batch_size} is too small for {n} ranks of at least {min_size}"
+        )
+    if any(c < min_size for c in caps_list) or sum(caps_list) < global_batch_size:
+        raise ValueError(
+            f"per-rank caps {caps_list} cannot hold a global batch of {global_batch_size}"
+        )
+    sizes = [0] * n
+    free = list(range(n))
+    remaining = global_batch_size
+    while free:
+        free_weights = [float(weights[i]) for i in free]
+        if sum(free_weights) <= 0:
+            free_weights = [1.0] * len(free)  # no information left: share evenly
+        total_weight = sum(free_weights)
+        quotas = {i: remaining * w / total_weight for i, w in zip(free, free_weights)}
+        pinned = {i: caps_list[i] for i in free if quotas[i] > caps_list[i]}
+        if not pinned:
+            pinned = {i: min_size for i in free if quotas[i] < min_size}
+        if not pinned:
+            for i, size in zip(free, largest_remainder(free_weights, remaining)):
+                sizes[i] = size
+            return sizes
+        for i, size in pinned.items():
+            sizes[i] = size
+            remaining -= size
+        free = [i for i in free if i not in pinned]
+    # Everyone pinned: bounds were tight. Move the difference within bounds, one unit at a time.
+    step = 1 if remaining > 0 else -1
+    while remaining != 0:
+        movable = [i for i in range(n) if (sizes[i] < caps_list[i] if step > 0 else sizes[i] > min_size)]
+        best = max(movable, key=lambda i: step * weights[i] / max(sizes[i], 1))
+        sizes[best] += step
+        remaining -= step
+    return sizes

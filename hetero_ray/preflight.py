@@ -1,0 +1,77 @@
+"""Checks of files and directories before a run starts: fail before writing anything.
+
+Runs after :class:`~hetero_ray.config.TrainConfig` validated the values themselves and
+before the run directory is created, so bad input leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from hetero_ray.config import FILE_DATASETS, TrainConfig
+from hetero_ray.constants import RAY_TRAIN_SUBDIR
+from hetero_ray.errors import UserError
+from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
+from hetero_ray.training.checkpointing import POSITION_FILE, run_fingerprint
+
+
+def run_dir_of(config: TrainConfig) -> str:
+    return os.path.abspath(os.path.join(config.output_dir, config.experiment_name))
+
+
+def check(config: TrainConfig) -> str:
+    """Validates data, output and resume state; returns the run directory's path."""
+    if config.dataset in FILE_DATASETS:
+        from hetero_ray.training.data import check_data_dir
+
+        check_data_dir(config.dataset, config.data_dir, download=config.download)
+    check_output_dir(config.output_dir)
+    run_dir = run_dir_of(config)
+    if config.resume:
+        check_resumable(run_dir, config)
+    elif os.path.exists(run_dir):
+        raise UserError(
+            f"run directory {run_dir} already exists; pass --resume to continue that run, or "
+            "choose another --experiment-name (nothing was overwritten)"
+        )
+    return run_dir
+
+
+def check_output_dir(output_dir: str) -> None:
+    path = os.path.abspath(output_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"--output-dir {output_dir} exists and is not a directory; choose a directory")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(
+            f"--output-dir {output_dir} cannot be written ({existing} is not a writable directory); "
+            "choose a directory you can write to"
+        )
+
+
+def latest_checkpoint_dir(run_dir: str) -> str | None:
+    pattern = os.path.join(run_dir, RAY_TRAIN_SUBDIR, "checkpoint_*", POSITION_FILE)
+    candidates = sorted(os.path.dirname(p) for p in glob.glob(pattern))
+    return candidates[-1] if candidates else None
+
+
+def check_resumable(run_dir: str, config: TrainConfig) -> None:
+    if not os.path.isdir(run_dir) or latest_checkpoint_dir(run_dir) is None:
+        raise UserError(
+            f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --output-dir "
+            "and --experiment-name, or start a new run without --resume"
+        )
+    saved = read_json(os.path.join(run_dir, CONFIG_FILE))
+    if saved:
+        before = run_fingerprint(TrainConfig.from_dict(saved))
+        now = run_fingerprint(config)
+        changed = {k: (before[k], now[k]) for k in now if before.get(k) != now[k]}
+        if changed:
+            described = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in changed.items())
+            raise UserError(
+                f"--resume: {run_dir} was trained with other settings ({described}); resume with "
+                "the original settings, or start a new run with another --experiment-name"
+            )

@@ -1,0 +1,1 @@
+"""The Ray shell: connecting to a cluster, the named actors, the driver's orchestration."""

@@ -1,0 +1,147 @@
+"""Connecting to a Ray cluster, and checking that it can hold the workers.
+
+Three ways in: an explicit ``--address`` (or ``RAY_ADDRESS``) joins an existing cluster;
+no address starts a local Ray in this process; an already initialised Ray (tests, a
+notebook) is used as it is. An address that does not answer fails within the connect
+timeout with a message, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import ray
+
+from hetero_ray.constants import RAY_NAMESPACE
+from hetero_ray.errors import UserError
+
+TOKEN_FILE = os.path.expanduser("~/.ray/auth_token")
+
+# Train workers report their own lines; these quiet Ray's noise that means nothing here.
+QUIET_ENV = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no preemption on local/on-prem clusters
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # otherwise every worker line reaches the driver twice
+}
+
+
+@dataclass(frozen=True)
+class Connection:
+    address: str
+    started_local: bool
+    dashboard_url: Optional[str]
+
+
+def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
+            include_dashboard: bool = True) -> Connection:
+    """Connects this process to Ray (see module docstring)."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if ray.is_initialized():
+        return Connection(ray.get_runtime_context().gcs_address, False, _dashboard_url())
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        ray.init(num_cpus=local_num_cpus, namespace=RAY_NAMESPACE, include_dashboard=include_dashboard,
+                 logging_level="WARNING", log_to_driver=True)
+        return Connection(ray.get_runtime_context().gcs_address, True, _dashboard_url())
+    _check_reachable(address, timeout_s)
+    if (os.path.exists(TOKEN_FILE) or os.environ.get("RAY_AUTH_TOKEN")) and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"  # Ray 2.60: explicit addresses need it spelled out
+    _init_with_timeout(address, timeout_s)
+    return Connection(address, False, _dashboard_url())
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Fails fast when nothing listens at ``host:port`` (ray:// and 'auto' are left to Ray)."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--address {address!r} must look like HOST:PORT (e.g. 10.0.0.5:6379), 'auto' or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=min(timeout_s, 10.0)):
+            pass
+    except OSError as e:
+        raise UserError(
+            f"cannot reach a Ray cluster at {address} ({e.strerror or e}). Start one there with "
+            "`ray start --head` (see cluster_configs/), check the host and port, or leave out "
+            "--address to run on a local Ray"
+        ) from None
+
+
+def _init_with_timeout(address: str, timeout_s: float) -> None:
+    outcome: dict = {}
+
+    def attempt():
+        try:
+            ray.init(address=address, namespace=RAY_NAMESPACE, logging_level="WARNING")
+            outcome["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported below with the address
+            outcome["error"] = e
+
+    thread = threading.Thread(target=attempt, daemon=True, name="ray-connect")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise UserError(f"connecting to the Ray cluster at {address} did not finish within {timeout_s:.0f} s; "
+                        "is it a Ray GCS address (port 6379 by default) and is token auth set up (RAY_AUTH_TOKEN)?")
+    if "error" in outcome:
+        raise UserError(f"cannot connect to the Ray cluster at {address}: {outcome['error']}") from None
+
+
+def _dashboard_url() -> Optional[str]:
+    try:
+        url = ray._private.worker.get_dashboard_url()
+    except Exception:  # noqa: BLE001 - no dashboard (ray without [default], or disabled)
+        return None
+    return f"http://{url}" if url else None
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    node_id: str
+    address: str
+    cpus: float
+    gpus: float
+
+
+def alive_nodes() -> list[NodeResources]:
+    return [
+        NodeResources(n["NodeID"], n.get("NodeManagerAddress", "?"), n["Resources"].get("CPU", 0.0),
+                      n["Resources"].get("GPU", 0.0))
+        for n in ray.nodes() if n.get("Alive")
+    ]
+
+
+def placeable_workers(nodes: list[NodeResources], cpus_per_worker: float, gpus_per_worker: float) -> int:
+    """How many workers of that size fit on the nodes (each worker on one node)."""
+    total = 0
+    for node in nodes:
+        fit = math.floor(node.cpus / cpus_per_worker + 1e-9)
+        if gpus_per_worker > 0:
+            fit = min(fit, math.floor(node.gpus / gpus_per_worker + 1e-9))
+        total += fit
+    return total
+
+
+def check_capacity(num_workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
+    """Raises a :class:`UserError` naming what the cluster has when the workers cannot fit."""
+    nodes = alive_nodes()
+    fit = placeable_workers(nodes, cpus_per_worker, gpus_per_worker)
+    if fit >= num_workers:
+        return
+    per_worker = f"{cpus_per_worker:g} CPU" + (f" + {gpus_per_worker:g} GPU" if gpus_per_worker else "")
+    described = "; ".join(f"{n.address}: {n.cpus:g} CPU, {n.gpus:g} GPU" for n in nodes) or "no alive nodes"
+    raise UserError(
+        f"the cluster can place {fit} worker(s) of {per_worker}, but --num-workers is {num_workers} "
+        f"(nodes: {described}). Lower --num-workers or --cpus-per-worker, or add nodes with "
+        "`ray start --address=...`"
+    )
+
+
+def cluster_has_gpus() -> bool:
+    return ray.cluster_resources().get("GPU", 0) > 0

@@ -1,0 +1,188 @@
+"""The driver: from a validated configuration to a finished run directory.
+
+Order matters for "bad input leaves nothing behind": every check (values, files, the
+cluster's capacity) runs before the run directory is created. After that, the metrics
+store and the scheduler start as named actors, Ray Train runs the workers, and the
+store's files are merged and summarised even when training fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import ray
+
+from hetero_ray import preflight
+from hetero_ray.config import TrainConfig
+from hetero_ray.constants import (
+    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, PLACEMENT_TIMEOUT_S_ENV_VAR,
+    PROGRESS_INTERVAL_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
+)
+from hetero_ray.errors import TrainingFailed, UserError
+from hetero_ray.metrics import run_files
+from hetero_ray.metrics.summary import build_summary
+from hetero_ray.runtime import actors, cluster
+from hetero_ray.runtime.progress import ProgressPrinter
+
+
+@dataclass
+class RunResult:
+    run_dir: str
+    summary: dict[str, Any]
+
+
+def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = None,
+                 emit: Callable[[str], None] = print) -> RunResult:
+    """Runs one training job end to end; see the module docstring for the order of things.
+
+    Args:
+        speed_changes: emulated speed changes, ``{"global_step", "rank", "speed"}`` each.
+
+    Raises:
+        UserError: bad input or a cluster that cannot run the job (nothing was written).
+        TrainingFailed: the job failed after it started (the run directory holds what was
+            recorded up to the failure).
+    """
+    run_dir = preflight.check(config)
+    connection = cluster.connect(
+        config.address,
+        local_num_cpus=max(os.cpu_count() or 1, int(config.num_workers * config.cpus_per_worker + 0.999)),
+        timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
+    )
+    use_gpu = _resolve_use_gpu(config.use_gpu)
+    cluster.check_capacity(config.num_workers, config.cpus_per_worker, 1.0 if use_gpu else 0.0)
+    backend = config.backend if config.backend != "auto" else ("nccl" if use_gpu else "gloo")
+    if backend == "nccl" and not use_gpu:
+        raise UserError("--backend nccl needs GPU workers; use --backend gloo (or auto) on CPU workers")
+
+    if config.download:  # once, here: workers downloading into one folder would collide
+        from hetero_ray.training.data import download_dataset
+
+        download_dataset(config.dataset, config.data_dir)
+    os.makedirs(run_dir, exist_ok=config.resume)
+    run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), config.to_dict())
+    emit(f"[hetero_ray] run directory: {run_dir}")
+    emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
+         + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
+
+    node_id = ray.get_runtime_context().get_node_id()
+    store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
+    scheduler = actors.start_scheduler(
+        config.experiment_name, node_id, global_batch_size=config.batch_size, policy=config.policy,
+        batch_split=config.batch_split, weights=config.emulate_speeds,
+    )
+    total_steps = _total_steps(config)
+    started = time.time()
+    error: Optional[BaseException] = None
+    result = None
+    try:
+        trainer = _make_trainer(config, run_dir, use_gpu, backend, speed_changes)
+        with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
+            result = trainer.fit()
+    except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
+        error = e
+    finally:
+        wall_time_s = time.time() - started
+        summary = _finish(config, run_dir, store, result, wall_time_s, error)
+        actors.kill_actor(store)
+        actors.kill_actor(scheduler)
+    if error is not None:
+        raise TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}") from error
+    return RunResult(run_dir, summary)
+
+
+def _make_trainer(config: TrainConfig, run_dir: str, use_gpu: bool, backend: str,
+                  speed_changes: Optional[list[dict]]):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from hetero_ray.training.loop import train_loop_per_worker
+
+    # Waiting for room must end: Ray Train gives up on starting the group after this.
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S",
+                          str(env_float(PLACEMENT_TIMEOUT_S_ENV_VAR, DEFAULT_PLACEMENT_TIMEOUT_S)))
+    resources = {"CPU": config.cpus_per_worker}
+    if use_gpu:
+        resources["GPU"] = 1
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"train": config.to_dict(), "use_gpu": use_gpu, "speed_changes": speed_changes},
+        torch_config=TorchConfig(backend=backend),
+        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(
+            name=RAY_TRAIN_SUBDIR,
+            storage_path=run_dir,
+            failure_config=FailureConfig(max_failures=config.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_TO_KEEP),
+            # Ray Train logs every report at INFO; the progress line says what matters.
+            logging_config=ray.LoggingConfig(log_level="WARNING"),
+        ),
+    )
+
+
+def _finish(config: TrainConfig, run_dir: str, store, result, wall_time_s: float,
+            error: Optional[BaseException]) -> dict[str, Any]:
+    """Merges the tables, writes the final model and summary.json; never raises."""
+    try:
+        ray.get(store.finalize.remote(), timeout=120)
+    except Exception as e:  # noqa: BLE001 - still summarise what is on disk
+        print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
+    if result is not None and result.checkpoint is not None:
+        _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
+    steps = run_files.read_table(run_dir, "steps")
+    epochs = run_files.read_table(run_dir, "epochs")
+    plans = run_files.read_table(run_dir, "plans")
+    attempts = run_files.read_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
+    summary = build_summary(steps, epochs, plans, attempts, base={
+        "experiment_name": config.experiment_name,
+        "model": config.model,
+        "dataset": config.dataset,
+        "policy": config.policy,
+        "num_workers": config.num_workers,
+        "global_batch_size": config.batch_size,
+        "emulate_speeds": config.emulate_speeds,
+        "wall_time_s": wall_time_s,
+        "status": "failed" if error is not None else "finished",
+        "error": None if error is None else f"{type(error).__name__}: {error}",
+        "run_dir": run_dir,
+    })
+    run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), summary)
+    return summary
+
+
+def _write_final_model(checkpoint, path: str) -> None:
+    import torch
+
+    from hetero_ray.training.checkpointing import load_state
+
+    with checkpoint.as_directory() as directory:
+        state = load_state(directory)
+    tmp = path + ".tmp"
+    torch.save(state.model, tmp)
+    os.replace(tmp, path)
+
+
+def _resolve_use_gpu(choice: str) -> bool:
+    has_gpus = cluster.cluster_has_gpus()
+    if choice == "yes" and not has_gpus:
+        raise UserError("--use-gpu yes, but the cluster has no GPUs; use --use-gpu no or auto")
+    return has_gpus if choice == "auto" else choice == "yes"
+
+
+def _total_steps(config: TrainConfig) -> int:
+    from hetero_ray.config import FILE_DATASETS
+    from hetero_ray.sampler import GlobalSampler
+    from hetero_ray.training.optim import total_steps
+
+    num_samples = config.num_samples
+    if config.dataset in FILE_DATASETS:  # the files decide; loading them here takes ~1 s
+        from hetero_ray.training.data import load_dataset
+
+        num_samples = len(load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed).train)
+    sampler = GlobalSampler(num_samples, config.batch_size, config.seed, config.drop_last)
+    return total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)

@@ -1,0 +1,1 @@
+"""The code that runs inside each training worker: models, data, gradient weighting, timing, checkpoints."""

@@ -1,0 +1,46 @@
+"""Sends a rank's records to the metrics store: batched, fire-and-forget.
+
+A remote call per step and rank would cost more than small steps themselves; records are
+buffered and sent at most every ``flush_interval_s``. Training never waits for the
+store, except once at the end (:meth:`close`) so that the last rows are not lost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import ray
+
+
+class StepRecorder:
+    def __init__(self, store, flush_interval_s: float, extra_sinks: Optional[list] = None):
+        self._store = store
+        self._sinks = extra_sinks or []  # e.g. the balancer, fed the same step rows
+        self._flush_interval_s = flush_interval_s
+        self._steps: list[dict] = []
+        self._sample_ids: list[dict] = []
+        self._last_send = time.monotonic()
+
+    def record(self, step_row: dict, sample_ids: Optional[dict] = None) -> None:
+        self._steps.append(step_row)
+        if sample_ids is not None:
+            self._sample_ids.append(sample_ids)
+        if time.monotonic() - self._last_send >= self._flush_interval_s:
+            self.send()
+
+    def send(self):
+        """Sends what is buffered; returns the store call's reference (or None)."""
+        self._last_send = time.monotonic()
+        if not self._steps and not self._sample_ids:
+            return None
+        steps, sample_ids = self._steps, self._sample_ids
+        self._steps, self._sample_ids = [], []
+        for sink in self._sinks:
+            sink.add_steps.remote(steps)
+        return self._store.add.remote(steps=steps, sample_ids=sample_ids)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        ref = self.send()
+        if ref is not None:
+            ray.get(ref, timeout=timeout_s)

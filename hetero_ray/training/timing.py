@@ -1,0 +1,109 @@
+"""Per-step timing of one rank: where its time goes, and how long it was busy.
+
+Under DDP every rank's *step* takes as long as the slowest rank's (the all-reduce waits),
+so step time says nothing about who is slow. Busy time does:
+
+    busy_time_s = data_time_s + forward_time_s + backward_time_s + pad_time_s
+
+measured from the start of the step to the moment this rank's last gradient bucket is
+ready (the DDP hook sees it), i.e. before it waits for anybody. The rest of the step,
+
+    step_time_s − busy_time_s − optimizer_time_s,
+
+is time spent communicating or waiting for others: the straggler signal.
+
+On CPU the marks are ``time.perf_counter`` readings. On GPU kernels run asynchronously,
+so compute phases are timed with CUDA events on the current stream and read once per
+step, after the step's last event completed; data loading (host work) stays wall-clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+STEP_START = "start"
+DATA_READY = "data"
+FORWARD_DONE = "forward"
+LAST_BUCKET_READY = "last_bucket"
+BACKWARD_DONE = "backward"
+STEP_DONE = "end"
+
+
+class StepTimeline:
+    """Named time marks of one step; durations between marks in seconds."""
+
+    def __init__(self, device: torch.device):
+        self._cuda = device.type == "cuda"
+        self._wall: dict[str, float] = {}
+        self._events: dict[str, torch.cuda.Event] = {}
+
+    def mark(self, name: str) -> None:
+        self._wall[name] = time.perf_counter()
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._events[name] = event
+
+    def wall_s(self, start: str, stop: str) -> float:
+        return self._wall[stop] - self._wall[start]
+
+    def device_s(self, start: str, stop: str) -> float:
+        """Device time between two marks (wall time on CPU). Call :meth:`synchronize` first."""
+        if self._cuda:
+            return self._events[start].elapsed_time(self._events[stop]) / 1000.0
+        return self.wall_s(start, stop)
+
+    def synchronize(self) -> None:
+        if self._cuda and self._events:
+            self._events[STEP_DONE if STEP_DONE in self._events else list(self._events)[-1]].synchronize()
+
+    def has(self, name: str) -> bool:
+        return name in self._wall
+
+
+def step_durations(timeline: StepTimeline, pad_time_s: float) -> dict[str, float]:
+    """The step record's timing columns from a finished, synchronised timeline.
+
+    Phases before the last bucket are compute of this rank alone; the emulation pad is
+    spent inside the backward pass (in the hook) and reported separately.
+    """
+    data_time_s = timeline.wall_s(STEP_START, DATA_READY)
+    forward_time_s = timeline.device_s(DATA_READY, FORWARD_DONE)
+    to_last_bucket_s = timeline.device_s(FORWARD_DONE, LAST_BUCKET_READY)
+    backward_time_s = max(0.0, to_last_bucket_s - pad_time_s)
+    optimizer_time_s = timeline.device_s(BACKWARD_DONE, STEP_DONE)
+    step_time_s = timeline.wall_s(STEP_START, STEP_DONE)
+    busy_time_s = data_time_s + forward_time_s + to_last_bucket_s
+    return {
+        "data_time_s": data_time_s,
+        "forward_time_s": forward_time_s,
+        "backward_time_s": backward_time_s,
+        "pad_time_s": pad_time_s,
+        "busy_time_s": busy_time_s,
+        "optimizer_time_s": optimizer_time_s,
+        "step_time_s": step_time_s,
+        "wait_time_s": max(0.0, step_time_s - busy_time_s - optimizer_time_s),
+    }
+
+
+class BucketClock:
+    """Callback for the DDP hook: marks the last bucket and lets emulation pad before it.
+
+    Runs inside the autograd engine, between gradient computation and the all-reduce of
+    each bucket; whatever it spends delays this rank's communication exactly like a
+    slower device would.
+    """
+
+    def __init__(self, timeline_getter, emulator: Optional["SpeedEmulator"] = None):
+        self._timeline_getter = timeline_getter
+        self.emulator = emulator
+
+    def __call__(self, is_last: bool) -> None:
+        if self.emulator is not None:
+            self.emulator.pad()
+        if is_last:
+            self._timeline_getter().mark(LAST_BUCKET_READY)
+

@@ -1,0 +1,57 @@
+"""Gradients of the global batch from unequal local batches.
+
+DDP's default all-reduce averages rank gradients with equal weight 1/n. With local
+batches of different sizes that is wrong: rank i's gradient is the mean over its b_i
+samples, so the global-batch gradient is
+
+    g = (1/B) Σ_j ∇ℓ_j = Σ_i (b_i / B) · g_i,       g_i = (1/b_i) Σ_{j ∈ rank i} ∇ℓ_j
+
+The communication hook below scales each bucket by w_i = b_i / B and all-reduces with
+SUM, which gives exactly g on every rank. For the last, shorter window of an epoch, B is
+the window's size, so the step is the mean over the samples actually seen, as one device
+would compute it.
+
+The hook is also where a rank's busy time ends: DDP hands a bucket to the hook as soon
+as its gradients are ready, and the last bucket marks the end of this rank's own work,
+before it waits for anybody else (see :mod:`hetero_ray.training.timing`).
+"""
+
+# No `from __future__ import annotations` here: DDP checks the hook's annotations at
+# registration and rejects them as strings.
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class WeightedAllReduceState:
+    """Mutable state the hook reads every step.
+
+    Attributes:
+        weight: ``b_i / B`` of this rank for the current step.
+        on_bucket_ready: called with ``is_last`` before each bucket is reduced; used for
+            timing and for emulated slow devices (which delay here, before communicating).
+    """
+
+    process_group: Optional[dist.ProcessGroup] = None
+    weight: float = 1.0
+    on_bucket_ready: Optional[Callable[[bool], None]] = None
+
+
+def weighted_allreduce_hook(
+    state: WeightedAllReduceState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: ``bucket ← Σ_i w_i · bucket_i`` over the process group."""
+    if state.on_bucket_ready is not None:
+        state.on_bucket_ready(bucket.is_last())
+    tensor = bucket.buffer()
+    tensor.mul_(state.weight)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def rank_weight(local_batch_size: int, window_size: int) -> float:
+    """``w_i = b_i / B`` for the samples this rank takes out of a window of ``window_size``."""
+    return local_batch_size / window_size

@@ -1,0 +1,83 @@
+"""Invariant 1 (same math as one device), on a real multi-process gloo group.
+
+Three processes with local batches 7/3/2 of one global batch of 12 must produce the
+gradient that one process computes on all 12 samples; DDP's default equal-weight average
+must not (that is the bug the weighted hook exists to fix).
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+
+LOCAL_BATCH_SIZES = [7, 3, 2]
+GLOBAL_BATCH_SIZE = sum(LOCAL_BATCH_SIZES)
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def make_batch():
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(GLOBAL_BATCH_SIZE, 10, generator=generator)
+    targets = torch.randint(0, 4, (GLOBAL_BATCH_SIZE,), generator=generator)
+    return inputs, targets
+
+
+def full_batch_gradient() -> list[torch.Tensor]:
+    model = make_model()
+    inputs, targets = make_batch()
+    torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _rank_gradient(rank: int, weighted: bool) -> list[torch.Tensor]:
+    # Tiny buckets so the hook runs for several buckets, as with a real model.
+    model = DistributedDataParallel(make_model(), bucket_cap_mb=0.001)
+    if weighted:
+        state = WeightedAllReduceState(weight=rank_weight(LOCAL_BATCH_SIZES[rank], GLOBAL_BATCH_SIZE))
+        model.register_comm_hook(state, weighted_allreduce_hook)
+    inputs, targets = make_batch()
+    start = sum(LOCAL_BATCH_SIZES[:rank])
+    piece = slice(start, start + LOCAL_BATCH_SIZES[rank])
+    torch.nn.functional.cross_entropy(model(inputs[piece]), targets[piece]).backward()
+    return [p.grad for p in model.parameters()]
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        grads = {"weighted": _rank_gradient(rank, True), "unweighted": _rank_gradient(rank, False)}
+        torch.save(grads, os.path.join(out_dir, f"grad{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def distributed_gradients(tmp_path) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(len(LOCAL_BATCH_SIZES), port, str(tmp_path)),
+             nprocs=len(LOCAL_BATCH_SIZES), join=True)
+    return [torch.load(tmp_path / f"grad{r}.pt") for r in range(len(LOCAL_BATCH_SIZES))]
+
+
+def test_weighted_hook_gives_the_full_batch_gradient(tmp_path):
+    expected = full_batch_gradient()
+    per_rank = distributed_gradients(tmp_path)
+
+    for grads in per_rank:  # every rank holds the same, correct gradient
+        for got, want in zip(grads["weighted"], expected):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    worst_weighted = max((g - e).abs().max().item() for g, e in zip(per_rank[0]["weighted"], expected))
+    worst_unweighted = max((g - e).abs().max().item() for g, e in zip(per_rank[0]["unweighted"], expected))
+    assert worst_weighted < 1e-6
+    assert worst_unweighted > 1e-3, "DDP's equal-weight average should be visibly wrong with a 7/3/2 split"
