@@ -68,6 +68,8 @@ class TrainConfig:
     batch_split: Optional[list[int]] = None  # explicit initial plan, e.g. [40, 24]
     rebalance_interval: int = 20  # steps between plan checks (rank 0 fetch + broadcast)
     emulate_speeds: Optional[list[float]] = None  # per-rank fraction of real speed
+    # Scripted plan changes {"global_step", "local_batch_sizes"} (tests and demos).
+    plan_changes: Optional[list[dict]] = None
 
     # --- fault tolerance
     checkpoint_every: int = 100  # steps; also at every epoch end
@@ -126,6 +128,14 @@ class TrainConfig:
                 raise ConfigError(
                     f"--batch-split {','.join(map(str, self.batch_split))} sums to "
                     f"{sum(self.batch_split)}, but --batch-size is {self.batch_size}"
+                )
+        for change in self.plan_changes or ():
+            sizes = _int_list("--plan-change", change.get("local_batch_sizes", []))
+            _per_rank_length("--plan-change", sizes, self.num_workers)
+            if any(b < 1 for b in sizes) or sum(sizes) != self.batch_size:
+                raise ConfigError(
+                    f"--plan-change at step {change.get('global_step')}: shares {sizes} must be ≥ 1 "
+                    f"and sum to --batch-size {self.batch_size}"
                 )
         if self.emulate_speeds is not None:
             self.emulate_speeds = [float(v) for v in self.emulate_speeds]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 
 from hetero_ray.config import FILE_DATASETS, TrainConfig
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
@@ -45,11 +46,18 @@ def check_output_dir(output_dir: str) -> None:
     existing = path
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(
-            f"--output-dir {output_dir} cannot be written ({existing} is not a writable directory); "
-            "choose a directory you can write to"
-        )
+    problem = None
+    if not os.path.isdir(existing):
+        problem = f"{existing} is not a directory"
+    else:
+        try:  # the only reliable test (root passes os.access everywhere): write, then remove
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as e:
+            problem = f"cannot create files in {existing}: {e.strerror or e}"
+    if problem:
+        raise UserError(f"--output-dir {output_dir} cannot be written ({problem}); "
+                        "choose a directory you can write to")
 
 
 def latest_checkpoint_dir(run_dir: str) -> str | None:

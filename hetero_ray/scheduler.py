@@ -44,16 +44,33 @@ class Scheduler:
         policy: str,
         batch_split: Optional[Sequence[int]] = None,
         weights: Optional[Sequence[float]] = None,
+        plan_changes: Optional[Sequence[dict]] = None,
     ):
+        """
+        Args:
+            plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied
+                at the first rebalance point at or after their step (tests and demos).
+        """
         self.global_batch_size = global_batch_size
         self.policy = policy
         self.batch_split = list(batch_split) if batch_split else None
         self.weights = list(weights) if weights else None
+        self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._plan: Optional[Plan] = None
         self._next_version = 0
 
-    def plan_for(self, num_workers: int) -> dict:
-        """The plan in force for ``num_workers`` ranks (a new initial one if the size changed)."""
+    def plan_for(self, num_workers: int, global_step: int = 0) -> dict:
+        """The plan in force for ``num_workers`` ranks at ``global_step``.
+
+        A new initial plan if the number of workers changed; a scripted change once its
+        step is reached.
+        """
+        while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
+            change = self._plan_changes.pop(0)
+            if len(change["local_batch_sizes"]) == num_workers:
+                self._plan = Plan(self._next_version, tuple(change["local_batch_sizes"]),
+                                  f"scripted change at step {change['global_step']}")
+                self._next_version += 1
         if self._plan is None or self._plan.num_workers != num_workers:
             self._plan = initial_plan(
                 self.policy, self.global_batch_size, num_workers, self._next_version,

@@ -34,6 +34,18 @@ def speed_change(text: str) -> dict:
     return change
 
 
+def plan_change(text: str) -> dict:
+    """``"STEP:B0,B1,…"`` → ``{"global_step": STEP, "local_batch_sizes": [B0, B1, …]}``."""
+    step, _, sizes = text.partition(":")
+    try:
+        change = {"global_step": int(step), "local_batch_sizes": [int(v) for v in _items(sizes)]}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEP:B0,B1,... like 100:40,24; got {text!r}") from None
+    if change["global_step"] < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: STEP must be ≥ 0")
+    return change
+
+
 def _items(text: str) -> list[str]:
     items = [v.strip() for v in text.split(",")]
     if not items or any(v == "" for v in items):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from hetero_ray.cli.args import float_list, int_list, speed_change
+from hetero_ray.cli.args import float_list, int_list, plan_change, speed_change
 from hetero_ray.config import (
     BACKENDS, DATASETS, LR_SCHEDULES, MODELS, OPTIMIZERS, POLICIES, USE_GPU_CHOICES, TrainConfig,
 )
@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--batch-split", type=int_list, help="explicit initial shares, e.g. 40,24 (sum = --batch-size)")
     plan.add_argument("--rebalance-interval", type=int, default=d.rebalance_interval, help="steps between plan checks (default %(default)s)")
     plan.add_argument("--emulate-speeds", type=float_list, help="per-rank fraction of real speed, e.g. 1,1,0.5,0.25")
+    plan.add_argument("--plan-change", type=plan_change, action="append", default=None,
+                      metavar="STEP:B0,B1,...", help="scripted plan change at a global step (tests, demos; repeatable)")
     plan.add_argument("--emulate-speed-change", type=speed_change, action="append", default=None,
                       metavar="STEP:RANK:SPEED", help="from global STEP on, RANK runs at SPEED (repeatable)")
 
@@ -73,6 +75,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Optional[li
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
         backend=args.backend, policy=args.policy, batch_split=args.batch_split,
         rebalance_interval=args.rebalance_interval, emulate_speeds=args.emulate_speeds,
+        plan_changes=args.plan_change,
         checkpoint_every=args.checkpoint_every, max_failures=args.max_failures, resume=args.resume,
         output_dir=args.output_dir, record_sample_ids=args.record_sample_ids,
     )

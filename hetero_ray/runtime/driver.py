@@ -73,7 +73,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
     scheduler = actors.start_scheduler(
         config.experiment_name, node_id, global_batch_size=config.batch_size, policy=config.policy,
-        batch_split=config.batch_split, weights=config.emulate_speeds,
+        batch_split=config.batch_split, weights=config.emulate_speeds, plan_changes=config.plan_changes,
     )
     total_steps = _total_steps(config)
     started = time.time()

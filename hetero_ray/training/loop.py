@@ -220,7 +220,8 @@ def _agree_on_plan(ctx: WorkerContext, current: Optional[Plan], restored: Option
             fallback = restored
         if current is None and restored is not None:
             ctx.scheduler.resume_from.remote(restored.to_dict())
-        proposal = fetch_plan(ctx.scheduler, ctx.num_workers, ctx.config.batch_size, fallback, timeout_s)
+        proposal = fetch_plan(ctx.scheduler, ctx.num_workers, ctx.config.batch_size,
+                              position.global_step, fallback, timeout_s)
         if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
             version = restored.version + 1 if restored is not None else 0
             proposal = Plan(version, tuple(equal_split(ctx.config.batch_size, ctx.num_workers)),

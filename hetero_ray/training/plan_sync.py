@@ -24,11 +24,12 @@ from hetero_ray.plan import Plan
 logger = logging.getLogger(__name__)
 
 
-def fetch_plan(scheduler, num_workers: int, global_batch_size: int, current: Optional[Plan],
-               timeout_s: float) -> Optional[Plan]:
+def fetch_plan(scheduler, num_workers: int, global_batch_size: int, global_step: int,
+               current: Optional[Plan], timeout_s: float) -> Optional[Plan]:
     """Rank 0: the scheduler's plan if it is usable for this group, else ``current``."""
     try:
-        candidate = Plan.from_dict(ray.get(scheduler.plan_for.remote(num_workers), timeout=timeout_s))
+        reply = ray.get(scheduler.plan_for.remote(num_workers, global_step), timeout=timeout_s)
+        candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
         logger.warning("scheduler did not answer (%s); keeping plan %s", type(e).__name__, current)
         return current

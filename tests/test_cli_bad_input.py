@@ -1,0 +1,141 @@
+"""Bad input: a clear message, exit code 2, and no run directory — for every case.
+
+Most cases fail in validation before Ray is touched (fast, in-process through the real
+CLI entry point); the cluster cases use the session's Ray or a real subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hetero_ray.cli.main import main
+from tests.cifar_files import write_cifar10
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse rejects malformed flags itself (also exit 2)
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def base_args(output_dir) -> list[str]:
+    return ["train", "--output-dir", str(output_dir), "--experiment-name", "bad", "--model", "mlp"]
+
+
+def corrupt_cifar(tmp_path):
+    root = write_cifar10(tmp_path / "cifar", num_train=50, num_test=20)
+    batch = os.path.join(root, "cifar-10-batches-py", "data_batch_3")
+    with open(batch, "r+b") as f:
+        f.truncate(100)
+    return root
+
+
+CASES = [
+    # (id, extra flags, expected message fragment)
+    ("unknown model", ["--model", "vgg99"], "--model must be one of"),
+    ("unknown dataset", ["--dataset", "imagenet"], "--dataset must be one of"),
+    ("unknown policy", ["--policy", "fastest"], "--policy must be one of"),
+    ("zero batch", ["--batch-size", "0"], "--batch-size must be a positive integer"),
+    ("negative epochs", ["--epochs", "-1"], "--epochs must be a positive integer"),
+    ("non-integer batch", ["--batch-size", "6.5"], "invalid int value"),
+    ("non-integer workers", ["--num-workers", "two"], "invalid int value"),
+    ("zero samples", ["--num-samples", "0"], "--num-samples must be a positive integer"),
+    ("zero rebalance interval", ["--rebalance-interval", "0"], "--rebalance-interval must be a positive integer"),
+    ("batch below workers", ["--batch-size", "3", "--num-workers", "4"], "smaller than --num-workers"),
+    ("split wrong length", ["--batch-split", "40,24,8"], "--batch-split has 3 values but --num-workers is 2"),
+    ("split wrong sum", ["--batch-split", "40,20"], "sums to 60, but --batch-size is 64"),
+    ("split zero share", ["--batch-split", "64,0"], "--batch-split values must be ≥ 1"),
+    ("split not integers", ["--batch-split", "40,x"], "comma-separated integers"),
+    ("speeds wrong length", ["--emulate-speeds", "1,0.5,0.5"], "--emulate-speeds has 3 values"),
+    ("speed above one", ["--emulate-speeds", "1,1.5"], "--emulate-speeds values must be in (0, 1]"),
+    ("speed zero", ["--emulate-speeds", "1,0"], "--emulate-speeds values must be in (0, 1]"),
+    ("model and dataset mismatch", ["--model", "gpt_tiny"], "needs a text dataset"),
+    ("cifar without data dir", ["--dataset", "cifar10"], "reads its files from --data-dir"),
+    ("bad experiment name", ["--experiment-name", "../escape"], "--experiment-name"),
+    ("negative lr", ["--lr", "-0.1"], "--lr must be a positive number"),
+]
+
+
+@pytest.mark.parametrize("flags,fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_flags_exit_2_without_a_run_directory(flags, fragment, tmp_path, capsys):
+    output_dir = tmp_path / "runs"
+    code, err = run_cli(base_args(output_dir) + ["--batch-size", "64"] + flags, capsys)
+    assert code == 2
+    assert fragment in err
+    assert not output_dir.exists()
+
+
+def test_missing_data_dir(tmp_path, capsys):
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--dataset", "cifar10", "--data-dir", str(tmp_path / "nope")], capsys)
+    assert code == 2 and "nope" in err and "--download" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_malformed_data_dir(tmp_path, capsys):
+    root = corrupt_cifar(tmp_path)
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--dataset", "cifar10", "--data-dir", str(root)], capsys)
+    assert code == 2 and "data_batch_3" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("not a directory")
+    code, err = run_cli(base_args(target), capsys)
+    assert code == 2 and "is not a directory" in err
+
+
+def test_output_dir_that_cannot_be_written(capsys):
+    code, err = run_cli(base_args("/proc/hetero_ray_runs"), capsys)
+    assert code == 2 and "cannot be written" in err
+    assert not os.path.exists("/proc/hetero_ray_runs")
+
+
+def test_resume_with_nothing_to_resume(tmp_path, capsys):
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--resume"], capsys)
+    assert code == 2 and "nothing to resume" in err
+    assert not (tmp_path / "runs" / "bad").exists()
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path, capsys):
+    existing = tmp_path / "runs" / "bad"
+    existing.mkdir(parents=True)
+    (existing / "keep.txt").write_text("precious")
+    code, err = run_cli(base_args(tmp_path / "runs"), capsys)
+    assert code == 2 and "already exists" in err and "--resume" in err
+    assert (existing / "keep.txt").read_text() == "precious"
+
+
+def test_bad_speed_change_rank(tmp_path, capsys):
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--emulate-speed-change", "10:5:0.5"], capsys)
+    assert code == 2 and "rank 5 does not exist" in err
+
+
+@pytest.mark.ray
+def test_more_workers_than_the_cluster_can_place(ray_session, tmp_path, capsys):
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--num-workers", "64", "--batch-size", "64"], capsys)
+    assert code == 2
+    assert "can place 8 worker(s) of 1 CPU" in err and "8 CPU" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unreachable_address_fails_fast(tmp_path):
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "hetero_ray", *base_args(tmp_path / "runs"), "--address", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert "cannot reach a Ray cluster at 127.0.0.1:1" in completed.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "runs").exists()
