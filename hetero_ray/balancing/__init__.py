@@ -1,0 +1,51 @@
+"""Online balancing: estimate each rank's cost, solve for the best split, decide whether to switch.
+
+* :mod:`~hetero_ray.balancing.cost_model` — ``t_i(b) = α_i + β_i·b`` and its robust fit;
+* :mod:`~hetero_ray.balancing.estimates` — sliding-window per-rank estimates from step records;
+* :mod:`~hetero_ray.balancing.solver` — the split minimising ``max_i t_i(b_i)``;
+* :mod:`~hetero_ray.balancing.policies` — static / proportional / dynamic / optimal decisions;
+* :mod:`~hetero_ray.balancing.simulation` — a simulated cluster to drive policies without Ray.
+
+Pure Python and numpy; the balancer actor is a thin shell around these.
+"""
+
+from hetero_ray.balancing.cost_model import LinearFit, fit_linear
+from hetero_ray.balancing.estimates import ClusterEstimates, Estimates, RankEstimate
+from hetero_ray.balancing.policies import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    Decision,
+    DynamicPolicy,
+    OptimalPolicy,
+    Policy,
+    PolicyConfig,
+    ProportionalPolicy,
+    StaticPolicy,
+    make_policy,
+)
+from hetero_ray.balancing.simulation import SimulatedCluster, SimulationResult, run_policy
+from hetero_ray.balancing.solver import continuous_split, predicted_step_time_s, solve_split
+
+__all__ = [
+    "ClusterEstimates",
+    "DEFAULT_POLICY",
+    "Decision",
+    "DynamicPolicy",
+    "Estimates",
+    "LinearFit",
+    "OptimalPolicy",
+    "POLICY_NAMES",
+    "Policy",
+    "PolicyConfig",
+    "ProportionalPolicy",
+    "RankEstimate",
+    "SimulatedCluster",
+    "SimulationResult",
+    "StaticPolicy",
+    "continuous_split",
+    "fit_linear",
+    "make_policy",
+    "predicted_step_time_s",
+    "run_policy",
+    "solve_split",
+]

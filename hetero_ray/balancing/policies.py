@@ -1,0 +1,384 @@
+"""Rebalance policies: from estimates to a decision (keep the plan, or adopt a new one).
+
+A policy never changes anything itself: :meth:`Policy.decide` returns a :class:`Decision`
+and the balancer actor acts on it. Every decision, adopted or not, carries its reason, the
+estimates it was made from, and the predicted step times it compared.
+
+============  =====================================================================
+``static``        equal shares; never changes.
+``proportional``  shares proportional to profiled capability (given weights); fixed.
+``dynamic``       shares proportional to measured throughput, online. This is the cost
+                  model with ``α_i = 0``: ``t_i(b) = b / samples_per_s_i``.
+``optimal``       minimise the predicted step time ``max_i α_i + β_i·b_i`` with the
+                  fitted line per rank (:func:`solver.solve_split`).
+============  =====================================================================
+
+The adaptive policies adopt a proposal only when
+
+    gain = (P_current − P_proposed) / P_current  >  threshold + noise margin
+
+where ``P`` is the predicted step time over the fresh ranks and the noise margin is the
+gain that estimation noise alone would fake: with ``n`` fresh ranks whose medians have
+relative standard error ``se``, the largest of ``n`` noisy estimates of equal times
+exceeds their mean by about ``se·sqrt(2·ln n)``, which a rebalance to "equal" would
+promise to win back. Stale ranks (no recent records) keep their size; the rest is
+balanced around them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence, Union
+
+import numpy as np
+
+from hetero_ray.balancing.cost_model import LinearFit
+from hetero_ray.balancing.estimates import ClusterEstimates, Estimates, RankEstimate
+from hetero_ray.balancing.solver import solve_split
+from hetero_ray.errors import ConfigError
+from hetero_ray.plan import Plan, equal_split, proportional_split
+
+POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
+DEFAULT_POLICY = "optimal"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs shared by the adaptive policies; defaults carry their reason."""
+
+    # Adopt only if the predicted step time drops by more than this fraction: a switch
+    # costs a broadcast and some lost overlap, and smaller gains drown in noise.
+    rebalance_threshold: float = 0.05
+    # Steps after an adoption before the next may be adopted (0: every interval may change).
+    cooldown_steps: int = 0
+    # b_min: the smallest local batch a rank is given (every rank needs ≥ 1 sample).
+    min_local_batch_size: int = 1
+    # Multiplier on the noise margin se·sqrt(2 ln n) added to the threshold (0: off).
+    noise_margin: float = 1.0
+
+    def __post_init__(self):
+        t = self.rebalance_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < 1:
+            raise ConfigError(f"rebalance_threshold must be in [0, 1) (a fraction of the step time), got {t!r}")
+        c = self.cooldown_steps
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise ConfigError(f"cooldown_steps must be a non-negative integer, got {c!r}")
+        m = self.min_local_batch_size
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"min_local_batch_size must be an integer ≥ 1, got {m!r}")
+        k = self.noise_margin
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k < math.inf:
+            raise ConfigError(f"noise_margin must be a finite number ≥ 0, got {k!r}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a policy decided at one rebalance point.
+
+    Attributes:
+        adopt: True when ``plan`` is a new plan to publish.
+        plan: the plan in force after the decision (the new one, or the current one).
+        reason: why, in words a person reads in the decision log.
+        policy: the policy's name.
+        global_step: the step the decision was made at.
+        proposed_local_batch_sizes: what the policy would switch to (also when rejected);
+            None when it proposed nothing.
+        predicted_step_time_s: predicted step time of the proposal (NaN: none).
+        current_predicted_step_time_s: predicted step time of the current plan (NaN: unknown).
+        predicted_gain: ``(current − proposed)/current`` (NaN: nothing to compare).
+        required_gain: the gain a proposal had to beat (threshold + noise margin).
+        estimates: the estimates the decision was made from (None: none were given).
+    """
+
+    adopt: bool
+    plan: Plan
+    reason: str
+    policy: str
+    global_step: int
+    proposed_local_batch_sizes: Optional[tuple[int, ...]] = None
+    predicted_step_time_s: float = math.nan
+    current_predicted_step_time_s: float = math.nan
+    predicted_gain: float = math.nan
+    required_gain: float = math.nan
+    estimates: Optional[Estimates] = field(default=None, repr=False, compare=False)
+
+    def to_record(self) -> dict:
+        """A row of the ``decisions`` table.
+
+        ``local_batch_sizes`` is the proposal (the new plan when adopted); without one, the
+        plan in force.
+        """
+        sizes = self.proposed_local_batch_sizes or self.plan.local_batch_sizes
+        return {
+            "global_step": int(self.global_step),
+            "policy": self.policy,
+            "adopted": bool(self.adopt),
+            "reason": self.reason,
+            "plan_version": int(self.plan.version),
+            "local_batch_sizes": [int(b) for b in sizes],
+            "predicted_step_time_s": _finite_or_none(self.predicted_step_time_s),
+            "current_predicted_step_time_s": _finite_or_none(self.current_predicted_step_time_s),
+            "predicted_gain": _finite_or_none(self.predicted_gain),
+        }
+
+
+class Policy(Protocol):
+    """The interface every policy implements (plain classes; state: last adoption only)."""
+
+    name: str
+
+    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan: ...
+
+    def decide(self, current: Plan, estimates: "EstimatesLike", global_step: int) -> Decision: ...
+
+
+EstimatesLike = Union[Estimates, ClusterEstimates, Sequence[RankEstimate], None]
+
+
+class _BasePolicy:
+    name = "base"
+
+    def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
+        self.config = config or PolicyConfig()
+        self.caps = None if caps is None else list(caps)
+        self._last_adopted_step: Optional[int] = None
+
+    # -- plans
+    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
+        self._check_room(global_batch_size, num_workers)
+        return Plan(0, tuple(equal_split(global_batch_size, num_workers)), f"{self.name}: equal shares")
+
+    def _check_room(self, global_batch_size: int, num_workers: int) -> None:
+        if num_workers < 1 or global_batch_size < num_workers * self.config.min_local_batch_size:
+            raise ConfigError(
+                f"global batch {global_batch_size} cannot give {num_workers} ranks at least "
+                f"{self.config.min_local_batch_size} samples each"
+            )
+
+    # -- decisions
+    def decide(self, current: Plan, estimates: EstimatesLike, global_step: int) -> Decision:
+        """Keeps the plan; reports its predicted step time when there are estimates."""
+        est = estimates_of(estimates, global_step)
+        predicted = math.nan
+        if est is not None and len(est) == current.num_workers:
+            usable = est.fresh & np.isfinite(est.alpha_s) & np.isfinite(est.beta_s_per_sample)
+            if usable.any():
+                sizes = np.asarray(current.local_batch_sizes)[usable]
+                predicted = float(np.max(est.alpha_s[usable] + est.beta_s_per_sample[usable] * sizes))
+        return self._keep(current, f"{self.name}: the plan never changes after start", est, global_step,
+                          current_predicted_step_time_s=predicted)
+
+    def _keep(self, current, reason, estimates, global_step, **predictions) -> Decision:
+        return Decision(False, current, reason, self.name, global_step, estimates=estimates, **predictions)
+
+    # -- checkpointing
+    def state_dict(self) -> dict:
+        return {"last_adopted_step": self._last_adopted_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._last_adopted_step = state.get("last_adopted_step")
+
+
+class StaticPolicy(_BasePolicy):
+    """Equal shares (the first ``B mod n`` ranks one more); never changes."""
+
+    name = "static"
+
+
+class ProportionalPolicy(_BasePolicy):
+    """Shares proportional to profiled capability (``weights``, e.g. samples/s); fixed after start."""
+
+    name = "proportional"
+
+    def __init__(self, weights: Sequence[float], config: Optional[PolicyConfig] = None,
+                 caps: Optional[Sequence[Optional[int]]] = None):
+        super().__init__(config, caps)
+        self.weights = [float(w) for w in weights]
+        if not self.weights or any(not (math.isfinite(w) and w > 0) for w in self.weights):
+            raise ConfigError(f"proportional policy needs one finite weight > 0 per rank, got {list(weights)}")
+
+    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
+        if len(self.weights) != num_workers:
+            raise ConfigError(
+                f"proportional policy has {len(self.weights)} weights but there are {num_workers} ranks; "
+                "give one weight per rank"
+            )
+        self._check_room(global_batch_size, num_workers)
+        sizes = proportional_split(global_batch_size, self.weights, self.config.min_local_batch_size, self.caps)
+        return Plan(0, tuple(sizes), "proportional: shares by profiled capability")
+
+
+class _AdaptivePolicy(_BasePolicy):
+    """Proposes the split that minimises the predicted step time under its cost model."""
+
+    def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None,
+                 weights: Optional[Sequence[float]] = None):
+        super().__init__(config, caps)
+        self.weights = None if weights is None else [float(w) for w in weights]
+
+    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
+        """Shares by ``weights`` when given for this many ranks, else equal (within the caps)."""
+        self._check_room(global_batch_size, num_workers)
+        if self.weights is not None and len(self.weights) == num_workers:
+            sizes = proportional_split(global_batch_size, self.weights, self.config.min_local_batch_size, self.caps)
+            return Plan(0, tuple(sizes), f"{self.name}: shares by profiled capability")
+        sizes = solve_split(np.zeros(num_workers), np.ones(num_workers), global_batch_size,
+                            self.config.min_local_batch_size, self.caps)
+        return Plan(0, tuple(sizes), f"{self.name}: equal shares until measured")
+
+    def _cost_model(self, est: Estimates) -> tuple[np.ndarray, np.ndarray]:
+        """Per-rank (α_i, β_i) of this policy's cost model; NaN where unknown."""
+        raise NotImplementedError
+
+    def decide(self, current: Plan, estimates: EstimatesLike, global_step: int) -> Decision:
+        """Called by the balancer every rebalance interval; never raises on odd estimates
+        (wrong rank count, none fresh, infeasible around stale ranks): it keeps the plan
+        and says why."""
+        cfg = self.config
+        est = estimates_of(estimates, global_step)
+        n = current.num_workers
+        if est is None or len(est) != n:
+            got = 0 if est is None else len(est)
+            return self._keep(current, f"estimates for {got} ranks but the plan has {n}: keep the plan", est, global_step)
+
+        alphas, betas = self._cost_model(est)
+        usable = est.fresh & np.isfinite(alphas) & np.isfinite(betas) & (betas > 0)
+        if not usable.any():
+            return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
+        b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
+        # P = max over fresh ranks of α_i + β_i·b_i (stale ranks: unknown, left out)
+        current_pred = float(np.max(alphas[usable] + betas[usable] * b_now[usable]))
+
+        if self._last_adopted_step is not None and global_step - self._last_adopted_step < cfg.cooldown_steps:
+            return self._keep(
+                current,
+                f"cooldown: {global_step - self._last_adopted_step} of {cfg.cooldown_steps} steps since "
+                f"the last change at step {self._last_adopted_step}",
+                est, global_step, current_predicted_step_time_s=current_pred,
+            )
+
+        # Stale ranks keep their size: lo_i = hi_i = b_i; fresh ones range over [b_min, cap_i].
+        lo = np.where(usable, cfg.min_local_batch_size, b_now)
+        caps = [None] * n if self.caps is None else list(self.caps)
+        hi = [c if u else int(b) for c, u, b in zip(caps, usable, b_now)]
+        try:
+            proposal = solve_split(np.where(usable, alphas, 0.0), np.where(usable, betas, 1.0),
+                                   current.global_batch_size, lo, hi)
+        except ValueError as e:
+            return self._keep(current, f"no feasible split around the stale ranks ({e}): keep the plan",
+                              est, global_step, current_predicted_step_time_s=current_pred)
+        proposal_arr = np.asarray(proposal)
+        proposed_pred = float(np.max(alphas[usable] + betas[usable] * proposal_arr[usable]))
+        gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
+
+        num_fresh = int(usable.sum())
+        se = est.busy_time_rel_se[usable]
+        se = float(np.median(se[np.isfinite(se)])) if np.isfinite(se).any() else 0.0
+        margin = cfg.noise_margin * se * math.sqrt(2.0 * math.log(num_fresh)) if num_fresh > 1 else 0.0
+        required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
+
+        stale = np.flatnonzero(~usable)
+        stale_note = f"; ranks {_short_list(stale)} stale, kept at their size" if stale.size else ""
+        predictions = dict(
+            proposed_local_batch_sizes=tuple(proposal),
+            predicted_step_time_s=proposed_pred,
+            current_predicted_step_time_s=current_pred,
+            predicted_gain=gain,
+            required_gain=required,
+        )
+        if tuple(proposal) == current.local_batch_sizes:
+            return self._keep(current, f"the current plan is already the best split{stale_note}",
+                              est, global_step, **predictions)
+        summary = (f"predicted step time {current_pred * 1e3:.2f} ms → {proposed_pred * 1e3:.2f} ms "
+                   f"({gain:+.1%}; required {required:.1%} = threshold {cfg.rebalance_threshold:.1%} "
+                   f"+ noise {margin:.1%})")
+        if not gain > required:
+            return self._keep(current, f"keep: {summary}{stale_note}", est, global_step, **predictions)
+        reason = f"{self.name}: {summary}{stale_note}"
+        self._last_adopted_step = global_step
+        return Decision(True, current.with_sizes(proposal, reason), reason, self.name, global_step,
+                        estimates=est, **predictions)
+
+
+class DynamicPolicy(_AdaptivePolicy):
+    """Shares proportional to measured throughput: the cost model with ``α_i = 0``,
+    ``t_i(b) = b / samples_per_s_i`` (so the split equalises ``b_i / samples_per_s_i``)."""
+
+    name = "dynamic"
+
+    def _cost_model(self, est: Estimates):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.zeros(len(est)), 1.0 / est.samples_per_s  # α = 0, β = 1/samples_per_s
+
+
+class OptimalPolicy(_AdaptivePolicy):
+    """Minimises the predicted step time with the fitted ``t_i(b) = α_i + β_i·b``.
+
+    Args:
+        profiled: per-rank fits from the profiler's probes; when given, the first plan
+            is already optimal for them.
+    """
+
+    name = "optimal"
+
+    def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None,
+                 weights: Optional[Sequence[float]] = None, profiled: Optional[Sequence[LinearFit]] = None):
+        super().__init__(config, caps, weights)
+        self.profiled = None if profiled is None else list(profiled)
+
+    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
+        if self.profiled is not None and len(self.profiled) == num_workers:
+            self._check_room(global_batch_size, num_workers)
+            sizes = solve_split([f.alpha_s for f in self.profiled], [f.beta_s_per_sample for f in self.profiled],
+                                global_batch_size, self.config.min_local_batch_size, self.caps)
+            return Plan(0, tuple(sizes), "optimal: split for the profiled cost model")
+        return super().initial_plan(global_batch_size, num_workers)
+
+    def _cost_model(self, est: Estimates):
+        return est.alpha_s, est.beta_s_per_sample
+
+
+def make_policy(
+    name: str = DEFAULT_POLICY,
+    config: Optional[PolicyConfig] = None,
+    *,
+    weights: Optional[Sequence[float]] = None,
+    caps: Optional[Sequence[Optional[int]]] = None,
+    profiled: Optional[Sequence[LinearFit]] = None,
+) -> Policy:
+    """The policy called ``name`` (one of :data:`POLICY_NAMES`).
+
+    ``weights`` (per-rank capability, e.g. profiled samples/s) are required by
+    ``proportional`` and give the adaptive policies their first plan; ``profiled`` fits
+    give ``optimal`` its first plan; ``caps`` bound every rank's local batch (memory).
+    """
+    if name == "static":
+        return StaticPolicy(config, caps)
+    if name == "proportional":
+        if weights is None:
+            raise ConfigError("policy proportional needs per-rank weights (profiled capability)")
+        return ProportionalPolicy(weights, config, caps)
+    if name == "dynamic":
+        return DynamicPolicy(config, caps, weights)
+    if name == "optimal":
+        return OptimalPolicy(config, caps, weights, profiled)
+    raise ConfigError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
+
+
+def estimates_of(estimates: EstimatesLike, global_step: int) -> Optional[Estimates]:
+    """Accepts an :class:`Estimates`, a :class:`ClusterEstimates` or per-rank rows."""
+    if estimates is None or isinstance(estimates, Estimates):
+        return estimates
+    if isinstance(estimates, ClusterEstimates):
+        return estimates.estimates(global_step)
+    return Estimates.from_rank_estimates(list(estimates), global_step)
+
+
+def _finite_or_none(x: float) -> Optional[float]:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _short_list(ranks: np.ndarray, limit: int = 8) -> str:
+    shown = ", ".join(str(int(r)) for r in ranks[:limit])
+    return shown + (f" … (+{ranks.size - limit})" if ranks.size > limit else "")

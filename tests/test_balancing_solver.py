@@ -1,0 +1,151 @@
+"""The split solver: invariants over many seeded inputs, and the brute-force optimum on small ones."""
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from hetero_ray.balancing.solver import (
+    continuous_split,
+    continuous_step_time_s,
+    predicted_step_time_s,
+    solve_split,
+)
+
+
+def random_problem(rng, n, with_caps):
+    alphas = rng.uniform(0, 0.05, n) * (rng.random() < 0.7)  # sometimes α = 0 for everyone
+    betas = rng.uniform(1e-4, 1e-2, n) * rng.choice([1.0, 10.0], n)
+    global_batch_size = int(rng.integers(n, 64 * n + 1))
+    min_size = int(rng.integers(1, max(2, global_batch_size // n // 2) + 1))
+    if n * min_size > global_batch_size:
+        min_size = 1
+    caps = None
+    if with_caps:
+        caps = [int(c) if rng.random() < 0.6 else None for c in rng.integers(min_size, 2 * global_batch_size // n + 2, n)]
+        if sum(global_batch_size if c is None else c for c in caps) < global_batch_size:
+            caps = None
+    return alphas, betas, global_batch_size, min_size, caps
+
+
+@pytest.mark.parametrize("with_caps", [False, True])
+def test_invariants_over_many_seeded_inputs(with_caps):
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        n = int(rng.choice([1, 2, 3, 5, 8, 17, 64, 257]))
+        alphas, betas, total, min_size, caps = random_problem(rng, n, with_caps)
+        sizes = solve_split(alphas, betas, total, min_size, caps)
+        assert sum(sizes) == total and len(sizes) == n
+        assert all(isinstance(b, int) for b in sizes)
+        assert min(sizes) >= min_size
+        if caps is not None:
+            assert all(c is None or b <= c for b, c in zip(sizes, caps))
+        # within one sample of the continuous optimum: max ≤ T_cont + max β
+        got = predicted_step_time_s(alphas, betas, sizes)
+        bound = continuous_step_time_s(alphas, betas, total, min_size, caps)
+        assert bound - 1e-12 <= got <= bound + betas.max() + 1e-12
+        # no single move of one sample lowers the max (local optimality of the minimax)
+        times = alphas + betas * np.array(sizes)
+        slowest = int(np.argmax(times))
+        if sizes[slowest] > min_size:
+            hi = np.array([total if caps is None or caps[i] is None else caps[i] for i in range(n)])
+            others = [i for i in range(n) if i != slowest and sizes[i] < hi[i]]
+            if others:
+                best_other = min(alphas[i] + betas[i] * (sizes[i] + 1) for i in others)
+                assert best_other >= times[slowest] - 1e-12
+
+
+def test_faster_rank_never_gets_less_with_equal_alpha():
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(2, 40))
+        alpha = rng.uniform(0, 0.05)
+        betas = rng.uniform(1e-4, 1e-2, n)
+        betas[rng.integers(0, n)] = betas[0]  # include exact ties
+        total = int(rng.integers(n, 50 * n))
+        sizes = np.array(solve_split(np.full(n, alpha), betas, total))
+        order = np.argsort(betas, kind="stable")
+        assert np.all(np.diff(sizes[order]) <= 0), (betas[order], sizes[order])
+
+
+def test_matches_brute_force_on_small_problems():
+    for seed in range(400):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(1, 4))
+        total = int(rng.integers(n, 13))
+        alphas = rng.uniform(0, 1, n) * rng.integers(0, 2)
+        betas = rng.uniform(0.01, 1, n)
+        caps = [int(c) if rng.random() < 0.5 else None for c in rng.integers(1, total + 1, n)]
+        if sum(total if c is None else c for c in caps) < total:
+            caps = None
+        bounds = [range(1, (total if caps is None or caps[i] is None else caps[i]) + 1) for i in range(n)]
+        best = min(predicted_step_time_s(alphas, betas, s) for s in itertools.product(*bounds) if sum(s) == total)
+        got = predicted_step_time_s(alphas, betas, solve_split(alphas, betas, total, caps=caps))
+        assert got == pytest.approx(best, rel=1e-12, abs=1e-15)
+
+
+def test_continuous_split_equalises_finishing_times():
+    alphas, betas = np.array([0.0, 0.01, 0.02]), np.array([0.001, 0.002, 0.004])
+    level, sizes = continuous_split(alphas, betas, 100)
+    assert sizes.sum() == pytest.approx(100)
+    np.testing.assert_allclose(alphas + betas * sizes, level)
+
+
+def test_proportional_special_case():
+    # α = 0: shares proportional to speed 1/β
+    assert solve_split([0, 0, 0], [1.0, 0.5, 0.25], 70) == [10, 20, 40]
+
+
+def test_very_slow_rank_gets_the_minimum():
+    sizes = solve_split([0, 0, 0, 0], [1e-3, 1e-3, 1e-3, 1.0], 128)
+    assert sizes[3] == 1
+    sizes = solve_split([0, 0, 0, 0], [1e-3, 1e-3, 1e-3, 1.0], 128, min_size=4)
+    assert sizes[3] == 4 and sum(sizes) == 128
+
+
+def test_caps_are_respected_and_overflow_moves_to_others():
+    sizes = solve_split([0, 0, 0], [1e-3, 1e-2, 1e-2], 120, caps=[30, None, None])
+    assert sizes == [30, 45, 45]
+
+
+def test_pinned_rank_keeps_its_size():
+    sizes = solve_split([0, 0, 0], [1e-3, 1e-3, 1.0], 90, min_size=[1, 1, 40], caps=[None, None, 40])
+    assert sizes == [25, 25, 40]
+
+
+def test_min_size_equal_to_the_share_returns_the_minimum():
+    assert solve_split([0.1, 0.2], [1.0, 2.0], 6, min_size=3) == [3, 3]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        (([0, 0], [1, 1], 1), {}, "minimum sizes sum to 2 > global batch 1"),
+        (([0, 0], [1, 1], 10), {"caps": [3, 4]}, "caps sum to 7 < global batch 10"),
+        (([0, 0], [1, 1], 10), {"caps": [3]}, "1 caps for 2 ranks"),
+        (([0, 0], [1, 1], 10), {"min_size": 4, "caps": [3, 9]}, "rank 0: cap 3 is below its minimum size 4"),
+        (([0, 0], [1, 0], 10), {}, "betas must be finite and > 0; rank 1"),
+        (([0, float("nan")], [1, 1], 10), {}, "alphas must be finite; rank 1"),
+        (([0, 0], [1], 10), {}, "2 alphas but 1 betas"),
+        (([0], [1], 0), {}, "global_batch_size must be a positive integer"),
+        (([0], [1], 4), {"min_size": 0}, "min_size must be ≥ 1"),
+        (([], [], 4), {}, "no ranks"),
+    ],
+)
+def test_infeasible_or_bad_input_raises_a_clear_error(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        solve_split(*args, **kwargs)
+
+
+def test_1024_ranks_solve_within_5_ms():
+    rng = np.random.default_rng(0)
+    n = 1024
+    alphas, betas = rng.uniform(0, 0.05, n), rng.uniform(1e-4, 1e-2, n)
+    solve_split(alphas, betas, 32 * n)
+    timings = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        solve_split(alphas, betas, 32 * n)
+        timings.append(time.perf_counter() - t0)
+    assert min(timings) < 0.005  # ~0.5 ms here; `jobs/bench_solver.py` prints the figures
