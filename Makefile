@@ -1,0 +1,33 @@
+# hetero_ray: `make demo` and `make test` work on a fresh machine (they set everything up).
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
+
+.PHONY: setup demo test test-fast bench clean
+
+setup:
+	@scripts/setup.sh
+
+setup-browser:
+	@SETUP_BROWSER=1 scripts/setup.sh
+
+## A short run on a local Ray cluster with four visibly different (emulated) workers.
+demo: setup
+	$(VENV)/bin/hetero-ray train --model simple_cnn --dataset synthetic_image \
+	  --num-samples 6144 --epochs 2 --batch-size 96 --num-workers 4 \
+	  --emulate-speeds 1,1,0.5,0.25 --policy proportional \
+	  --output-dir runs --experiment-name $(DEMO_NAME)
+
+## The whole test suite (unit, real local Ray, real gloo groups, browser).
+test: setup-browser
+	$(PY) -m pytest -q -W ignore::DeprecationWarning
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" -W ignore::DeprecationWarning
+
+bench: setup
+	$(PY) jobs/bench_overhead.py
+	$(PY) jobs/bench_solver.py
+
+clean:
+	rm -rf runs .pytest_cache

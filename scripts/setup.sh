@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sets up everything hetero_ray needs on a fresh machine: a virtualenv in .venv with the
+# pinned requirements and the package itself (editable). Re-running is cheap: the install
+# is skipped while requirements*.txt and pyproject.toml are unchanged.
+#
+#   scripts/setup.sh            runtime + test dependencies
+#   SETUP_BROWSER=1 scripts/setup.sh   also Debian's chromium for the Dash browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.hetero_ray_installed
+
+if ! command -v "$PYTHON" >/dev/null; then
+  echo "setup: $PYTHON not found; install Python 3.10+ (e.g. apt-get install python3 python3-venv)" >&2
+  exit 1
+fi
+
+want=$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
+  echo "setup: creating $VENV and installing the pinned requirements (torch is ~3 GB the first time)…"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -r requirements-dev.txt
+  "$VENV/bin/python" -m pip install --quiet --no-deps -e .
+  # torch warns in every process when the deprecated `pynvml` shim is present; we use nvidia-ml-py.
+  "$VENV/bin/python" -m pip uninstall --quiet -y pynvml >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m pip check
+  echo "$want" > "$STAMP"
+else
+  echo "setup: $VENV is up to date"
+fi
+
+if [ "${SETUP_BROWSER:-0}" = "1" ] && ! command -v chromium >/dev/null; then
+  echo "setup: installing Debian's chromium + chromium-driver for the browser tests…"
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
