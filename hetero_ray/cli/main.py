@@ -1,19 +1,26 @@
 """``hetero-ray``: the command line entry point (also ``python -m hetero_ray``).
 
-    hetero-ray train --model simple_cnn --num-workers 4 --emulate-speeds 1,1,0.5,0.25 --policy proportional
+    hetero-ray train --model simple_cnn --num-workers 4 --emulate-speeds 1,1,0.5,0.25
+    hetero-ray profile --model simple_cnn --json nodes.json
+    hetero-ray bench
+    hetero-ray dashboard --runs-dir runs
+    hetero-ray report runs/my-run
 
-Heavy imports (torch, ray) happen inside the subcommands, so ``--help`` and bad flags
-answer at once.
+Each subcommand is a module ``hetero_ray.cli.<name>`` with ``HELP``, ``add_arguments(parser)``
+and ``run(args) -> int``. Heavy imports (torch, ray) happen inside ``run``, so ``--help``
+and bad flags answer at once.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Optional, Sequence
 
-from hetero_ray.cli import train
 from hetero_ray.cli.args import ErrorExitParser
 from hetero_ray.errors import TRAINING_FAILED_EXIT_CODE, USER_ERROR_EXIT_CODE, TrainingFailed, UserError
+
+SUBCOMMANDS = ("train", "profile", "bench", "dashboard", "report")
 
 
 def build_parser() -> ErrorExitParser:
@@ -22,9 +29,16 @@ def build_parser() -> ErrorExitParser:
         "share of the global batch that matches its speed."))
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ErrorExitParser)
     commands.required = True
-    train_parser = commands.add_parser("train", help="train a model (starts a local Ray unless --address or RAY_ADDRESS)")
-    train.add_arguments(train_parser)
-    train_parser.set_defaults(handler=train.run)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"hetero_ray.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"hetero_ray.cli.{name}":
+                continue  # not part of this build
+            raise
+        sub = commands.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
     return parser
 
 

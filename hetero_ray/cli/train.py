@@ -14,6 +14,8 @@ from hetero_ray.config import (
 )
 from hetero_ray.errors import ConfigError
 
+HELP = "train a model (starts a local Ray unless --address or RAY_ADDRESS is given)"
+
 _DEFAULTS = TrainConfig(experiment_name="defaults")
 
 
