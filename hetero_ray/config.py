@@ -21,7 +21,7 @@ DATASETS = ("synthetic_image", "synthetic_text", "cifar10", "cifar100")
 TEXT_MODELS = frozenset({"gpt_tiny"})
 TEXT_DATASETS = frozenset({"synthetic_text"})
 FILE_DATASETS = frozenset({"cifar10", "cifar100"})  # read from --data-dir
-POLICIES = ("static", "proportional")
+POLICIES = ("static", "proportional", "dynamic", "optimal")  # = balancing.policies.POLICY_NAMES
 OPTIMIZERS = ("sgd", "adamw")
 LR_SCHEDULES = ("cosine", "constant")
 USE_GPU_CHOICES = ("auto", "yes", "no")
@@ -64,9 +64,11 @@ class TrainConfig:
     backend: str = "auto"  # auto: nccl when every rank has a GPU, else gloo
 
     # --- the plan
-    policy: str = "static"
+    policy: str = "optimal"  # minimise the predicted step time with the fitted cost model
     batch_split: Optional[list[int]] = None  # explicit initial plan, e.g. [40, 24]
     rebalance_interval: int = 20  # steps between plan checks (rank 0 fetch + broadcast)
+    rebalance_threshold: float = 0.05  # adopt only if the predicted step time drops > 5 %
+    rebalance_cooldown: int = 0  # steps after a change before the next may be adopted
     emulate_speeds: Optional[list[float]] = None  # per-rank fraction of real speed
     # Scripted plan changes {"global_step", "local_batch_sizes"} (tests and demos).
     plan_changes: Optional[list[dict]] = None
@@ -107,6 +109,11 @@ class TrainConfig:
         _non_negative_int("--seed", self.seed)
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
             raise ConfigError(f"--lr must be a positive number, got {self.lr!r}")
+        if isinstance(self.rebalance_threshold, bool) or not isinstance(self.rebalance_threshold, (int, float)) \
+                or not 0 <= self.rebalance_threshold < 1:
+            raise ConfigError(f"--rebalance-threshold must be in [0, 1) (a fraction of the step time), "
+                              f"got {self.rebalance_threshold!r}")
+        _non_negative_int("--rebalance-cooldown", self.rebalance_cooldown)
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
             raise ConfigError(f"--cpus-per-worker must be positive, got {self.cpus_per_worker!r}")
         if self.batch_size < self.num_workers:
@@ -163,6 +170,11 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
         return cls(**d)
+
+    def policy_config(self) -> dict:
+        """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""
+        return {"rebalance_threshold": float(self.rebalance_threshold),
+                "cooldown_steps": self.rebalance_cooldown}
 
     @property
     def is_text(self) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from hetero_ray.plan import Plan, equal_split, proportional_split
+from hetero_ray.balancing.policies import PolicyConfig, make_policy
+from hetero_ray.plan import Plan
 
 
 def initial_plan(
@@ -22,19 +23,22 @@ def initial_plan(
     version: int = 0,
     batch_split: Optional[Sequence[int]] = None,
     weights: Optional[Sequence[float]] = None,
+    policy_config: Optional[PolicyConfig] = None,
 ) -> Plan:
     """The first plan of a worker group.
 
-    An explicit ``batch_split`` for this number of workers wins. ``static`` splits equally;
-    ``proportional`` splits by ``weights`` (per-rank speeds or measured throughput), or
-    equally when there are none for this number of workers.
+    An explicit ``batch_split`` for this number of workers wins. Otherwise the policy's own
+    first plan: equal for ``static``; by ``weights`` (per-rank speed or profiled
+    throughput) for ``proportional`` and, when given, for the adaptive policies.
     """
     if batch_split is not None and len(batch_split) == num_workers:
         return Plan(version, tuple(batch_split), "explicit --batch-split")
-    if policy == "proportional" and weights is not None and len(weights) == num_workers:
-        sizes = proportional_split(global_batch_size, weights)
-        return Plan(version, tuple(sizes), "proportional to per-rank speed")
-    return Plan(version, tuple(equal_split(global_batch_size, num_workers)), f"{policy}: equal shares")
+    if weights is not None and len(weights) != num_workers:
+        weights = None  # weights of another worker group: no information about this one
+    if policy == "proportional" and weights is None:
+        weights = [1.0] * num_workers
+    first = make_policy(policy, policy_config, weights=weights).initial_plan(global_batch_size, num_workers)
+    return Plan(version, first.local_batch_sizes, first.reason)
 
 
 class Scheduler:
@@ -45,6 +49,7 @@ class Scheduler:
         batch_split: Optional[Sequence[int]] = None,
         weights: Optional[Sequence[float]] = None,
         plan_changes: Optional[Sequence[dict]] = None,
+        policy_config: Optional[dict] = None,
     ):
         """
         Args:
@@ -55,6 +60,7 @@ class Scheduler:
         self.policy = policy
         self.batch_split = list(batch_split) if batch_split else None
         self.weights = list(weights) if weights else None
+        self.policy_config = PolicyConfig(**(policy_config or {}))
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._plan: Optional[Plan] = None
         self._next_version = 0
@@ -74,7 +80,7 @@ class Scheduler:
         if self._plan is None or self._plan.num_workers != num_workers:
             self._plan = initial_plan(
                 self.policy, self.global_batch_size, num_workers, self._next_version,
-                self.batch_split, self.weights,
+                self.batch_split, self.weights, self.policy_config,
             )
             self._next_version = self._plan.version + 1
         return self._plan.to_dict()

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--policy", default=d.policy, help=f"one of {', '.join(POLICIES)} (default %(default)s)")
     plan.add_argument("--batch-split", type=int_list, help="explicit initial shares, e.g. 40,24 (sum = --batch-size)")
     plan.add_argument("--rebalance-interval", type=int, default=d.rebalance_interval, help="steps between plan checks (default %(default)s)")
+    plan.add_argument("--rebalance-threshold", type=float, default=d.rebalance_threshold,
+                      help="adopt a new plan only if it predicts a step this much faster (default %(default)s)")
+    plan.add_argument("--rebalance-cooldown", type=int, default=d.rebalance_cooldown,
+                      help="steps after a plan change before the next may be adopted (default %(default)s)")
     plan.add_argument("--emulate-speeds", type=float_list, help="per-rank fraction of real speed, e.g. 1,1,0.5,0.25")
     plan.add_argument("--plan-change", type=plan_change, action="append", default=None,
                       metavar="STEP:B0,B1,...", help="scripted plan change at a global step (tests, demos; repeatable)")
@@ -76,7 +80,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Optional[li
         lr_schedule=args.lr_schedule, drop_last=args.drop_last, seed=args.seed, address=args.address,
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
         backend=args.backend, policy=args.policy, batch_split=args.batch_split,
-        rebalance_interval=args.rebalance_interval, emulate_speeds=args.emulate_speeds,
+        rebalance_interval=args.rebalance_interval, rebalance_threshold=args.rebalance_threshold,
+        rebalance_cooldown=args.rebalance_cooldown, emulate_speeds=args.emulate_speeds,
         plan_changes=args.plan_change,
         checkpoint_every=args.checkpoint_every, max_failures=args.max_failures, resume=args.resume,
         output_dir=args.output_dir, record_sample_ids=args.record_sample_ids,

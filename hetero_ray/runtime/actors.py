@@ -14,7 +14,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hetero_ray.constants import (
-    DEFAULT_PARQUET_FLUSH_INTERVAL_S, DEFAULT_STORE_MAX_RECENT_STEPS, METRICS_STORE_ROLE,
+    BALANCER_ROLE, DEFAULT_PARQUET_FLUSH_INTERVAL_S, DEFAULT_STORE_MAX_RECENT_STEPS, METRICS_STORE_ROLE,
     PARQUET_FLUSH_INTERVAL_S_ENV_VAR, RAY_NAMESPACE, SCHEDULER_ROLE,
     STORE_MAX_RECENT_STEPS_ENV_VAR, actor_name, env_float,
 )
@@ -57,6 +57,14 @@ def start_metrics_store(experiment_name: str, run_dir: str, node_id: str):
 
 def start_scheduler(experiment_name: str, node_id: str, **kwargs: Any):
     return start_actor(Scheduler, experiment_name, SCHEDULER_ROLE, node_id=node_id, **kwargs)
+
+
+def start_balancer(experiment_name: str, run_dir: str, node_id: str, **kwargs: Any):
+    """Needs the store and the scheduler running: it looks them up by name."""
+    from hetero_ray.runtime.balancer_actor import BalancerActor
+
+    return start_actor(BalancerActor, experiment_name, BALANCER_ROLE, experiment_name, run_dir,
+                       node_id=node_id, **kwargs)
 
 
 def kill_actor(handle) -> None:

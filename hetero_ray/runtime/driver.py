@@ -74,6 +74,12 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     scheduler = actors.start_scheduler(
         config.experiment_name, node_id, global_batch_size=config.batch_size, policy=config.policy,
         batch_split=config.batch_split, weights=config.emulate_speeds, plan_changes=config.plan_changes,
+        policy_config=config.policy_config(),
+    )
+    balancer = actors.start_balancer(
+        config.experiment_name, run_dir, node_id, policy=config.policy,
+        policy_config=config.policy_config(), rebalance_interval=config.rebalance_interval,
+        weights=config.emulate_speeds,
     )
     total_steps = _total_steps(config)
     started = time.time()
@@ -87,9 +93,9 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         error = e
     finally:
         wall_time_s = time.time() - started
-        summary = _finish(config, run_dir, store, result, wall_time_s, error)
-        actors.kill_actor(store)
-        actors.kill_actor(scheduler)
+        summary = _finish(config, run_dir, store, balancer, result, wall_time_s, error)
+        for actor in (balancer, scheduler, store):
+            actors.kill_actor(actor)
     if error is not None:
         raise TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}") from error
     return RunResult(run_dir, summary)
@@ -125,9 +131,13 @@ def _make_trainer(config: TrainConfig, run_dir: str, use_gpu: bool, backend: str
     )
 
 
-def _finish(config: TrainConfig, run_dir: str, store, result, wall_time_s: float,
+def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_time_s: float,
             error: Optional[BaseException]) -> dict[str, Any]:
     """Merges the tables, writes the final model and summary.json; never raises."""
+    try:
+        ray.get(balancer.close.remote(), timeout=30)
+    except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
+        print(f"[hetero_ray] warning: balancer could not flush its last decision ({e})")
     try:
         ray.get(store.finalize.remote(), timeout=120)
     except Exception as e:  # noqa: BLE001 - still summarise what is on disk

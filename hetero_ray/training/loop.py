@@ -9,6 +9,7 @@ end with evaluation and a checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -25,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import (
-    DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE,
+    BALANCER_ROLE, DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE,
     PLAN_FETCH_TIMEOUT_S_ENV_VAR, RECORD_FLUSH_INTERVAL_S_ENV_VAR, SCHEDULER_ROLE, env_float,
 )
 from hetero_ray.plan import Plan, equal_split
@@ -58,6 +59,7 @@ class WorkerContext:
     node_id: str
     store: "ray.actor.ActorHandle"
     scheduler: "ray.actor.ActorHandle"
+    balancer: "ray.actor.ActorHandle"
     attempt: int = -1
     speeds: Optional[SpeedSchedule] = None
     timeline: Optional[timing.StepTimeline] = None
@@ -79,6 +81,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         node_id=ray.get_runtime_context().get_node_id(),
         store=get_actor(config.experiment_name, METRICS_STORE_ROLE),
         scheduler=get_actor(config.experiment_name, SCHEDULER_ROLE),
+        balancer=get_actor(config.experiment_name, BALANCER_ROLE),
     )
     if config.emulate_speeds or loop_config.get("speed_changes"):
         changes = [SpeedChange(**c) for c in loop_config.get("speed_changes") or []]
@@ -122,7 +125,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     ctx.attempt = _begin_attempt(ctx, position)
     _log_rank0(ctx, _start_message(position, run_steps, ctx))
-    recorder = StepRecorder(ctx.store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S))
+    recorder = StepRecorder(ctx.store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
+                            extra_sinks=[ctx.balancer])
     plan_fetch_timeout_s = env_float(PLAN_FETCH_TIMEOUT_S_ENV_VAR, DEFAULT_PLAN_FETCH_TIMEOUT_S)
 
     plan: Optional[Plan] = None
@@ -247,6 +251,8 @@ def _begin_attempt(ctx: WorkerContext, position: Position) -> int:
         attempt[0] = ray.get(ctx.store.begin_attempt.remote(position.global_step, ctx.num_workers))
     dist.broadcast(attempt, src=0)
     attempt_id = int(attempt.item())
+    if ctx.rank == 0:
+        ctx.balancer.begin_attempt.remote(attempt_id, ctx.num_workers, position.global_step)
     ctx.store.register_worker.remote({
         "rank": ctx.rank, "pid": os.getpid(), "node_id": ctx.node_id,
         "hostname": socket.gethostname(), "device": str(ctx.device), "attempt": attempt_id,
@@ -287,9 +293,23 @@ def _save_checkpoint(ctx: WorkerContext, model, optimizer, lr_scheduler, positio
                 fingerprint=run_fingerprint(ctx.config), rng=capture_rng(),
                 extra={"epoch_loss_sum": ctx.epoch_loss_sum, "epoch_samples": ctx.epoch_samples},
             ))
+            _save_balancer_state(ctx, directory)
             checkpoint = ray.train.Checkpoint.from_directory(directory)
         ray.train.report(metrics, checkpoint=checkpoint,
                          checkpoint_dir_name=f"checkpoint_{position.global_step:09d}")
+
+
+def _save_balancer_state(ctx: WorkerContext, directory: str) -> None:
+    """Rank 0: the balancer's state goes into the checkpoint, for a balancer that restarts."""
+    from hetero_ray.runtime.balancer_actor import BALANCER_STATE_FILE
+
+    try:
+        state = ray.get(ctx.balancer.state_dict.remote(), timeout=5)
+    except Exception as e:  # noqa: BLE001 - the checkpoint matters more than this part of it
+        logger.warning("balancer state not saved with this checkpoint (%s)", type(e).__name__)
+        return
+    with open(os.path.join(directory, BALANCER_STATE_FILE), "w") as f:
+        json.dump(state, f)
 
 
 def _gather_epoch_totals_on_rank0(ctx: WorkerContext) -> None:

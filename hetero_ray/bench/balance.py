@@ -1,0 +1,248 @@
+"""``hetero-ray bench``: the same short training under each policy, against the ideal.
+
+For every policy the same job runs on the same workers (by default four emulated devices
+at speeds 1, 1, 0.5, 0.25 of the real one). In each run, each rank's own ("solo")
+throughput is measured from its busy time — compute plus emulation pad, never the time
+spent waiting for the others — and the ideal is their sum:
+
+    own_i = Σ_steps b_i / Σ_steps busy_i          ideal = Σ_i own_i
+    balance efficiency = achieved samples/s / ideal
+
+so an equal split is bounded by ``n·min_i own_i / Σ_i own_i`` (everyone runs at the
+slowest rank's pace), and a perfect balancer approaches 1, minus what synchronous
+training cannot avoid: the all-reduce, and each step waiting for the unluckiest rank.
+Measuring in the same run means the devices are measured under the same conditions
+(on a shared machine, their contention included).
+
+Steps to balance: the first step from which the cluster's throughput (rolling median over
+20 steps) never falls more than 10 % below its steady value (the second half's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from hetero_ray.cli.report_text import format_table
+from hetero_ray.metrics.summary import per_step
+
+ROLLING_STEPS = 20
+BALANCED_WITHIN = 0.10
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    label: str
+    run_dir: str
+    steps: pd.DataFrame
+    summary: dict
+    samples_per_s: float = 0.0
+    ideal_samples_per_s: float = 0.0
+    balance_efficiency: float = 0.0
+    steps_to_balance: Optional[int] = None
+    plan_changes: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy, "label": self.label, "run_dir": self.run_dir,
+            "samples_per_s": self.samples_per_s, "ideal_samples_per_s": self.ideal_samples_per_s,
+            "balance_efficiency": self.balance_efficiency, "steps_to_balance": self.steps_to_balance,
+            "plan_changes": self.plan_changes, "final_plan": self.summary.get("final_plan"), **self.extra,
+        }
+
+
+# ---------------------------------------------------------------------- pure analysis
+
+def cluster_throughput(steps: pd.DataFrame) -> pd.Series:
+    """Samples/s of each global step, from the wall clock between step ends."""
+    table = per_step(steps)
+    seconds = table["end_wall_time"].diff()
+    return pd.Series((table["samples"] / seconds).to_numpy(), index=table["global_step"]).iloc[1:]
+
+
+def steady_samples_per_s(steps: pd.DataFrame, since_step: int = 0) -> float:
+    """Cluster samples/s over the second half of the steps from ``since_step`` on."""
+    table = per_step(steps[steps["global_step"] >= since_step])
+    half = table.iloc[len(table) // 2 - 1:]
+    span = half["end_wall_time"].iloc[-1] - half["end_wall_time"].iloc[0]
+    return float(half["samples"].iloc[1:].sum() / span) if span > 0 else float("nan")
+
+
+def steps_to_balance(steps: pd.DataFrame, steady: float) -> Optional[int]:
+    """First step from which the rolling throughput never falls 10 % below ``steady``."""
+    rolling = cluster_throughput(steps).rolling(ROLLING_STEPS, min_periods=ROLLING_STEPS).median().dropna()
+    off = rolling < (1 - BALANCED_WITHIN) * steady
+    if not off.any():
+        return int(rolling.index[0]) if len(rolling) else None
+    last_off = off[off].index.max()
+    later = rolling.index[rolling.index > last_off]
+    return int(later[0]) if len(later) else None
+
+
+def own_throughputs(steps: pd.DataFrame, since_step: int) -> pd.Series:
+    """Each rank's own samples/s over the steps from ``since_step`` on: Σ b / Σ busy."""
+    rows = steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+    sums = rows.groupby("rank")[["local_batch_size", "busy_time_s"]].sum()
+    return sums["local_batch_size"] / sums["busy_time_s"]
+
+
+def steady_start(steps: pd.DataFrame) -> int:
+    """The first step of the second half (where steady figures are taken)."""
+    table = per_step(steps)
+    return int(table["global_step"].iloc[len(table) // 2])
+
+
+# ---------------------------------------------------------------------- running
+
+def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_changes=None) -> PolicyRun:
+    from hetero_ray.config import TrainConfig
+    from hetero_ray.metrics import run_files
+    from hetero_ray.runtime.driver import run_training
+
+    config = TrainConfig(
+        model=args.model, dataset="synthetic_image", num_samples=args.batch_size * (args.steps + 1),
+        batch_size=args.batch_size, epochs=1, max_steps=args.steps, num_workers=args.num_workers,
+        policy=policy, emulate_speeds=emulate_speeds, rebalance_interval=args.rebalance_interval,
+        checkpoint_every=10 * args.steps, output_dir=output_dir, experiment_name=label,
+        address=args.address, max_failures=0,
+    )
+    started = time.monotonic()
+    result = run_training(config, speed_changes=speed_changes, emit=lambda line: None)
+    steps = run_files.read_table(result.run_dir, "steps")
+    print(f"[bench] {label}: {result.summary['steady_samples_per_s']:.0f} samples/s, "
+          f"final plan {result.summary['final_plan']} ({time.monotonic() - started:.0f} s)", flush=True)
+    return PolicyRun(policy, label, result.run_dir, steps, result.summary,
+                     plan_changes=result.summary["plan_changes"])
+
+
+def run_bench(args) -> dict:
+    import ray
+
+    from hetero_ray.runtime.cluster import connect
+
+    connect(args.address, local_num_cpus=max(os.cpu_count() or 1, args.num_workers), timeout_s=30)
+    output_dir = os.path.abspath(args.output_dir or os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S")))
+    os.makedirs(output_dir, exist_ok=True)
+    speeds = args.emulate_speeds
+    runs = [_run(args, output_dir, policy, policy, speeds) for policy in args.policies]
+    for run in runs:
+        analyse(run)
+    result = {
+        "scenario": {"model": args.model, "global_batch_size": args.batch_size, "num_workers": args.num_workers,
+                     "emulate_speeds": speeds, "steps": args.steps, "rebalance_interval": args.rebalance_interval},
+        "runs": [r.to_dict() for r in runs],
+    }
+    if args.speed_change:
+        result["adaptation"] = _adaptation(args, output_dir, speeds)
+    if args.homogeneous_check:
+        homogeneous = _run(args, output_dir, "optimal-homogeneous", "optimal", None)
+        result["homogeneous"] = {"plan_changes": homogeneous.plan_changes,
+                                 "final_plan": homogeneous.summary["final_plan"],
+                                 "run_dir": homogeneous.run_dir}
+    if ray.is_initialized() and args.address is None:
+        ray.shutdown()
+    result["report"] = _write_report(output_dir, runs, result)
+    return result
+
+
+def analyse(run: PolicyRun) -> None:
+    """Fills a run's figures from its step records (see the module docstring)."""
+    since = steady_start(run.steps)
+    own = own_throughputs(run.steps, since)
+    run.samples_per_s = steady_samples_per_s(run.steps)
+    run.ideal_samples_per_s = float(own.sum())
+    run.balance_efficiency = run.samples_per_s / run.ideal_samples_per_s
+    run.steps_to_balance = steps_to_balance(run.steps, run.samples_per_s)
+    run.extra["own_samples_per_s"] = [float(v) for v in own.to_numpy()]
+    run.extra["equal_split_efficiency_bound"] = float(len(own) * own.min() / own.sum())
+
+
+def _adaptation(args, output_dir: str, speeds) -> dict:
+    """Optimal with a rank slowing down mid-run: how fast throughput returns to the new ideal."""
+    change = args.speed_change
+    run = _run(args, output_dir, "optimal-speed-change", "optimal", speeds, speed_changes=[change])
+    step = change["global_step"]
+    # The new ideal: the ranks' own throughput after the change has settled (last third).
+    settled = int(step + (run.steps["global_step"].max() - step) * 2 / 3)
+    new_ideal = float(own_throughputs(run.steps, settled).sum())
+    throughput = cluster_throughput(run.steps)
+    intervals = []
+    for k in range(1, 7):
+        lo, hi = step + (k - 1) * args.rebalance_interval, step + k * args.rebalance_interval
+        window = throughput[(throughput.index > lo) & (throughput.index <= hi)]
+        if len(window):
+            intervals.append({"interval": k, "samples_per_s": float(window.median()),
+                              "of_new_ideal": float(window.median() / new_ideal)})
+    after = steady_samples_per_s(run.steps, since_step=step)
+    recovered = next((i["interval"] for i in intervals if i["samples_per_s"] >= 0.9 * after), None)
+    before = steady_samples_per_s(run.steps[run.steps["global_step"] < step])
+    return {"speed_change": change, "new_ideal_samples_per_s": new_ideal, "before_change_samples_per_s": before,
+            "steady_after_change_samples_per_s": after, "steady_after_of_new_ideal": after / new_ideal,
+            "intervals": intervals, "intervals_to_within_10pct_of_steady": recovered,
+            "plan_changes": run.plan_changes, "run_dir": run.run_dir}
+
+
+def _write_report(output_dir: str, runs: list[PolicyRun], result: dict) -> str:
+    """bench.html: throughput over steps per policy and efficiency per policy (self-contained)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
+                           subplot_titles=("cluster samples/s (rolling median)", "balance efficiency"))
+    for run in runs:
+        series = cluster_throughput(run.steps).rolling(ROLLING_STEPS, min_periods=1).median()
+        figure.add_trace(go.Scatter(x=series.index, y=series.to_numpy(), mode="lines", name=run.label), 1, 1)
+    figure.add_trace(go.Bar(x=[r.label for r in runs], y=[r.balance_efficiency for r in runs],
+                            showlegend=False, text=[f"{r.balance_efficiency:.2f}" for r in runs]), 1, 2)
+    figure.update_xaxes(title_text="global step", row=1, col=1)
+    figure.update_yaxes(range=[0, 1.05], row=1, col=2)
+    figure.update_layout(title="hetero_ray bench: policies against the ideal", height=460)
+    path = os.path.join(output_dir, "bench.html")
+    figure.write_html(path, include_plotlyjs=True)
+    return path
+
+
+def print_result(result: dict) -> None:
+    s = result["scenario"]
+    print()
+    print(f"scenario: {s['model']}, global batch {s['global_batch_size']}, {s['num_workers']} workers, "
+          f"emulated speeds {s['emulate_speeds']}, {s['steps']} steps, rebalance every {s['rebalance_interval']}")
+    static = next((r for r in result["runs"] if r["policy"] == "static"), None)
+    rows = []
+    for r in result["runs"]:
+        ratio = f"{r['samples_per_s'] / static['samples_per_s']:.2f}" if static else "-"
+        rows.append([r["label"], f"{r['samples_per_s']:.0f}", ratio, f"{r['ideal_samples_per_s']:.0f}",
+                     f"{r['balance_efficiency']:.3f}", f"{r['equal_split_efficiency_bound']:.2f}",
+                     "-" if r["steps_to_balance"] is None else r["steps_to_balance"], r["plan_changes"],
+                     "/".join(map(str, r["final_plan"] or [])),
+                     "/".join(f"{v:.0f}" for v in r["own_samples_per_s"])])
+    print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "n·min/Σ", "steps to balance",
+                        "plan changes", "final plan", "own samples/s per rank"], rows))
+    if "adaptation" in result:
+        a = result["adaptation"]
+        c = a["speed_change"]
+        print()
+        print(f"adaptation: rank {c['rank']} to speed {c['speed']} at step {c['global_step']}: "
+              f"{a['before_change_samples_per_s']:.0f} samples/s before; after: steady "
+              f"{a['steady_after_change_samples_per_s']:.0f}, new ideal {a['new_ideal_samples_per_s']:.0f} "
+              f"({a['steady_after_of_new_ideal']:.2f} of it)")
+        print(format_table(["interval after change", "samples/s", "of new ideal"],
+                           [[i["interval"], f"{i['samples_per_s']:.0f}", f"{i['of_new_ideal']:.2f}"]
+                            for i in a["intervals"]]))
+        print(f"back within 10 % of its steady throughput after {a['intervals_to_within_10pct_of_steady']} "
+              "rebalance interval(s)")
+    if "homogeneous" in result:
+        h = result["homogeneous"]
+        print(f"\nhomogeneous workers (no emulation), optimal: {h['plan_changes']} plan change(s), final plan "
+              f"{'/'.join(map(str, h['final_plan'] or []))}")
+    print(f"\nplots: {result['report']}")

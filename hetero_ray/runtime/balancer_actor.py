@@ -1,0 +1,84 @@
+"""The balancer actor: a thin shell that feeds :class:`Balancer` and forwards its output.
+
+Workers send it their step rows fire-and-forget (the same batches the metrics store
+gets). Adopted plans go to the scheduler (``propose``), every decision row to the metrics
+store. If the actor dies, Ray restarts it (``max_restarts``) and it reloads its state from
+the newest checkpoint in the run directory; meanwhile the workers simply keep the plan
+they have, since rank 0 only ever asks the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Optional
+
+from hetero_ray.balancing.balancer import Balancer
+from hetero_ray.balancing.policies import PolicyConfig, make_policy
+
+logger = logging.getLogger(__name__)
+
+BALANCER_STATE_FILE = "balancer_state.json"  # written into each checkpoint by rank 0
+
+
+class BalancerActor:
+    def __init__(self, experiment_name: str, run_dir: str, policy: str, policy_config: dict,
+                 rebalance_interval: int, weights: Optional[list[float]] = None):
+        from hetero_ray.constants import METRICS_STORE_ROLE, SCHEDULER_ROLE
+        from hetero_ray.runtime.actors import get_actor
+
+        self._store = get_actor(experiment_name, METRICS_STORE_ROLE)
+        self._scheduler = get_actor(experiment_name, SCHEDULER_ROLE)
+        self._policy_name = policy
+        self._policy_config = PolicyConfig(**policy_config)
+        self._weights = weights
+        self.balancer = Balancer(self._make_policy(None), rebalance_interval)
+        self._run_dir = run_dir
+        self._restore_from_latest_checkpoint()
+
+    def _make_policy(self, num_workers: Optional[int], caps=None):
+        weights = self._weights
+        if self._policy_name == "proportional" and (weights is None or len(weights) != num_workers):
+            weights = [1.0] * max(1, num_workers or 1)
+        return make_policy(self._policy_name, self._policy_config, weights=weights, caps=caps)
+
+    def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int) -> None:
+        if num_workers != self.balancer.num_workers:
+            self.balancer.policy = self._make_policy(num_workers)
+        self.balancer.begin_attempt(attempt, num_workers, start_global_step)
+
+    def add_steps(self, rows: list[dict]) -> None:
+        output = self.balancer.add_steps(rows)
+        for plan in output.new_plans:
+            self._scheduler.propose.remote(plan.to_dict())
+        for row in output.decision_rows:
+            self._store.add_decision.remote(row)
+
+    def state_dict(self) -> dict:
+        return self.balancer.state_dict()
+
+    def close(self) -> None:
+        """End of the run: emit decision rows still waiting for their outcome."""
+        for row in self.balancer.flush():
+            self._store.add_decision.remote(row)
+
+    def _restore_from_latest_checkpoint(self) -> None:
+        """After a restart of this actor (or a --resume): the newest checkpoint's state, and
+        the attempt in progress, so that the records arriving now are used."""
+        from hetero_ray.metrics.run_files import ATTEMPTS_FILE, read_json
+        from hetero_ray.preflight import latest_checkpoint_dir
+
+        directory = latest_checkpoint_dir(self._run_dir)
+        path = directory and os.path.join(directory, BALANCER_STATE_FILE)
+        if path and os.path.exists(path):
+            try:
+                with open(path) as f:
+                    self.balancer.load_state_dict(json.load(f))
+                logger.warning("balancer restored from %s", path)
+            except Exception as e:  # noqa: BLE001 - start fresh rather than not at all
+                logger.warning("balancer could not restore %s (%s); starting fresh", path, e)
+        attempts = read_json(os.path.join(self._run_dir, ATTEMPTS_FILE), []) or []
+        if attempts:
+            last = attempts[-1]
+            self.begin_attempt(last["attempt"], last["num_workers"], last["start_global_step"])
