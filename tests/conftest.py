@@ -9,6 +9,8 @@ import pytest
 # Progress lines every second and Parquet parts every second keep test runs observable.
 os.environ.setdefault("HETERO_RAY_PROGRESS_INTERVAL_S", "2")
 os.environ.setdefault("HETERO_RAY_PARQUET_FLUSH_INTERVAL_S", "1")
+# Short runs: records reach the balancer four times a second so it can act within them.
+os.environ.setdefault("HETERO_RAY_RECORD_FLUSH_INTERVAL_S", "0.25")
 
 # Ray workers started by the session cluster must import this checkout's packages.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

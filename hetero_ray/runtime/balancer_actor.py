@@ -35,6 +35,7 @@ class BalancerActor:
         self._weights = weights
         self.balancer = Balancer(self._make_policy(None), rebalance_interval)
         self._run_dir = run_dir
+        self._restored_from: Optional[str] = None
         self._restore_from_latest_checkpoint()
 
     def _make_policy(self, num_workers: Optional[int], caps=None):
@@ -58,6 +59,11 @@ class BalancerActor:
     def state_dict(self) -> dict:
         return self.balancer.state_dict()
 
+    def info(self) -> dict:
+        """Where this incarnation stands (for the dashboard and tests)."""
+        return {"policy": self._policy_name, "attempt": self.balancer.attempt,
+                "num_workers": self.balancer.num_workers, "restored_from": self._restored_from}
+
     def close(self) -> None:
         """End of the run: emit decision rows still waiting for their outcome."""
         for row in self.balancer.flush():
@@ -75,6 +81,7 @@ class BalancerActor:
             try:
                 with open(path) as f:
                     self.balancer.load_state_dict(json.load(f))
+                self._restored_from = path
                 logger.warning("balancer restored from %s", path)
             except Exception as e:  # noqa: BLE001 - start fresh rather than not at all
                 logger.warning("balancer could not restore %s (%s); starting fresh", path, e)

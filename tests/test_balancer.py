@@ -1,0 +1,91 @@
+"""The balancer (pure class): decides on the plan in force, waits for adopted plans to take
+effect, records achieved step times, and survives a checkpoint round trip."""
+
+from __future__ import annotations
+
+from hetero_ray.balancing.balancer import Balancer
+from hetero_ray.balancing.policies import PolicyConfig, make_policy
+from hetero_ray.balancing.simulation import SimulatedCluster
+
+
+def step_rows(cluster: SimulatedCluster, step: int, sizes, version: int, attempt: int = 0) -> list[dict]:
+    busy = cluster.busy_times_s(sizes, step)
+    return [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
+             "plan_version": version, "attempt": attempt} for r, (b, t) in enumerate(zip(sizes, busy))]
+
+
+def drive(balancer: Balancer, cluster: SimulatedCluster, steps: int, sizes, lag_steps: int = 0):
+    """Feeds records like workers would, applying adopted plans ``lag_steps`` later."""
+    version, pending, rows_out, plans = 0, [], [], []
+    for step in range(steps):
+        while pending and pending[0][0] <= step:
+            _, plan = pending.pop(0)
+            sizes, version = list(plan.local_batch_sizes), version + 1
+        out = balancer.add_steps(step_rows(cluster, step, sizes, version))
+        rows_out += out.decision_rows
+        for plan in out.new_plans:
+            plans.append((step, plan))
+            pending.append((step + lag_steps, plan))
+    return rows_out, plans, sizes
+
+
+def new_balancer(policy="optimal", interval=10) -> Balancer:
+    balancer = Balancer(make_policy(policy, PolicyConfig()), rebalance_interval=interval)
+    balancer.begin_attempt(attempt=0, num_workers=4, start_global_step=0)
+    return balancer
+
+
+def cluster(seed=0) -> SimulatedCluster:
+    return SimulatedCluster(alphas=[0.005] * 4, betas=[0.001, 0.001, 0.002, 0.004], noise=0.03, seed=seed)
+
+
+def test_optimal_balances_and_records_every_decision():
+    balancer = new_balancer()
+    rows, plans, final = drive(balancer, cluster(), steps=200, sizes=[24, 24, 24, 24], lag_steps=3)
+    assert plans, "an unbalanced cluster must get a new plan"
+    assert sum(final) == 96 and final[3] < final[2] < final[0]
+    assert all(r["global_step"] >= 10 for r in rows)
+    adopted = [r for r in rows if r["adopted"]]
+    assert adopted and all(r["achieved_step_time_s"] is not None for r in adopted[:-1])
+    first = adopted[0]
+    assert first["achieved_step_time_s"] < first["current_predicted_step_time_s"]
+
+
+def test_waits_until_the_adopted_plan_is_in_force():
+    balancer = new_balancer(interval=5)
+    _, plans, _ = drive(balancer, cluster(), steps=120, sizes=[24, 24, 24, 24], lag_steps=30)
+    steps = [s for s, _ in plans]
+    assert all(b - a >= 30 for a, b in zip(steps, steps[1:])), "decided on a plan not yet in force"
+
+
+def test_static_never_changes_but_still_records():
+    balancer = new_balancer("static")
+    rows, plans, _ = drive(balancer, cluster(), steps=100, sizes=[24, 24, 24, 24])
+    assert not plans and rows and not any(r["adopted"] for r in rows)
+
+
+def test_rows_of_other_attempts_are_ignored():
+    balancer = new_balancer()
+    sim = cluster()
+    for step in range(50):
+        out = balancer.add_steps(step_rows(sim, step, [24, 24, 24, 24], 0, attempt=7))
+        assert not out.decision_rows and not out.new_plans
+
+
+def test_state_round_trip_keeps_the_estimates():
+    balancer = new_balancer()
+    drive(balancer, cluster(), steps=60, sizes=[40, 30, 16, 10])
+    restored = new_balancer()
+    restored.load_state_dict(balancer.state_dict())
+    restored.begin_attempt(attempt=0, num_workers=4, start_global_step=60)
+    a = balancer.estimates.estimates(59)
+    b = restored.estimates.estimates(59)
+    assert (abs(a.beta_s_per_sample - b.beta_s_per_sample) < 1e-12).all()
+
+
+def test_a_short_last_window_is_not_mistaken_for_a_plan():
+    balancer = new_balancer(interval=1)
+    rows = [{"rank": r, "global_step": 10, "local_batch_size": b, "busy_time_s": 0.01,
+             "plan_version": 0, "attempt": 0} for r, b in enumerate([3, 2, 0, 0])]
+    out = balancer.add_steps(rows)
+    assert not out.new_plans and not out.decision_rows
