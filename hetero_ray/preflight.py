@@ -60,8 +60,22 @@ def check_output_dir(output_dir: str) -> None:
                         "choose a directory you can write to")
 
 
+RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
 def latest_checkpoint_dir(run_dir: str) -> str | None:
-    pattern = os.path.join(run_dir, RAY_TRAIN_SUBDIR, "checkpoint_*", POSITION_FILE)
+    """The checkpoint a restart or --resume continues from.
+
+    Ray Train's own snapshot decides (a checkpoint folder may exist on storage before Ray
+    registered it, e.g. when the driver stopped in between); without a snapshot, the
+    newest complete folder.
+    """
+    train_dir = os.path.join(run_dir, RAY_TRAIN_SUBDIR)
+    snapshot = read_json(os.path.join(train_dir, RAY_CHECKPOINT_SNAPSHOT)) or {}
+    latest = (snapshot.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+    if latest and os.path.exists(os.path.join(train_dir, latest, POSITION_FILE)):
+        return os.path.join(train_dir, latest)
+    pattern = os.path.join(train_dir, "checkpoint_*", POSITION_FILE)
     candidates = sorted(os.path.dirname(p) for p in glob.glob(pattern))
     return candidates[-1] if candidates else None
 

@@ -28,7 +28,7 @@ def ray_session():
         os.environ.setdefault(key, value)
     # Logical CPUs beyond the 2 real cores: 4 training workers plus Ray Train's controller
     # must fit; the workers then share the cores, which is what emulation expects anyway.
-    ray.init(num_cpus=8, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING",
+    ray.init(address="local", num_cpus=8, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING",
              runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}})
     yield ray
     ray.shutdown()

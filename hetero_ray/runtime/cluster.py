@@ -45,7 +45,9 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
         return Connection(ray.get_runtime_context().gcs_address, False, _dashboard_url())
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
-        ray.init(num_cpus=local_num_cpus, namespace=RAY_NAMESPACE, include_dashboard=include_dashboard,
+        # address="local": always a new Ray of our own, even if `ray start` runs on this machine
+        # (plain ray.init() would join that one instead).
+        ray.init(address="local", num_cpus=local_num_cpus, namespace=RAY_NAMESPACE, include_dashboard=include_dashboard,
                  logging_level="WARNING", log_to_driver=True)
         return Connection(ray.get_runtime_context().gcs_address, True, _dashboard_url())
     _check_reachable(address, timeout_s)

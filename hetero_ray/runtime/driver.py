@@ -66,6 +66,8 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     os.makedirs(run_dir, exist_ok=config.resume)
     run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), config.to_dict())
     emit(f"[hetero_ray] run directory: {run_dir}")
+    if config.resume:
+        emit(f"[hetero_ray] resuming from {_describe_checkpoint(run_dir)}")
     emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
          + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
@@ -175,6 +177,13 @@ def _write_final_model(checkpoint, path: str) -> None:
     tmp = path + ".tmp"
     torch.save(state.model, tmp)
     os.replace(tmp, path)
+
+
+def _describe_checkpoint(run_dir: str) -> str:
+    directory = preflight.latest_checkpoint_dir(run_dir)
+    position = run_files.read_json(os.path.join(directory, "position.json"), {}).get("position", {})
+    return (f"the checkpoint at global step {position.get('global_step')} "
+            f"(epoch {position.get('epoch')}, step {position.get('step')}): {directory}")
 
 
 def _resolve_use_gpu(choice: str) -> bool:
