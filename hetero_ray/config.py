@@ -62,6 +62,9 @@ class TrainConfig:
     cpus_per_worker: float = 1.0
     use_gpu: str = "auto"  # auto: GPU workers when the cluster has GPUs
     backend: str = "auto"  # auto: nccl when every rank has a GPU, else gloo
+    # Per-worker Ray label selectors, e.g. [{"gpu": "h100"}, {"cpu-only": "1"}]: which node
+    # each rank may run on (one TorchTrainer gives every worker the same resources).
+    worker_label_selectors: Optional[list[dict]] = None
 
     # --- the plan
     policy: str = "optimal"  # minimise the predicted step time with the fitted cost model
@@ -72,6 +75,12 @@ class TrainConfig:
     emulate_speeds: Optional[list[float]] = None  # per-rank fraction of real speed
     # Scripted plan changes {"global_step", "local_batch_sizes"} (tests and demos).
     plan_changes: Optional[list[dict]] = None
+
+    # --- profiling
+    profile: bool = True  # profile every node (hardware + this model) before the first step
+    profile_batch_sizes: Optional[list[int]] = None  # probe sizes; default around B/n
+    profile_interval: int = 10  # in-training readings (GPU, CPU, RSS) every N steps; 0: off
+    profile_timeout_s: float = 120.0  # for the whole cluster; slower nodes are reported failed
 
     # --- fault tolerance
     checkpoint_every: int = 100  # steps; also at every epoch end
@@ -106,6 +115,13 @@ class TrainConfig:
         if self.max_steps is not None:
             _positive_int("--max-steps", self.max_steps)
         _non_negative_int("--max-failures", self.max_failures)
+        _non_negative_int("--profile-interval", self.profile_interval)
+        if not (isinstance(self.profile_timeout_s, (int, float)) and self.profile_timeout_s > 0):
+            raise ConfigError(f"--profile-timeout must be a positive number of seconds, got {self.profile_timeout_s!r}")
+        if self.profile_batch_sizes is not None:
+            self.profile_batch_sizes = _int_list("--profile-batch-sizes", self.profile_batch_sizes)
+            if not self.profile_batch_sizes or any(b < 1 for b in self.profile_batch_sizes):
+                raise ConfigError(f"--profile-batch-sizes must be positive integers, got {self.profile_batch_sizes}")
         _non_negative_int("--seed", self.seed)
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
             raise ConfigError(f"--lr must be a positive number, got {self.lr!r}")
@@ -136,6 +152,13 @@ class TrainConfig:
                     f"--batch-split {','.join(map(str, self.batch_split))} sums to "
                     f"{sum(self.batch_split)}, but --batch-size is {self.batch_size}"
                 )
+        if self.worker_label_selectors is not None:
+            _per_rank_length("--worker-labels", self.worker_label_selectors, self.num_workers)
+            for selector in self.worker_label_selectors:
+                if not isinstance(selector, dict) or not all(
+                        isinstance(k, str) and k and isinstance(v, str) for k, v in selector.items()):
+                    raise ConfigError(f"--worker-labels: each worker's selector must map label names to "
+                                      f"values (KEY=VALUE), got {selector!r}")
         for change in self.plan_changes or ():
             sizes = _int_list("--plan-change", change.get("local_batch_sizes", []))
             _per_rank_length("--plan-change", sizes, self.num_workers)
@@ -175,6 +198,13 @@ class TrainConfig:
         """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""
         return {"rebalance_threshold": float(self.rebalance_threshold),
                 "cooldown_steps": self.rebalance_cooldown}
+
+    def probe_batch_sizes(self) -> list[int]:
+        """Probe sizes around the mean local batch ``b = B/n``: b/4, b/2, b, 2b (distinct, ≥ 1)."""
+        if self.profile_batch_sizes:
+            return sorted(set(self.profile_batch_sizes))
+        mean = max(1, round(self.batch_size / self.num_workers))
+        return sorted({max(1, mean // 4), max(1, mean // 2), mean, 2 * mean})
 
     @property
     def is_text(self) -> bool:

@@ -1,19 +1,25 @@
 """The scheduler: the one place that says which plan is in force.
 
-Rank 0 asks it for the plan every rebalance interval (``plan_for``); whoever decides a
-better split (the balancer) publishes it here (``propose``). It also answers for a world
-size it has not seen, which is what happens after an elastic restart: a fresh initial
-plan for the new number of workers, with the same global batch.
+Rank 0 asks it for the plan every rebalance interval (``plan_for``); the balancer
+publishes better splits here (``propose``). It answers for a world size it has not seen
+too, which is what happens after an elastic restart: a fresh first plan for the new
+number of workers, with the same global batch.
 
-Plain class; :mod:`hetero_ray.runtime.actors` runs it as a named actor.
+The first plan of a worker group comes from measurements when there are any: the node
+profiles (``set_capabilities``) give each rank the busy-time line of the device it runs
+on, so that the first step is already balanced. Plain class; the actor is made in
+:mod:`hetero_ray.runtime.actors`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 from hetero_ray.balancing.policies import PolicyConfig, make_policy
 from hetero_ray.plan import Plan
+
+logger = logging.getLogger(__name__)
 
 
 def initial_plan(
@@ -24,21 +30,34 @@ def initial_plan(
     batch_split: Optional[Sequence[int]] = None,
     weights: Optional[Sequence[float]] = None,
     policy_config: Optional[PolicyConfig] = None,
-) -> Plan:
-    """The first plan of a worker group.
+    capacities: Optional[Sequence] = None,
+) -> tuple[Plan, Optional[list[Optional[int]]]]:
+    """The first plan of a worker group, and the per-rank memory caps it respects.
 
     An explicit ``batch_split`` for this number of workers wins. Otherwise the policy's own
-    first plan: equal for ``static``; by ``weights`` (per-rank speed or profiled
-    throughput) for ``proportional`` and, when given, for the adaptive policies.
+    first plan: equal for ``static``; from the profiled ``capacities`` (per rank: α, β,
+    largest batch) when every rank has one — throughput at the mean local batch for
+    ``proportional``/``dynamic``, the water-filling split of the fitted lines for
+    ``optimal`` — else by ``weights`` (per-rank emulated speed), else equal.
     """
     if batch_split is not None and len(batch_split) == num_workers:
-        return Plan(version, tuple(batch_split), "explicit --batch-split")
-    if weights is not None and len(weights) != num_workers:
-        weights = None  # weights of another worker group: no information about this one
+        return Plan(version, tuple(batch_split), "explicit --batch-split"), None
+    caps = None
+    profiled = None
+    if capacities is not None and len(capacities) == num_workers and all(c is not None for c in capacities):
+        from hetero_ray.profiling.capability import first_plan_weights
+
+        weights, caps = first_plan_weights(capacities, global_batch_size / num_workers)
+        profiled = list(capacities)
+    elif weights is not None and len(weights) != num_workers:
+        weights = None  # weights of another worker group say nothing about this one
     if policy == "proportional" and weights is None:
         weights = [1.0] * num_workers
-    first = make_policy(policy, policy_config, weights=weights).initial_plan(global_batch_size, num_workers)
-    return Plan(version, first.local_batch_sizes, first.reason)
+    if caps is not None and (policy == "static" or sum(c or global_batch_size for c in caps) < global_batch_size):
+        caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
+    chosen = make_policy(policy, policy_config, weights=weights, caps=caps, profiled=profiled)
+    first = chosen.initial_plan(global_batch_size, num_workers)
+    return Plan(version, first.local_batch_sizes, first.reason), caps
 
 
 class Scheduler:
@@ -53,6 +72,7 @@ class Scheduler:
     ):
         """
         Args:
+            weights: per-rank emulated speeds (they also scale profiled capacities).
             plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied
                 at the first rebalance point at or after their step (tests and demos).
         """
@@ -62,14 +82,25 @@ class Scheduler:
         self.weights = list(weights) if weights else None
         self.policy_config = PolicyConfig(**(policy_config or {}))
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
+        self._nodes: list = []
+        self._caps: Optional[list[Optional[int]]] = None
         self._plan: Optional[Plan] = None
         self._next_version = 0
 
-    def plan_for(self, num_workers: int, global_step: int = 0) -> dict:
+    def set_capabilities(self, nodes: list[dict]) -> None:
+        """The profiled nodes (``NodeCapability.to_dict()`` each)."""
+        from hetero_ray.profiling.capability import NodeCapability
+
+        self._nodes = [NodeCapability.from_dict(n) for n in nodes]
+
+    def plan_for(self, num_workers: int, global_step: int = 0,
+                 rank_node_ids: Optional[Sequence[str]] = None,
+                 rank_device_kinds: Optional[Sequence[str]] = None) -> dict:
         """The plan in force for ``num_workers`` ranks at ``global_step``.
 
-        A new initial plan if the number of workers changed; a scripted change once its
-        step is reached.
+        A new first plan if the number of workers changed (from the ranks' devices when
+        their nodes are known); a scripted change once its step is reached. The reply also
+        carries ``caps``, the per-rank memory caps the plan respects (or None).
         """
         while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
             change = self._plan_changes.pop(0)
@@ -78,12 +109,26 @@ class Scheduler:
                                   f"scripted change at step {change['global_step']}")
                 self._next_version += 1
         if self._plan is None or self._plan.num_workers != num_workers:
-            self._plan = initial_plan(
+            self._plan, self._caps = initial_plan(
                 self.policy, self.global_batch_size, num_workers, self._next_version,
                 self.batch_split, self.weights, self.policy_config,
+                self._capacities(num_workers, rank_node_ids, rank_device_kinds),
             )
             self._next_version = self._plan.version + 1
-        return self._plan.to_dict()
+            logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
+        return {**self._plan.to_dict(), "caps": self._caps}
+
+    def _capacities(self, num_workers, rank_node_ids, rank_device_kinds):
+        if not self._nodes or rank_node_ids is None or len(rank_node_ids) != num_workers:
+            return None
+        from hetero_ray.profiling.capability import rank_capacities
+
+        speeds = self.weights if self.weights is not None and len(self.weights) == num_workers else None
+        try:
+            return rank_capacities(self._nodes, rank_node_ids, rank_device_kinds, speeds)
+        except ValueError as e:  # inconsistent inputs: plan without measurements
+            logger.warning("profiles not usable for the first plan (%s)", e)
+            return None
 
     def propose(self, plan: dict) -> dict:
         """Publishes a new plan; it takes effect at rank 0's next rebalance point."""

@@ -42,7 +42,7 @@ def fast_config(tmp_path):
     def make(**overrides) -> TrainConfig:
         values = dict(model="mlp", dataset="synthetic_image", num_samples=256, eval_samples=64,
                       batch_size=32, epochs=1, num_workers=2, output_dir=str(tmp_path / "runs"),
-                      checkpoint_every=1000, max_failures=0, policy="static")
+                      checkpoint_every=1000, max_failures=0, policy="static", profile=False)
         values.update(overrides)
         return TrainConfig(**values)
 

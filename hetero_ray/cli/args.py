@@ -46,6 +46,22 @@ def plan_change(text: str) -> dict:
     return change
 
 
+def label_selectors(text: str) -> list[dict]:
+    """``"gpu=h100;cpu-only=1,zone=a"`` → one selector per worker, ``;`` between workers."""
+    selectors = []
+    for worker in text.split(";"):
+        selector = {}
+        for item in filter(None, (i.strip() for i in worker.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise argparse.ArgumentTypeError(
+                    f"expected KEY=VALUE pairs per worker, workers separated by ';' (e.g. gpu=h100;cpu-only=1); "
+                    f"got {text!r}")
+            selector[key.strip()] = value.strip()
+        selectors.append(selector)
+    return selectors
+
+
 def _items(text: str) -> list[str]:
     items = [v.strip() for v in text.split(",")]
     if not items or any(v == "" for v in items):

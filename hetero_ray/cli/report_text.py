@@ -34,6 +34,12 @@ def run_summary_text(summary: dict[str, Any]) -> str:
             [[r["rank"], r["node_id"][:8], r["local_batch_size"], _ms(r["busy_time_s"]),
               _ms(r["wait_time_s"]), _num(r["samples_per_s"])] for r in ranks],
         ))
+    verdicts = [v for v in summary.get("bottlenecks") or [] if "verdict" in v]
+    if verdicts:
+        from hetero_ray.profiling.bottlenecks import Verdict, format_verdicts
+
+        lines.append("")
+        lines.append(format_verdicts([Verdict.from_dict(v) for v in verdicts]))
     lines.append("")
     lines.append(f"results: {summary['run_dir']}  (summary.json, steps.parquet, plans.parquet, "
                  "epochs.parquet, model_final.pt)")

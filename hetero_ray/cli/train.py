@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from hetero_ray.cli.args import float_list, int_list, plan_change, speed_change
+from hetero_ray.cli.args import float_list, int_list, label_selectors, plan_change, speed_change
 from hetero_ray.config import (
     BACKENDS, DATASETS, LR_SCHEDULES, MODELS, OPTIMIZERS, POLICIES, USE_GPU_CHOICES, TrainConfig,
 )
@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--num-workers", type=int, default=d.num_workers, help="training workers (ranks) (default %(default)s)")
     where.add_argument("--cpus-per-worker", type=float, default=d.cpus_per_worker, help="(default %(default)s)")
     where.add_argument("--use-gpu", default=d.use_gpu, help=f"one of {', '.join(USE_GPU_CHOICES)} (default %(default)s)")
+    where.add_argument("--worker-labels", type=label_selectors, metavar="K=V[,K=V];…",
+                       help="per-worker node label selectors, ';' between workers (e.g. gpu=h100;gpu=h100;cpu-only=1)")
     where.add_argument("--backend", default=d.backend, help=f"one of {', '.join(BACKENDS)} (default %(default)s: nccl when all ranks have GPUs)")
 
     plan = parser.add_argument_group("the plan (each rank's share of the global batch)")
@@ -59,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       metavar="STEP:B0,B1,...", help="scripted plan change at a global step (tests, demos; repeatable)")
     plan.add_argument("--emulate-speed-change", type=speed_change, action="append", default=None,
                       metavar="STEP:RANK:SPEED", help="from global STEP on, RANK runs at SPEED (repeatable)")
+
+    prof = parser.add_argument_group("profiling")
+    prof.add_argument("--no-profile", action="store_true", help="skip profiling the nodes before training")
+    prof.add_argument("--profile-batch-sizes", type=int_list, help="probe batch sizes (default around B/n)")
+    prof.add_argument("--profile-interval", type=int, default=d.profile_interval,
+                      help="in-training GPU/CPU readings every N steps; 0 turns them off (default %(default)s)")
+    prof.add_argument("--profile-timeout", type=float, default=d.profile_timeout_s,
+                      help="seconds for profiling the whole cluster (default %(default)s)")
 
     ft = parser.add_argument_group("fault tolerance")
     ft.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints (and every epoch end) (default %(default)s)")
@@ -79,10 +89,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Optional[li
         epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, optimizer=args.optimizer,
         lr_schedule=args.lr_schedule, drop_last=args.drop_last, seed=args.seed, address=args.address,
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
-        backend=args.backend, policy=args.policy, batch_split=args.batch_split,
+        backend=args.backend, worker_label_selectors=args.worker_labels, policy=args.policy, batch_split=args.batch_split,
         rebalance_interval=args.rebalance_interval, rebalance_threshold=args.rebalance_threshold,
         rebalance_cooldown=args.rebalance_cooldown, emulate_speeds=args.emulate_speeds,
         plan_changes=args.plan_change,
+        profile=not args.no_profile, profile_batch_sizes=args.profile_batch_sizes,
+        profile_interval=args.profile_interval, profile_timeout_s=args.profile_timeout,
         checkpoint_every=args.checkpoint_every, max_failures=args.max_failures, resume=args.resume,
         output_dir=args.output_dir, record_sample_ids=args.record_sample_ids,
     )

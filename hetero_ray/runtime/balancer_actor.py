@@ -44,9 +44,13 @@ class BalancerActor:
             weights = [1.0] * max(1, num_workers or 1)
         return make_policy(self._policy_name, self._policy_config, weights=weights, caps=caps)
 
-    def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int) -> None:
-        if num_workers != self.balancer.num_workers:
-            self.balancer.policy = self._make_policy(num_workers)
+    def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
+                      caps: Optional[list] = None) -> None:
+        """A worker group starts; ``caps`` are its ranks' memory caps (from profiling)."""
+        if num_workers != self.balancer.num_workers or caps is not None:
+            state = self.balancer.policy.state_dict()
+            self.balancer.policy = self._make_policy(num_workers, caps)
+            self.balancer.policy.load_state_dict(state)
         self.balancer.begin_attempt(attempt, num_workers, start_global_step)
 
     def add_steps(self, rows: list[dict]) -> None:

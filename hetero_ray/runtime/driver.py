@@ -84,6 +84,9 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         weights=config.emulate_speeds,
     )
     total_steps = _total_steps(config)
+    caps = None
+    if config.profile:
+        caps = _profile_nodes(config, run_dir, store, scheduler, emit)
     started = time.time()
     error: Optional[BaseException] = None
     result = None
@@ -95,7 +98,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         error = e
     finally:
         wall_time_s = time.time() - started
-        summary = _finish(config, run_dir, store, balancer, result, wall_time_s, error)
+        summary = _finish(config, run_dir, store, balancer, result, wall_time_s, error, caps)
         for actor in (balancer, scheduler, store):
             actors.kill_actor(actor)
     if error is not None:
@@ -121,7 +124,8 @@ def _make_trainer(config: TrainConfig, run_dir: str, use_gpu: bool, backend: str
         train_loop_config={"train": config.to_dict(), "use_gpu": use_gpu, "speed_changes": speed_changes},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=resources),
+                                     resources_per_worker=resources,
+                                     label_selector=config.worker_label_selectors),
         run_config=RunConfig(
             name=RAY_TRAIN_SUBDIR,
             storage_path=run_dir,
@@ -133,8 +137,32 @@ def _make_trainer(config: TrainConfig, run_dir: str, use_gpu: bool, backend: str
     )
 
 
+def _profile_nodes(config: TrainConfig, run_dir: str, store, scheduler, emit) -> Optional[dict[int, int]]:
+    """Profiles every node (hardware and this model) for the first plan; writes nodes.json.
+
+    Returns the per-node memory caps for the bottleneck analysis (by node id), or None.
+    """
+    from hetero_ray.profiling.capability import capabilities_document, write_nodes_json
+    from hetero_ray.profiling.node_profiler import profile_cluster
+
+    batch_sizes = config.probe_batch_sizes()
+    nodes = profile_cluster(model=config.model, dataset=config.dataset, batch_sizes=batch_sizes,
+                            cpus_per_worker=config.cpus_per_worker, timeout_s=config.profile_timeout_s,
+                            emit=emit, scheduler=scheduler, experiment_name=config.experiment_name)
+    document = capabilities_document(nodes, config.model, batch_sizes)
+    try:
+        ray.get(store.set_nodes.remote(document["nodes"]), timeout=30)
+    except Exception as e:  # noqa: BLE001 - the file below is the durable copy
+        emit(f"[hetero_ray] warning: metrics store did not take the node profiles ({e})")
+    write_nodes_json(os.path.join(run_dir, run_files.NODES_FILE), nodes, config.model, batch_sizes)
+    failed = [n for n in nodes if not n.ok]
+    if failed:
+        emit(f"[hetero_ray] {len(failed)} node(s) could not be profiled; their ranks start with typical shares")
+    return {n.node_id: (n.device("cpu").max_batch_size if n.device("cpu") else None) for n in nodes if n.ok}
+
+
 def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_time_s: float,
-            error: Optional[BaseException]) -> dict[str, Any]:
+            error: Optional[BaseException], node_caps: Optional[dict] = None) -> dict[str, Any]:
     """Merges the tables, writes the final model and summary.json; never raises."""
     try:
         ray.get(balancer.close.remote(), timeout=30)
@@ -163,8 +191,33 @@ def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_tim
         "error": None if error is None else f"{type(error).__name__}: {error}",
         "run_dir": run_dir,
     })
+    summary["bottlenecks"] = _bottlenecks(steps, node_caps)
     run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), summary)
     return summary
+
+
+def _bottlenecks(steps, node_caps: Optional[dict]) -> list[dict]:
+    """Per-rank verdicts over the last steps (see :mod:`hetero_ray.profiling.bottlenecks`).
+
+    ``node_caps``: each node's largest batch (profiled); ranks sharing a node share it.
+    """
+    from hetero_ray.profiling.bottlenecks import classify
+
+    if not steps.empty:  # judge the plan in force at the end, when it ran long enough
+        last_version = steps.loc[steps["global_step"].idxmax(), "plan_version"]
+        under_last = steps[steps["plan_version"] == last_version]
+        if under_last["global_step"].nunique() >= 10:
+            steps = under_last
+    memory_caps = None
+    if node_caps and not steps.empty:
+        last = steps[steps["global_step"] == steps["global_step"].max()]
+        per_node = last.groupby("node_id")["rank"].nunique()
+        memory_caps = {int(r.rank): node_caps[r.node_id] // int(per_node[r.node_id])
+                       for r in last.itertuples() if node_caps.get(r.node_id)}
+    try:
+        return [v.to_dict() for v in classify(steps, memory_caps)]
+    except Exception as e:  # noqa: BLE001 - a summary without verdicts beats no summary
+        return [{"error": f"bottleneck analysis failed: {e}"}]
 
 
 def _write_final_model(checkpoint, path: str) -> None:

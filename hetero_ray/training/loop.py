@@ -43,6 +43,8 @@ from hetero_ray.training.models import build_model, compute_loss
 from hetero_ray.training.optim import make_lr_scheduler, make_optimizer, total_steps
 from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
 from hetero_ray.training.recorder import StepRecorder
+from hetero_ray.training.resource_sampler import ResourceSampler
+from hetero_ray.metrics.gauges import RankGauges
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 
 logger = logging.getLogger("hetero_ray.worker")
@@ -61,6 +63,8 @@ class WorkerContext:
     scheduler: "ray.actor.ActorHandle"
     balancer: "ray.actor.ActorHandle"
     attempt: int = -1
+    rank_node_ids: Optional[list[str]] = None  # every rank's node, gathered at attempt start
+    rank_device_kinds: Optional[list[str]] = None
     speeds: Optional[SpeedSchedule] = None
     timeline: Optional[timing.StepTimeline] = None
     epoch_loss_sum: float = 0.0  # Σ loss·b over this epoch's steps, this rank
@@ -125,6 +129,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     ctx.attempt = _begin_attempt(ctx, position)
     _log_rank0(ctx, _start_message(position, run_steps, ctx))
+    resources = ResourceSampler(ctx.device, interval_steps=config.profile_interval)
+    gauges = RankGauges(config.experiment_name)
     recorder = StepRecorder(ctx.store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
                             extra_sinks=[ctx.balancer])
     plan_fetch_timeout_s = env_float(PLAN_FETCH_TIMEOUT_S_ENV_VAR, DEFAULT_PLAN_FETCH_TIMEOUT_S)
@@ -139,6 +145,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
         row, sample_ids = _train_step(ctx, ddp_model, optimizer, lr_scheduler, hook_state,
                                       emulator, data, sampler, position, plan)
+        row.update(resources.maybe_sample(position.global_step))
+        gauges.update(row)
         recorder.record(row, sample_ids)
         if row["loss"] is not None:
             ctx.epoch_loss_sum += row["loss"] * row["local_batch_size"]
@@ -154,6 +162,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             _save_checkpoint(ctx, model, optimizer, lr_scheduler, position, plan)
             last_checkpoint_step = position.global_step
 
+    resources.close()
     recorder.close()
     if last_checkpoint_step != position.global_step and plan is not None:
         _save_checkpoint(ctx, model, optimizer, lr_scheduler, position, plan)
@@ -178,6 +187,8 @@ def _train_step(ctx: WorkerContext, ddp_model, optimizer, lr_scheduler, hook_sta
         start, _ = sampler.window(position.step)
         indices = sampler.permutation(position.epoch)[start:start + 1]
     inputs, targets = data.train.batch(indices)
+    if ctx.device.type == "cuda":
+        timeline.mark(timing.HOST_BATCH_READY)
     inputs, targets = inputs.to(ctx.device, non_blocking=True), targets.to(ctx.device, non_blocking=True)
     timeline.mark(timing.DATA_READY)
 
@@ -217,20 +228,23 @@ def _train_step(ctx: WorkerContext, ddp_model, optimizer, lr_scheduler, hook_sta
 def _agree_on_plan(ctx: WorkerContext, current: Optional[Plan], restored: Optional[Plan],
                    position: Position, timeout_s: float) -> Plan:
     """Collective: rank 0 fetches the scheduler's plan, all ranks get the same one."""
-    proposal = None
+    proposal, caps = None, None
     if ctx.rank == 0:
         fallback = current
         if fallback is None and restored is not None and restored.num_workers == ctx.num_workers:
             fallback = restored
         if current is None and restored is not None:
             ctx.scheduler.resume_from.remote(restored.to_dict())
-        proposal = fetch_plan(ctx.scheduler, ctx.num_workers, ctx.config.batch_size,
-                              position.global_step, fallback, timeout_s)
+        proposal, caps = fetch_plan(ctx.scheduler, ctx.num_workers, ctx.config.batch_size,
+                              position.global_step, fallback, timeout_s,
+                              ctx.rank_node_ids, ctx.rank_device_kinds)
         if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
             version = restored.version + 1 if restored is not None else 0
             proposal = Plan(version, tuple(equal_split(ctx.config.batch_size, ctx.num_workers)),
                             "fallback: scheduler unreachable")
     plan = broadcast_plan(proposal, ctx.rank, ctx.num_workers, _collective_device(ctx))
+    if ctx.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
+        ctx.balancer.begin_attempt.remote(ctx.attempt, ctx.num_workers, position.global_step, caps)
     if ctx.rank == 0 and (current is None or plan.version != current.version):
         ctx.store.add_plan.remote({
             "plan_version": plan.version, "first_global_step": position.global_step,
@@ -251,8 +265,11 @@ def _begin_attempt(ctx: WorkerContext, position: Position) -> int:
         attempt[0] = ray.get(ctx.store.begin_attempt.remote(position.global_step, ctx.num_workers))
     dist.broadcast(attempt, src=0)
     attempt_id = int(attempt.item())
-    if ctx.rank == 0:
-        ctx.balancer.begin_attempt.remote(attempt_id, ctx.num_workers, position.global_step)
+    # Ranks are ordered by node, not by anything we chose: learn where each one runs.
+    placement = [None] * ctx.num_workers
+    dist.all_gather_object(placement, (ctx.node_id, "gpu" if ctx.device.type == "cuda" else "cpu"))
+    ctx.rank_node_ids = [node_id for node_id, _ in placement]
+    ctx.rank_device_kinds = [kind for _, kind in placement]
     ctx.store.register_worker.remote({
         "rank": ctx.rank, "pid": os.getpid(), "node_id": ctx.node_id,
         "hostname": socket.gethostname(), "device": str(ctx.device), "attempt": attempt_id,

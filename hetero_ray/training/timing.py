@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 STEP_START = "start"
+HOST_BATCH_READY = "host_batch"  # GPU only: the batch gathered in host memory, before the copy
 DATA_READY = "data"
 FORWARD_DONE = "forward"
 LAST_BUCKET_READY = "last_bucket"
@@ -77,7 +78,10 @@ def step_durations(timeline: StepTimeline, pad_time_s: float) -> dict[str, float
     optimizer_time_s = timeline.device_s(BACKWARD_DONE, STEP_DONE)
     step_time_s = timeline.wall_s(STEP_START, STEP_DONE)
     busy_time_s = data_time_s + forward_time_s + to_last_bucket_s
+    # Host-to-device copy (GPU): from the gathered host batch to the batch on the device.
+    h2d_time_s = timeline.device_s(HOST_BATCH_READY, DATA_READY) if timeline.has(HOST_BATCH_READY) else None
     return {
+        "h2d_time_s": h2d_time_s,
         "data_time_s": data_time_s,
         "forward_time_s": forward_time_s,
         "backward_time_s": backward_time_s,

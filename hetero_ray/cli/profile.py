@@ -1,0 +1,141 @@
+"""``hetero-ray profile``: measure every node of the cluster, print a table, optionally JSON.
+
+    hetero-ray profile                                  # local Ray: this machine
+    hetero-ray profile --address 10.0.0.5:6379 --model simple_cnn --json nodes.json
+    ray job submit --working-dir . -- python jobs/profile_cluster.py --model resnet18
+
+Figures are measured on each node by a profiler actor pinned there (matmul throughput,
+memory bandwidth, host↔device copies; with ``--model`` the model's busy-time line and its
+largest batch), not looked up from a spec sheet. A node that fails (NVML error, timeout)
+is reported as failed; the others complete. Exit status 1 only if every node failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from hetero_ray.cli.args import int_list
+from hetero_ray.config import DATASETS, MODELS
+from hetero_ray.errors import ConfigError, UserError
+
+HELP = "measure each node's compute, memory bandwidth and (with --model) the model's per-sample cost"
+
+ALL_FAILED_EXIT_CODE = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hetero_ray.profiling.model_probe import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION
+    from hetero_ray.profiling.node_profiler import DEFAULT_PROFILE_TIMEOUT_S
+
+    parser.add_argument("--address", help="Ray cluster to profile (HOST:PORT, auto, ray://…); "
+                                          "default RAY_ADDRESS or a local Ray on this machine")
+    parser.add_argument("--model", help=f"also probe this model: one of {', '.join(MODELS)}")
+    parser.add_argument("--dataset", help=f"sample shapes for --model: one of {', '.join(DATASETS)} "
+                                          "(default: the model's synthetic data)")
+    parser.add_argument("--batch-sizes", type=int_list, default=",".join(map(str, DEFAULT_PROBE_BATCH_SIZES)),
+                        metavar="B1,B2,...", help="probe batch sizes (default %(default)s)")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
+                        help="CPUs one training worker gets; each profiler takes (and measures with) "
+                             "that many (default %(default)s)")
+    parser.add_argument("--ram-fraction", type=float, default=DEFAULT_RAM_FRACTION,
+                        help="CPU nodes: share of available RAM one worker's batch may use (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S,
+                        help="seconds for the whole cluster; nodes not done are reported as failed "
+                             "(default %(default)s)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetero_ray.profiling.node_profiler import ProfileConfig
+
+    config = ProfileConfig(model=args.model, dataset=args.dataset, batch_sizes=tuple(args.batch_sizes),
+                           cpus_per_worker=args.cpus_per_worker, timeout_s=args.timeout,
+                           ram_fraction=args.ram_fraction)
+    if args.dataset and not args.model:
+        raise ConfigError("--dataset only shapes the --model probe; pass --model too")
+    if args.json:
+        _check_writable(args.json)
+
+    from hetero_ray.constants import CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
+    from hetero_ray.profiling.capability import write_nodes_json
+    from hetero_ray.profiling.node_profiler import profile_cluster
+    from hetero_ray.runtime import cluster
+
+    connection = cluster.connect(args.address, local_num_cpus=os.cpu_count() or 1,
+                                 timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
+                                 include_dashboard=False)
+    print(f"[profile] Ray: {'local cluster started' if connection.started_local else connection.address}",
+          flush=True)
+    nodes = profile_cluster(model=config.model, batch_sizes=config.batch_sizes,
+                            cpus_per_worker=config.cpus_per_worker, timeout_s=config.timeout_s,
+                            emit=lambda line: print(line, flush=True), dataset=config.dataset,
+                            ram_fraction=config.ram_fraction)
+    print()
+    print(profile_report(nodes, config.model))
+    if args.json:
+        write_nodes_json(args.json, nodes, config.model, config.batch_sizes)
+        print(f"\nwritten: {args.json}")
+    if nodes and all(not node.ok for node in nodes):
+        print("\nhetero-ray profile: every node failed to profile", flush=True)
+        return ALL_FAILED_EXIT_CODE
+    return 0
+
+
+def profile_report(nodes, model=None) -> str:
+    """The table (a row per node and device), node facts, and failures."""
+    from hetero_ray.cli.report_text import format_table
+
+    rows = []
+    for node in nodes:
+        for device in node.devices:
+            rows.append([
+                node.node_id[:8], node.ip or "?", device.kind if device.kind == "cpu" else f"gpu{device.index}",
+                _clip(device.name, 28), _num(device.matmul_tflops_fp32, ".3g"), _num(device.matmul_tflops_bf16, ".3g"),
+                _num(device.memory_bandwidth_gbps, ".3g"), _num(device.h2d_gbps, ".3g"),
+                _num(device.alpha_s, ".2f", 1e3), _num(device.beta_s_per_sample, ".3f", 1e3),
+                _num(device.fit_r2, ".3f"), _num(device.max_batch_size, "d"),
+            ])
+    headers = ["node", "ip", "device", "name", "fp32 TFLOPS", "bf16 TFLOPS", "mem GB/s", "h2d GB/s"]
+    headers += [f"{model} α ms" if model else "α ms", "β ms/sample", "r²", "max batch"]
+    lines = [format_table(headers, rows)] if rows else ["no device was measured"]
+    lines.append("")
+    for node in nodes:
+        cpu = node.cpu
+        facts = [cpu.model or "CPU ?",
+                 f"{cpu.physical_cores or '?'} cores ({cpu.logical_cores or '?'} logical)",
+                 f"{cpu.ram_bytes / 1024**3:.1f} GiB RAM" if cpu.ram_bytes else "RAM ?"]
+        if cpu.cpu_quota_cores is not None:
+            facts.append(f"cgroup quota {cpu.cpu_quota_cores:.2f} cores")
+        resources = ", ".join(f"{k}={v:g}" for k, v in sorted(node.resources.items())
+                              if not k.startswith("memory") and k != "object_store_memory")
+        status = "ok" if node.ok else "FAILED"
+        took = f", {node.profile_time_s:.1f} s" if node.profile_time_s is not None else ""
+        lines.append(f"node {node.node_id[:8]} ({node.hostname or node.ip or '?'}): {status}{took}; "
+                     + "; ".join(facts) + (f"; Ray resources {resources}" if resources else ""))
+        if node.error:
+            lines.append(f"  error: {node.error}")
+        for device in node.devices:
+            if device.error:
+                lines.append(f"  {device.kind}{device.index if device.kind == 'gpu' else ''}: {device.error}")
+    return "\n".join(lines)
+
+
+def _check_writable(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"--json {path}: folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"--json {path}: not writable; choose another path")
+    if os.path.isdir(path):
+        raise UserError(f"--json {path} is a folder; give a file name such as {os.path.join(path, 'nodes.json')}")
+
+
+def _num(value, spec: str, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return format(value * scale if scale != 1.0 else value, spec)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,122 @@
+"""What a node is: host, CPU, RAM, its Ray identity (id, IP, resources, labels), its GPUs.
+
+Runs on the node itself (inside the node profiler actor). Facts only — throughput is
+measured by :mod:`hetero_ray.profiling.microbench`, never looked up from a model name.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from typing import Any, Optional
+
+import psutil
+
+from hetero_ray.profiling.capability import CpuInfo
+from hetero_ray.profiling.gpu import GpuReader
+
+CGROUP_V1_CPU = "/sys/fs/cgroup/cpu"
+CGROUP_V2_ROOT = "/sys/fs/cgroup"
+
+
+def cpu_info() -> CpuInfo:
+    """CPU model, core counts, total RAM, and the CPU quota of this process's cgroup."""
+    return CpuInfo(
+        model=cpu_model(),
+        physical_cores=psutil.cpu_count(logical=False),
+        logical_cores=psutil.cpu_count(logical=True),
+        ram_bytes=int(psutil.virtual_memory().total),
+        cpu_quota_cores=cgroup_cpu_quota_cores(),
+    )
+
+
+def cpu_model() -> Optional[str]:
+    """``model name`` from /proc/cpuinfo (x86), ``Model``/``Hardware`` (ARM), else platform's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        for key in ("model name", "Model", "Hardware", "cpu model"):
+            for name, value in fields.items():
+                if name.strip() == key and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def cgroup_cpu_quota_cores(pid: str = "self") -> Optional[float]:
+    """CPU cores this process may use under its cgroup's CFS quota (v1 or v2); None if unlimited.
+
+    Only the process's own cgroup is read, not its ancestors'.
+    """
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):  # v1
+            quota = _read_int(os.path.join(CGROUP_V1_CPU, path.lstrip("/"), "cpu.cfs_quota_us"))
+            period = _read_int(os.path.join(CGROUP_V1_CPU, path.lstrip("/"), "cpu.cfs_period_us"))
+            if quota is not None and period and quota > 0:
+                return quota / period
+            return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: "max 100000" or "33000 100000"
+            try:
+                with open(os.path.join(CGROUP_V2_ROOT, path.lstrip("/"), "cpu.max")) as f:
+                    quota, period = f.read().split()
+                return None if quota == "max" else int(quota) / int(period)
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def ray_node_info(node_id: Optional[str] = None) -> dict[str, Any]:
+    """``node_id``, ``ip``, ``hostname``, ``resources`` and ``labels`` of a Ray node (this one
+    by default), from the GCS node table; empty fields when Ray is not initialised."""
+    import ray
+
+    if not ray.is_initialized():
+        return {"node_id": node_id or "", "ip": None, "hostname": socket.gethostname(),
+                "resources": {}, "labels": {}}
+    node_id = node_id or ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            return node_facts(node)
+    return {"node_id": node_id, "ip": None, "hostname": socket.gethostname(), "resources": {}, "labels": {}}
+
+
+def node_facts(node: dict) -> dict[str, Any]:
+    """The fields of :class:`NodeCapability` that one entry of ``ray.nodes()`` gives."""
+    return {
+        "node_id": node.get("NodeID", ""),
+        "ip": node.get("NodeManagerAddress"),
+        "hostname": node.get("NodeManagerHostname"),
+        "resources": {str(k): float(v) for k, v in (node.get("Resources") or {}).items()
+                      if not str(k).startswith("node:")},  # "node:<ip>" says nothing new
+        "labels": {str(k): str(v) for k, v in (node.get("Labels") or {}).items()},
+    }
+
+
+def gpu_inventory(reader: GpuReader) -> list[dict[str, Any]]:
+    """The reader's inventory of every GPU, with its ``index``; a GPU whose inventory fails
+    is listed with ``error`` instead of being dropped."""
+    out = []
+    for index in range(reader.device_count()):
+        try:
+            out.append({"index": index, **reader.inventory(index)})
+        except Exception as e:  # noqa: BLE001 - NVML error on one GPU: report it, go on
+            out.append({"index": index, "name": f"GPU {index}", "error": f"{type(e).__name__}: {e}"})
+    return out
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,395 @@
+"""The model-specific probe: the real model's busy time at several batch sizes, the fitted
+cost line, and the largest batch that fits in memory, on one device.
+
+Busy time here is what a training rank's ``busy_time_s`` measures minus the gather from
+the in-memory dataset: copy the batch to the device, forward, loss, backward (a GPU is
+synchronised before the clock stops). Each timing is the mean of a block of back-to-back
+steps lasting at least :data:`MIN_BLOCK_S` — sustained speed, which is what a CPU quota or
+a clocking-down GPU gives a training worker. Batch sizes are visited round-robin — a block
+of every size, then another… — so a machine that slows down while probing shifts every
+size alike instead of bending the line. The line
+
+    t(b) = α + β·b
+
+is fitted by :func:`hetero_ray.balancing.cost_model.fit_linear` (medians per size, outlier
+rejection, weighted least squares), the same fit the balancer uses on step records.
+
+Largest batch:
+
+- GPU: double from the largest probed size until a step runs out of memory, then bisect
+  between the last size that fit and the first that did not; every out-of-memory error is
+  caught and the cache emptied. Memory for training-only state is held during the search:
+  3× the parameter bytes (gradient bucket of DDP + AdamW's two moments; SGD needs less).
+- CPU: running out of RAM is not an exception but the OOM killer, so the cap is computed:
+  ``b_max = (ram_fraction·available_RAM − fixed) / per_sample``, where ``per_sample`` is
+  the growth of the tensors autograd saves for backward between two batch sizes (measured
+  with saved-tensor hooks) times :data:`BACKWARD_PEAK_FACTOR`, plus the input itself, and
+  ``fixed`` is 4× the parameter bytes (weights, gradients, two optimiser moments).
+
+:func:`search_max_batch_size` takes the "run one step at batch b" callable, so tests drive
+it with a fake allocator.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from hetero_ray.balancing.cost_model import LinearFit, fit_linear
+from hetero_ray.profiling.microbench import torch_threads
+
+DEFAULT_PROBE_BATCH_SIZES = (8, 16, 32, 64)  # a factor 8 apart: the slope is well determined
+DEFAULT_REPEATS = 3  # blocks per size: their median rejects one disturbed block
+# Each timing is the mean of back-to-back steps spanning ≥ 0.3 s: a CPU quota throttles in
+# 100 ms CFS periods, and a short step can slip through a period at full speed, so the
+# median of single steps would miss a throttled node; the mean over three periods does not.
+MIN_BLOCK_S = 0.3
+DEFAULT_RAM_FRACTION = 0.5  # of available RAM one CPU worker's batch may take
+DEFAULT_PROBE_TIME_BUDGET_S = 6.0  # stop adding repeats past this (one full round always runs)
+DEFAULT_SEARCH_TIME_BUDGET_S = 20.0  # GPU max-batch search: report a lower bound past this
+MAX_BATCH_SIZE_LIMIT = 65536  # never search (or report) beyond this
+BACKWARD_PEAK_FACTOR = 2.0  # backward holds activation gradients beside the saved activations
+GPU_TRAINING_STATE_FACTOR = 3  # × parameter bytes reserved during the GPU search
+CPU_FIXED_STATE_FACTOR = 4  # × parameter bytes: weights, gradients, two optimiser moments
+OOM_MESSAGES = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
+@dataclass
+class ProbeResult:
+    """What probing one model on one device found."""
+
+    model: str
+    device: str
+    timings: list[tuple[int, float]]  # every measured (batch_size, busy_time_s)
+    fit: LinearFit
+    max_batch_size: Optional[int]
+    max_batch_size_method: Optional[str]  # "oom-search" | "ram-fraction"
+    max_batch_size_exhaustive: bool = True  # False: the search ran out of time (a lower bound)
+    per_sample_bytes: Optional[float] = None  # CPU: the estimate behind the RAM cap
+
+    def probe_rows(self) -> list[dict]:
+        """Median busy time per batch size: ``[{"batch_size", "busy_time_s"}]``."""
+        sizes = sorted({b for b, _ in self.timings})
+        return [{"batch_size": b, "busy_time_s": statistics.median(t for s, t in self.timings if s == b)}
+                for b in sizes]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    max_batch_size: int  # largest batch that ran; 0 if not even ``start`` did
+    exhaustive: bool  # False when the time budget or the limit stopped the search early
+    tries: int
+
+
+def fit_probe(timings: Sequence[tuple[int, float]]) -> LinearFit:
+    """``t(b) = α + β·b`` through the probe's timings (the balancer's robust fit)."""
+    if not timings:
+        raise ValueError("no probe timings to fit")
+    sizes, times = zip(*timings)
+    return fit_linear(sizes, times)
+
+
+def search_max_batch_size(
+    run_batch: Callable[[int], None],
+    *,
+    start: int = 1,
+    known_good: int = 0,
+    limit: int = MAX_BATCH_SIZE_LIMIT,
+    oom_errors: tuple[type[BaseException], ...] = (MemoryError,),
+    on_oom: Callable[[], None] = lambda: None,
+    time_budget_s: float = math.inf,
+    clock: Callable[[], float] = time.monotonic,
+) -> SearchResult:
+    """The largest batch size ``b ≤ limit`` for which ``run_batch(b)`` does not run out of memory.
+
+    Doubling from ``max(start, 2·known_good)`` until a size fails, then bisection between
+    the last size that ran and the first that failed; assumes "fits" is monotone in ``b``.
+
+    Args:
+        run_batch: runs one step at batch ``b``; raises one of ``oom_errors`` when out of memory
+            (any other exception propagates).
+        known_good: a size already known to fit (e.g. the largest probed); not re-run.
+        on_oom: called after each out-of-memory error (e.g. ``torch.cuda.empty_cache``).
+        time_budget_s: past this the search stops and reports the largest size that ran
+            (``exhaustive=False``).
+    """
+    if start < 1 or limit < 1:
+        raise ValueError(f"start and limit must be ≥ 1, got start={start}, limit={limit}")
+    deadline = clock() + time_budget_s
+    tries = 0
+
+    def fits(b: int) -> bool:
+        nonlocal tries
+        tries += 1
+        out_of_memory = False
+        try:
+            run_batch(b)
+        except oom_errors:
+            out_of_memory = True
+        if out_of_memory:
+            # Outside the except block: the traceback, and the tensors its frames hold, are
+            # gone, so emptying the cache can actually return their memory.
+            on_oom()
+        return not out_of_memory
+
+    good = min(known_good, limit)
+    bad: Optional[int] = None
+    b = min(max(start, 2 * good), limit)
+    while bad is None:  # doubling
+        if b <= good:  # reached the limit
+            return SearchResult(good, good >= limit, tries)
+        if clock() >= deadline:
+            return SearchResult(good, False, tries)
+        if fits(b):
+            good = b
+            b = min(2 * b, limit)
+        else:
+            bad = b
+    while bad - good > 1:  # bisection: good fits, bad does not
+        if clock() >= deadline:
+            return SearchResult(good, False, tries)
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return SearchResult(good, True, tries)
+
+
+def ram_bound_batch_size(per_sample_bytes: float, fixed_bytes: float, available_bytes: float,
+                         ram_fraction: float = DEFAULT_RAM_FRACTION,
+                         limit: int = MAX_BATCH_SIZE_LIMIT) -> int:
+    """``b_max = ⌊(ram_fraction·available − fixed) / per_sample⌋``, within ``[0, limit]``."""
+    if not 0 < ram_fraction <= 1:
+        raise ValueError(f"ram_fraction must be in (0, 1], got {ram_fraction}")
+    if not per_sample_bytes > 0:
+        raise ValueError(f"per_sample_bytes must be > 0, got {per_sample_bytes}")
+    budget = ram_fraction * available_bytes - fixed_bytes
+    return int(min(limit, max(0, math.floor(budget / per_sample_bytes))))
+
+
+def spec_for(model: str, dataset: Optional[str] = None):
+    """The :class:`DataSpec` a probe feeds ``model`` (synthetic shapes of ``dataset``)."""
+    from hetero_ray.config import TEXT_MODELS
+    from hetero_ray.training.data import (
+        IMAGE_SHAPE, SYNTHETIC_IMAGE_CLASSES, SYNTHETIC_TEXT_SEQ_LEN, SYNTHETIC_TEXT_VOCAB, DataSpec,
+    )
+
+    if model in TEXT_MODELS:
+        return DataSpec("text", SYNTHETIC_TEXT_VOCAB, (SYNTHETIC_TEXT_SEQ_LEN,))
+    classes = 100 if dataset == "cifar100" else SYNTHETIC_IMAGE_CLASSES
+    return DataSpec("image", classes, IMAGE_SHAPE)
+
+
+def make_batch(spec, batch_size: int, generator: Optional[torch.Generator] = None,
+               device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random batch shaped like the data (inputs, targets); on the host unless ``device``."""
+    shape = (batch_size, *spec.input_shape)
+    if spec.kind == "text":
+        return (torch.randint(0, spec.num_classes, shape, generator=generator, device=device),
+                torch.randint(0, spec.num_classes, shape, generator=generator, device=device))
+    return (torch.randn(shape, generator=generator, device=device),
+            torch.randint(0, spec.num_classes, (batch_size,), generator=generator, device=device))
+
+
+class StepRunner:
+    """Runs and times the forward+backward step of one model on one device."""
+
+    def __init__(self, model: torch.nn.Module, spec, device: torch.device):
+        self.model = model.to(device).train()
+        self.spec = spec
+        self.device = torch.device(device)
+        self._generator = torch.Generator().manual_seed(0)
+
+    def busy_time_s(self, batch_size: int) -> float:
+        """One step at ``batch_size``: host batch → device, forward, loss, backward."""
+        inputs, targets = make_batch(self.spec, batch_size, self._generator)
+        if self.device.type == "cuda":
+            inputs, targets = inputs.pin_memory(), targets.pin_memory()
+        self.model.zero_grad(set_to_none=True)
+        self._sync()
+        start = time.perf_counter()
+        self._step(inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True))
+        self._sync()
+        return time.perf_counter() - start
+
+    def run(self, batch_size: int) -> None:
+        """One untimed step with the batch made on the device (the memory search: a host
+        batch of tens of thousands of samples would cost seconds to make and pin)."""
+        try:
+            inputs, targets = make_batch(self.spec, batch_size, device=self.device)
+            self._step(inputs, targets)
+            self._sync()
+        finally:
+            self.model.zero_grad(set_to_none=True)
+
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        from hetero_ray.training.models import compute_loss
+
+        compute_loss(self.model(inputs), targets).backward()
+
+    def saved_activation_bytes(self, batch_size: int) -> int:
+        """Bytes of the distinct tensors autograd saves for backward in one forward pass."""
+        from hetero_ray.training.models import compute_loss
+
+        seen: dict[tuple, int] = {}
+
+        def pack(tensor: torch.Tensor):
+            storage = tensor.untyped_storage()
+            seen[(storage.data_ptr(), tensor.device.type)] = storage.nbytes()
+            return tensor
+
+        inputs, targets = make_batch(self.spec, batch_size, self._generator)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = compute_loss(self.model(inputs), targets)
+        del loss
+        return sum(seen.values()) + inputs.numel() * inputs.element_size()
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeats: int = DEFAULT_REPEATS,
+                       warmup: int = 1, min_block_s: float = MIN_BLOCK_S,
+                       time_budget_s: float = DEFAULT_PROBE_TIME_BUDGET_S,
+                       clock: Callable[[], float] = time.monotonic) -> list[tuple[int, float]]:
+    """``(batch_size, busy_time_s)`` pairs, one per block of back-to-back steps.
+
+    Sizes are warmed up in ascending order (``warmup`` untimed steps each); a larger size is
+    dropped when, predicted from the last one's per-sample time, its warm-up plus one timed
+    round would overrun the budget (the two smallest are always kept, so a heavy model on a
+    slow CPU still gets a line). Then up to ``repeats`` rounds over the kept sizes,
+    round-robin; in each, a size runs ``k = ⌈min_block_s / t(b)⌉`` steps back to back and
+    reports their mean. Stops after any round once over budget.
+    """
+    if warmup < 1 or repeats < 1:
+        raise ValueError(f"warmup and repeats must be ≥ 1, got warmup={warmup}, repeats={repeats}")
+    started = clock()
+    kept: list[int] = []
+    step_s: dict[int, float] = {}
+    per_sample_s = 0.0
+    for b in sorted(set(batch_sizes)):
+        predicted = per_sample_s * (warmup * b + sum(kept) + b)
+        if len(kept) >= 2 and clock() - started + predicted > time_budget_s:
+            break
+        for _ in range(warmup):
+            step_s[b] = runner.busy_time_s(b)
+        per_sample_s = step_s[b] / b
+        kept.append(b)
+    timings: list[tuple[int, float]] = []
+    for _ in range(repeats):
+        for b in kept:
+            steps = max(1, math.ceil(min_block_s / max(step_s[b], 1e-9)))
+            block = [runner.busy_time_s(b) for _ in range(steps)]
+            timings.append((b, sum(block) / steps))
+            step_s[b] = timings[-1][1]
+        if clock() - started > time_budget_s:
+            break
+    return timings
+
+
+def probe_model(
+    model_name: str,
+    device: torch.device,
+    *,
+    dataset: Optional[str] = None,
+    batch_sizes: Sequence[int] = DEFAULT_PROBE_BATCH_SIZES,
+    repeats: int = DEFAULT_REPEATS,
+    num_threads: Optional[int] = None,
+    ram_fraction: float = DEFAULT_RAM_FRACTION,
+    available_ram_bytes: Optional[int] = None,
+    time_budget_s: float = DEFAULT_PROBE_TIME_BUDGET_S,
+    search_time_budget_s: float = DEFAULT_SEARCH_TIME_BUDGET_S,
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> ProbeResult:
+    """Probes ``model_name`` on ``device``; see the module docstring.
+
+    Args:
+        available_ram_bytes: the RAM the CPU cap is a fraction of (default: what psutil
+            reports as available now).
+    """
+    from hetero_ray.training.models import build_model
+
+    device = torch.device(device)
+    sizes = sorted({int(b) for b in batch_sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"probe batch sizes must be positive integers, got {list(batch_sizes)}")
+    spec = spec_for(model_name, dataset)
+    with torch_threads(num_threads if device.type == "cpu" else None), _on_device(device):
+        torch.manual_seed(0)
+        runner = StepRunner(build_model(model_name, spec), spec, device)
+        on_stage(f"{model_name} forward+backward at batch {','.join(map(str, sizes))}")
+        timings = measure_busy_times(runner, sizes, repeats=repeats, time_budget_s=time_budget_s)
+        fit = fit_probe(timings)
+        on_stage(f"{model_name} largest batch")
+        if device.type == "cuda":
+            result = _gpu_max_batch(runner, known_good=sizes[-1], time_budget_s=search_time_budget_s)
+            return ProbeResult(model_name, str(device), timings, fit, result.max_batch_size, "oom-search",
+                               result.exhaustive)
+        per_sample = _per_sample_bytes(runner, sizes)
+        if available_ram_bytes is None:
+            import psutil
+
+            available_ram_bytes = psutil.virtual_memory().available
+        cap = ram_bound_batch_size(per_sample, CPU_FIXED_STATE_FACTOR * runner.parameter_bytes(),
+                                   available_ram_bytes, ram_fraction)
+        return ProbeResult(model_name, str(device), timings, fit, cap, "ram-fraction", True, per_sample)
+
+
+def _per_sample_bytes(runner: StepRunner, sizes: Sequence[int]) -> float:
+    """Peak training bytes per sample: saved-activation growth between two sizes × the
+    backward factor (the input is among the saved tensors' growth, counted once)."""
+    small, large = sizes[0], max(sizes[-1], 2 * sizes[0])
+    growth = (runner.saved_activation_bytes(large) - runner.saved_activation_bytes(small)) / (large - small)
+    return max(BACKWARD_PEAK_FACTOR * growth, 1.0)
+
+
+def _gpu_max_batch(runner: StepRunner, known_good: int, time_budget_s: float) -> SearchResult:
+    reserve = torch.empty(GPU_TRAINING_STATE_FACTOR * runner.parameter_bytes(), dtype=torch.uint8,
+                          device=runner.device)
+
+    def run(batch_size: int) -> None:
+        try:
+            runner.run(batch_size)
+        except RuntimeError as e:
+            # cuBLAS/cuDNN report a failed workspace allocation as a plain RuntimeError.
+            if isinstance(e, torch.cuda.OutOfMemoryError) or not any(
+                    marker in str(e) for marker in OOM_MESSAGES):
+                raise
+            raise torch.cuda.OutOfMemoryError(str(e)) from None
+
+    try:
+        return search_max_batch_size(
+            run, known_good=known_good, oom_errors=(torch.cuda.OutOfMemoryError,),
+            on_oom=torch.cuda.empty_cache, time_budget_s=time_budget_s,
+        )
+    finally:
+        del reserve
+        runner.model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+
+class _on_device:
+    """``torch.cuda.device(device)`` for a GPU, nothing for a CPU."""
+
+    def __init__(self, device: torch.device):
+        self._context = torch.cuda.device(device) if device.type == "cuda" else None
+
+    def __enter__(self):
+        if self._context is not None:
+            self._context.__enter__()
+
+    def __exit__(self, *exc):
+        if self._context is not None:
+            return self._context.__exit__(*exc)
+        return False

@@ -1,0 +1,152 @@
+"""Capability records: JSON round trip, and the first plan the scheduler derives from them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hetero_ray.plan import proportional_split
+from hetero_ray.profiling.capability import (
+    CpuInfo, DeviceCapability, NodeCapability, RankCapacity, capabilities_document, first_plan_weights,
+    nodes_from_document, rank_capacities, read_nodes_json, write_nodes_json,
+)
+
+
+def cpu_device(alpha=0.002, beta=0.001, cap=4000, **kw) -> DeviceCapability:
+    return DeviceCapability(kind="cpu", name="Intel Xeon", matmul_tflops_fp32=0.15, memory_bandwidth_gbps=12.0,
+                            alpha_s=alpha, beta_s_per_sample=beta, fit_r2=0.99, max_batch_size=cap,
+                            max_batch_size_method="ram-fraction",
+                            probe=[{"batch_size": 8, "busy_time_s": alpha + 8 * beta}], **kw)
+
+
+def gpu_device(index, alpha=0.001, beta=0.0001, cap=2048) -> DeviceCapability:
+    return DeviceCapability(kind="gpu", name="NVIDIA A100-SXM4-40GB", index=index, matmul_tflops_fp32=19.1,
+                            matmul_tflops_bf16=280.0, memory_bandwidth_gbps=1400.0, h2d_gbps=24.0,
+                            memory_total_bytes=40 * 1024**3, sm_count=108, compute_capability="8.0",
+                            alpha_s=alpha, beta_s_per_sample=beta, fit_r2=0.999, max_batch_size=cap,
+                            max_batch_size_method="oom-search")
+
+
+def node(node_id, devices, **kw) -> NodeCapability:
+    return NodeCapability(node_id=node_id, ip="10.0.0.1", hostname="h", resources={"CPU": 2.0},
+                          labels={"zone": "a"}, cpu=CpuInfo("Intel Xeon", 2, 4, 24 * 1024**3), devices=devices,
+                          profile_time_s=4.2, **kw)
+
+
+def test_round_trip_through_json_keeps_everything():
+    original = node("n1", [cpu_device(), gpu_device(0), gpu_device(1, beta=0.0002)],
+                    stage_times_s={"cpu micro-benchmarks": 2.1})
+    text = json.dumps(original.to_dict(), allow_nan=False)
+    restored = NodeCapability.from_dict(json.loads(text))
+    assert restored == original
+
+
+def test_nan_and_numpy_values_become_json_safe():
+    np = pytest.importorskip("numpy")
+    device = cpu_device()
+    device.fit_r2 = float("nan")
+    device.matmul_tflops_fp32 = np.float64(0.2)
+    d = node("n1", [device]).to_dict()
+    json.dumps(d, allow_nan=False)  # would raise on NaN
+    assert d["devices"][0]["fit_r2"] is None
+    assert type(d["devices"][0]["matmul_tflops_fp32"]) is float
+
+
+def test_document_shape_and_file_round_trip(tmp_path):
+    nodes = [node("n1", [cpu_device()]), NodeCapability.failed("n2", "NVMLError_GpuIsLost", ip="10.0.0.2")]
+    document = capabilities_document(nodes, "simple_cnn", [8, 16, 32, 64])
+    assert set(document) == {"nodes", "model", "batch_sizes"}
+    for entry in document["nodes"]:
+        assert {"node_id", "ip", "hostname", "resources", "labels", "status", "error", "cpu", "devices",
+                "profile_time_s"} <= set(entry)
+    device = document["nodes"][0]["devices"][0]
+    assert {"kind", "name", "index", "matmul_tflops_fp32", "matmul_tflops_bf16", "memory_bandwidth_gbps",
+            "h2d_gbps", "memory_total_bytes", "sm_count", "compute_capability", "driver_version", "cuda_version",
+            "power_limit_w", "pcie_gen", "pcie_width", "alpha_s", "beta_s_per_sample", "fit_r2",
+            "max_batch_size", "probe"} <= set(device)
+    assert document["nodes"][1]["status"] == "failed" and document["nodes"][1]["error"] == "NVMLError_GpuIsLost"
+    path = tmp_path / "nodes.json"
+    write_nodes_json(str(path), nodes, "simple_cnn", [8, 16, 32, 64])
+    assert read_nodes_json(str(path)) == nodes
+    assert nodes_from_document(json.loads(path.read_text())) == nodes
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+
+
+def test_invalid_kind_and_status_are_rejected():
+    with pytest.raises(ValueError, match="kind"):
+        DeviceCapability(kind="tpu", name="x")
+    with pytest.raises(ValueError, match="status"):
+        NodeCapability(node_id="n", status="maybe")
+
+
+def test_cpu_ranks_get_their_nodes_cpu_probe_and_share_its_ram_cap():
+    nodes = [node("fast", [cpu_device(beta=0.001, cap=3000)]), node("slow", [cpu_device(beta=0.003, cap=1000)])]
+    caps = rank_capacities(nodes, ["fast", "fast", "slow"])
+    assert [c.beta_s_per_sample for c in caps] == [0.001, 0.001, 0.003]
+    assert [c.max_batch_size for c in caps] == [1500, 1500, 1000]  # two ranks share "fast"'s RAM
+
+
+def test_gpu_ranks_take_the_nodes_gpus_in_index_order():
+    gpus = node("g", [cpu_device(), gpu_device(1, beta=0.0002), gpu_device(0, beta=0.0001)])
+    caps = rank_capacities([gpus], ["g", "g", "g"], ["gpu", "gpu", "cpu"])
+    assert [c.beta_s_per_sample for c in caps] == [0.0001, 0.0002, 0.001]
+    assert caps[0].max_batch_size == 2048  # GPU memory is per device: not divided
+    # A third GPU rank on a node with two GPUs has nothing to measure by.
+    assert rank_capacities([gpus], ["g", "g", "g"], ["gpu", "gpu", "gpu"])[2] is None
+    # Without kinds, a node with a probed GPU means GPU ranks.
+    assert rank_capacities([gpus], ["g"])[0].beta_s_per_sample == 0.0001
+
+
+def test_emulated_speed_stretches_time():
+    caps = rank_capacities([node("n", [cpu_device(alpha=0.002, beta=0.001)])], ["n", "n"], emulated_speeds=[1.0, 0.25])
+    assert caps[1].alpha_s == pytest.approx(0.008) and caps[1].beta_s_per_sample == pytest.approx(0.004)
+    assert caps[0].samples_per_s_at(32) == pytest.approx(4 * caps[1].samples_per_s_at(32))
+    with pytest.raises(ValueError, match="emulated speed"):
+        rank_capacities([node("n", [cpu_device()])], ["n"], emulated_speeds=[0.0])
+    with pytest.raises(ValueError, match="emulated speeds"):
+        rank_capacities([node("n", [cpu_device()])], ["n"], emulated_speeds=[1.0, 1.0])
+
+
+def test_failed_unknown_or_unprobed_nodes_give_none():
+    failed = node("f", [cpu_device()], status="failed", error="timed out")
+    unprobed = node("u", [DeviceCapability(kind="cpu", name="x", matmul_tflops_fp32=0.1)])
+    caps = rank_capacities([failed, unprobed, node("ok", [cpu_device()])], ["f", "u", "missing", "ok"])
+    assert caps[:3] == [None, None, None]
+    assert isinstance(caps[3], RankCapacity)
+
+
+def test_first_plan_weights_are_throughput_at_the_mean_batch():
+    capacities = [RankCapacity(0.01, 0.001, 500), RankCapacity(0.01, 0.003, None)]
+    weights, caps = first_plan_weights(capacities, 32)
+    assert weights[0] == pytest.approx(32 / (0.01 + 0.032))
+    assert weights[1] == pytest.approx(32 / (0.01 + 0.096))
+    assert caps == [500, None]
+
+
+def test_first_plan_weights_treat_unknown_ranks_as_typical():
+    capacities = [RankCapacity(0.0, 0.001), None, RankCapacity(0.0, 0.004)]
+    weights, caps = first_plan_weights(capacities, 10)
+    assert weights[1] == pytest.approx((1000 + 250) / 2)
+    assert caps[1] is None
+    with pytest.raises(ValueError, match="equal shares"):
+        first_plan_weights([None, None], 10)
+    with pytest.raises(ValueError, match="mean_local_batch_size"):
+        first_plan_weights(capacities, 0)
+
+
+def test_a_node_a_third_as_fast_gets_about_a_quarter_of_the_batch():
+    """End to end through the scheduler's split: profiled capability → first plan."""
+    nodes = [node("fast", [cpu_device(alpha=0.0, beta=0.001)]), node("slow", [cpu_device(alpha=0.0, beta=0.003)])]
+    weights, caps = first_plan_weights(rank_capacities(nodes, ["fast", "slow"]), 64 / 2)
+    sizes = proportional_split(64, weights, caps=caps)
+    assert sizes == [48, 16]
+
+
+def test_caps_bound_the_first_plan():
+    nodes = [node("fast", [cpu_device(alpha=0.0, beta=0.001, cap=40)]), node("slow", [cpu_device(beta=0.003)])]
+    weights, caps = first_plan_weights(rank_capacities(nodes, ["fast", "slow"]), 32)
+    sizes = proportional_split(64, weights, caps=caps)
+    assert sizes[0] == 40 and sum(sizes) == 64
+    assert all(math.isfinite(w) and w > 0 for w in weights)
