@@ -50,6 +50,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 PLACEMENT_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLACEMENT_TIMEOUT_S"
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
 
+# Node labels set by cluster_configs/ scripts and manifests, and read by --worker-devices:
+# what kind of device a node offers its training workers, and which GPU model.
+DEVICE_LABEL = "hetero-ray.io/device"  # "gpu" | "cpu"
+GPU_MODEL_LABEL = "hetero-ray.io/gpu-model"  # e.g. "nvidia-a100-sxm4-40gb" (lower case, '-' for spaces)
+
 # Checkpoints Ray Train keeps on storage; older ones are deleted. Two, not one: a crash
 # while the newest is being written must still leave a complete one.
 CHECKPOINTS_TO_KEEP = 2
