@@ -58,13 +58,17 @@ class TrainConfig:
 
     # --- the cluster
     address: Optional[str] = None  # None: RAY_ADDRESS or a local Ray
-    num_workers: int = 2
+    num_workers: int = 2  # ranks; with min_workers, the most there may be
+    min_workers: Optional[int] = None  # elastic: keep training with this many or more
     cpus_per_worker: float = 1.0
     use_gpu: str = "auto"  # auto: GPU workers when the cluster has GPUs
     backend: str = "auto"  # auto: nccl when every rank has a GPU, else gloo
     # Per-worker Ray label selectors, e.g. [{"gpu": "h100"}, {"cpu-only": "1"}]: which node
     # each rank may run on (one TorchTrainer gives every worker the same resources).
     worker_label_selectors: Optional[list[dict]] = None
+    # Per-worker device kinds ["gpu", "gpu", "cpu"]: mixed GPU and CPU workers in one job
+    # (placed on nodes labelled hetero-ray.io/device=gpu|cpu; gloo between them).
+    worker_devices: Optional[list[str]] = None
 
     # --- the plan
     policy: str = "optimal"  # minimise the predicted step time with the fitted cost model
@@ -132,6 +136,11 @@ class TrainConfig:
         _non_negative_int("--rebalance-cooldown", self.rebalance_cooldown)
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
             raise ConfigError(f"--cpus-per-worker must be positive, got {self.cpus_per_worker!r}")
+        if self.min_workers is not None:
+            _positive_int("--num-workers (minimum)", self.min_workers)
+            if self.min_workers > self.num_workers:
+                raise ConfigError(f"--num-workers {self.min_workers}-{self.num_workers}: the minimum must not "
+                                  "exceed the maximum")
         if self.batch_size < self.num_workers:
             raise ConfigError(
                 f"--batch-size {self.batch_size} is smaller than --num-workers {self.num_workers}: "
@@ -159,6 +168,14 @@ class TrainConfig:
                         isinstance(k, str) and k and isinstance(v, str) for k, v in selector.items()):
                     raise ConfigError(f"--worker-labels: each worker's selector must map label names to "
                                       f"values (KEY=VALUE), got {selector!r}")
+        if self.worker_devices is not None:
+            _per_rank_length("--worker-devices", self.worker_devices, self.num_workers)
+            if any(kind not in ("gpu", "cpu") for kind in self.worker_devices):
+                raise ConfigError(f"--worker-devices values must be gpu or cpu, got {self.worker_devices}")
+            if self.worker_label_selectors is not None:
+                raise ConfigError("--worker-devices and --worker-labels both place workers; give one of them")
+            if self.use_gpu == "no" and "gpu" in self.worker_devices:
+                raise ConfigError("--worker-devices asks for GPU workers but --use-gpu is no")
         for change in self.plan_changes or ():
             sizes = _int_list("--plan-change", change.get("local_batch_sizes", []))
             _per_rank_length("--plan-change", sizes, self.num_workers)
@@ -193,6 +210,22 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
         return cls(**d)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
+    @property
+    def mixed_devices(self) -> bool:
+        return self.worker_devices is not None and len(set(self.worker_devices)) > 1
+
+    def label_selectors(self) -> Optional[list[dict]]:
+        """Per-worker placement: explicit selectors, or the device label for each worker."""
+        if self.worker_devices is not None:
+            from hetero_ray.constants import DEVICE_LABEL
+
+            return [{DEVICE_LABEL: kind} for kind in self.worker_devices]
+        return self.worker_label_selectors
 
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""

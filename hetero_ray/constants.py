@@ -49,6 +49,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 # message that says what is missing.
 PLACEMENT_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLACEMENT_TIMEOUT_S"
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
+# Elastic runs restart with the workers they can have after this long, not the full size.
+DEFAULT_ELASTIC_START_TIMEOUT_S = 10.0
 
 # Node labels set by cluster_configs/ scripts and manifests, and read by --worker-devices:
 # what kind of device a node offers its training workers, and which GPU model.

@@ -6,7 +6,6 @@ before the run directory is created, so bad input leaves nothing behind.
 
 from __future__ import annotations
 
-import glob
 import os
 import tempfile
 
@@ -64,20 +63,18 @@ RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 
 def latest_checkpoint_dir(run_dir: str) -> str | None:
-    """The checkpoint a restart or --resume continues from.
+    """The checkpoint a restart or --resume continues from: the one Ray Train registered.
 
-    Ray Train's own snapshot decides (a checkpoint folder may exist on storage before Ray
-    registered it, e.g. when the driver stopped in between); without a snapshot, the
-    newest complete folder.
+    Ray Train's snapshot decides. A checkpoint folder can exist on storage seconds before
+    Ray registers it (its controller takes the workers' reports in turn), and Ray does not
+    restore an unregistered one, so neither does anything here.
     """
     train_dir = os.path.join(run_dir, RAY_TRAIN_SUBDIR)
     snapshot = read_json(os.path.join(train_dir, RAY_CHECKPOINT_SNAPSHOT)) or {}
     latest = (snapshot.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
     if latest and os.path.exists(os.path.join(train_dir, latest, POSITION_FILE)):
         return os.path.join(train_dir, latest)
-    pattern = os.path.join(train_dir, "checkpoint_*", POSITION_FILE)
-    candidates = sorted(os.path.dirname(p) for p in glob.glob(pattern))
-    return candidates[-1] if candidates else None
+    return None
 
 
 def check_resumable(run_dir: str, config: TrainConfig) -> None:

@@ -28,7 +28,9 @@ def ray_session():
         os.environ.setdefault(key, value)
     # Logical CPUs beyond the 2 real cores: 4 training workers plus Ray Train's controller
     # must fit; the workers then share the cores, which is what emulation expects anyway.
-    ray.init(address="local", num_cpus=8, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="WARNING",
+    # The dashboard stays on: without it Ray Train's placement-group cleaner cannot see
+    # that the controller is alive, and now and then removes a running job's placement group.
+    ray.init(address="local", num_cpus=8, include_dashboard=True, namespace=RAY_NAMESPACE, logging_level="WARNING",
              runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT}})
     yield ray
     ray.shutdown()

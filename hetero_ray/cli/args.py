@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 
 def int_list(text: str) -> list[int]:
@@ -19,6 +20,25 @@ def float_list(text: str) -> list[float]:
         return [float(v) for v in _items(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1,0.5; got {text!r}") from None
+
+
+def worker_range(text: str) -> tuple[int, Optional[int]]:
+    """``"4"`` → ``(4, None)``; ``"2-4"`` → ``(4, 2)``: the most workers, and the least (elastic)."""
+    low, sep, high = text.partition("-")
+    try:
+        if not sep:
+            return int(text), None
+        return int(high), int(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX (e.g. 4 or 2-4); got {text!r}") from None
+
+
+def str_list(text: str) -> list[str]:
+    """``"gpu,gpu,cpu"`` → ``["gpu", "gpu", "cpu"]``."""
+    try:
+        return _items(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated values like gpu,gpu,cpu; got {text!r}") from None
 
 
 def speed_change(text: str) -> dict:

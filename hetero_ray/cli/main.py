@@ -18,6 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 from hetero_ray.cli.args import ErrorExitParser
+from hetero_ray.runtime.auth import prepare_auth_env
 from hetero_ray.errors import TRAINING_FAILED_EXIT_CODE, USER_ERROR_EXIT_CODE, TrainingFailed, UserError
 
 SUBCOMMANDS = ("train", "profile", "bench", "dashboard", "report")
@@ -45,6 +46,7 @@ def build_parser() -> ErrorExitParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    prepare_auth_env(getattr(args, "address", None))  # before Ray is imported: it reads this once
     try:
         return args.handler(args)
     except UserError as e:

@@ -25,8 +25,9 @@ ALL_FAILED_EXIT_CODE = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hetero_ray.profiling.model_probe import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION
-    from hetero_ray.profiling.node_profiler import DEFAULT_PROFILE_TIMEOUT_S
+    from hetero_ray.profiling.defaults import (
+        DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
+    )
 
     parser.add_argument("--address", help="Ray cluster to profile (HOST:PORT, auto, ray://…); "
                                           "default RAY_ADDRESS or a local Ray on this machine")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from hetero_ray.cli.args import float_list, int_list, label_selectors, plan_change, speed_change
+from hetero_ray.cli.args import (
+    float_list, int_list, label_selectors, plan_change, speed_change, str_list, worker_range,
+)
 from hetero_ray.config import (
     BACKENDS, DATASETS, LR_SCHEDULES, MODELS, OPTIMIZERS, POLICIES, USE_GPU_CHOICES, TrainConfig,
 )
@@ -41,9 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     where = parser.add_argument_group("cluster")
     where.add_argument("--address", help="Ray cluster to join (HOST:PORT, auto, ray://…); default RAY_ADDRESS or a local Ray")
-    where.add_argument("--num-workers", type=int, default=d.num_workers, help="training workers (ranks) (default %(default)s)")
+    where.add_argument("--num-workers", type=worker_range, default=(d.num_workers, None), metavar="N|MIN-MAX",
+                       help=f"training workers (ranks); MIN-MAX trains elastically: nodes may leave and join "
+                            f"(default {d.num_workers})")
     where.add_argument("--cpus-per-worker", type=float, default=d.cpus_per_worker, help="(default %(default)s)")
     where.add_argument("--use-gpu", default=d.use_gpu, help=f"one of {', '.join(USE_GPU_CHOICES)} (default %(default)s)")
+    where.add_argument("--worker-devices", type=str_list, metavar="gpu|cpu,…",
+                       help="device kind per worker, e.g. gpu,gpu,cpu: mixed GPU and CPU workers in one job, "
+                            "on nodes labelled hetero-ray.io/device (see cluster_configs/)")
     where.add_argument("--worker-labels", type=label_selectors, metavar="K=V[,K=V];…",
                        help="per-worker node label selectors, ';' between workers (e.g. gpu=h100;gpu=h100;cpu-only=1)")
     where.add_argument("--backend", default=d.backend, help=f"one of {', '.join(BACKENDS)} (default %(default)s: nccl when all ranks have GPUs)")
@@ -88,7 +95,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Optional[li
         num_samples=args.num_samples, eval_samples=args.eval_samples, batch_size=args.batch_size,
         epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, optimizer=args.optimizer,
         lr_schedule=args.lr_schedule, drop_last=args.drop_last, seed=args.seed, address=args.address,
-        num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
+        num_workers=args.num_workers[0], min_workers=args.num_workers[1],
+        cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu, worker_devices=args.worker_devices,
         backend=args.backend, worker_label_selectors=args.worker_labels, policy=args.policy, batch_split=args.batch_split,
         rebalance_interval=args.rebalance_interval, rebalance_threshold=args.rebalance_threshold,
         rebalance_cooldown=args.rebalance_cooldown, emulate_speeds=args.emulate_speeds,

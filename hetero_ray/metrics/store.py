@@ -26,6 +26,7 @@ from hetero_ray.metrics.records import (
 )
 
 _PROGRESS_STEPS_KEPT = 200  # per-step totals kept for the progress view
+_ARRIVAL_SLACK_STEPS = 64  # ranks send rows in batches: how far arrival order may lag steps
 
 
 class MetricsStore:
@@ -171,6 +172,118 @@ class MetricsStore:
             "ranks": ranks,
             "plan_version": totals["plan_version"],
         }
+
+    # ---- queries (the performance app; see dashboards/data.py) -------------------------
+    #
+    # The app calls :meth:`updates_since` once per refresh and gets only what is new; the
+    # rest are small views computed from the bounded in-memory window. Nothing here
+    # changes the store's state.
+
+    def info(self) -> dict[str, Any]:
+        """What the store holds: run identity, status and the step cursor range."""
+        latest = self.progress(window_steps=2)
+        return {
+            "experiment_name": self.experiment_name,
+            "run_dir": self.run_dir,
+            "status": "finalized" if self._finalized else "running",
+            "attempt": self._current_attempt(),
+            "num_workers": self._attempts[-1]["num_workers"] if self._attempts else 0,
+            "started_wall_time": self._attempts[0]["wall_time"] if self._attempts else None,
+            "cursor": self._cursor,
+            # Sequence number of the oldest step row still in memory (older ones: Parquet only).
+            "oldest_cursor": self._recent_steps[0][0] if self._recent_steps else self._cursor + 1,
+            "steps_held": len(self._recent_steps),
+            "max_recent_steps": self._max_recent_steps,
+            "global_step": latest.get("global_step"),
+            "plan_version": latest.get("plan_version"),
+            "attempt_starts": {a["attempt"]: a["start_global_step"] for a in self._attempts},
+        }
+
+    def updates_since(self, cursors: Optional[dict[str, int]] = None,
+                      limit: int = 50_000) -> dict[str, Any]:
+        """Everything new for a live reader, in one round trip.
+
+        Args:
+            cursors: what the reader already has: ``steps`` (step-row cursor) and the
+                number of ``plans``, ``epochs`` and ``decisions`` rows it holds.
+            limit: at most this many step rows; call again while ``more`` is true.
+
+        Returns:
+            ``info`` (see :meth:`info`), ``steps`` (an Arrow table of the STEPS schema: the
+            columnar form costs a fraction of a list of dicts to send), ``cursors`` to pass
+            next time, ``more``, ``missed_steps`` (rows that left memory before the reader
+            asked: read them from Parquet), and the new ``plans``, ``epochs``, ``decisions``.
+        """
+        cursors = dict(cursors or {})
+        step_cursor = int(cursors.get("steps", 0))
+        rows, new_cursor = self.steps_since(step_cursor, limit)
+        oldest = self._recent_steps[0][0] if self._recent_steps else self._cursor + 1
+        counts = {name: int(cursors.get(name, 0)) for name in ("plans", "epochs", "decisions")}
+        return {
+            "info": self.info(),
+            "steps": to_table(STEPS, rows),
+            "missed_steps": max(0, oldest - step_cursor - 1),
+            "more": new_cursor < self._cursor,
+            "plans": self._plans[counts["plans"]:],
+            "epochs": self._epochs[counts["epochs"]:],
+            "decisions": self._decisions[counts["decisions"]:],
+            "cursors": {"steps": new_cursor, "plans": len(self._plans), "epochs": len(self._epochs),
+                        "decisions": len(self._decisions)},
+        }
+
+    def recent_steps(self, window_steps: int = 50) -> list[dict]:
+        """Step rows of the current attempt's last ``window_steps`` global steps."""
+        attempt = self._current_attempt()
+        num_workers = max(1, self._attempts[-1]["num_workers"] if self._attempts else 1)
+        # Ranks send their rows in batches, so the window's rows are not strictly last in
+        # arrival order; look back a generous, bounded number of rows.
+        look_back = min(len(self._recent_steps), 2 * (window_steps + _ARRIVAL_SLACK_STEPS) * num_workers)
+        tail = [row for _, row in itertools.islice(
+            reversed(self._recent_steps), look_back) if row["attempt"] == attempt]
+        if not tail:
+            return []
+        last = max(row["global_step"] for row in tail)
+        return sorted((row for row in tail if row["global_step"] > last - window_steps),
+                      key=lambda row: (row["global_step"], row["rank"]))
+
+    def rank_summaries(self, window_steps: int = 50) -> list[dict[str, Any]]:
+        """Per rank over the last ``window_steps`` steps: share, busy/wait/step time, own samples/s."""
+        import pandas as pd
+
+        from hetero_ray.metrics.summary import rank_summaries
+
+        rows = self.recent_steps(window_steps)
+        return rank_summaries(pd.DataFrame(rows), last_steps=window_steps) if rows else []
+
+    def plan_history(self) -> list[dict]:
+        """Plans on the run's effective trajectory (plans of redone steps dropped), in order."""
+        starts = {a["attempt"]: a["start_global_step"] for a in self._attempts}
+        kept = []
+        for plan in self._plans:
+            later = [s for a, s in starts.items() if a > plan.get("attempt", 0)]
+            if not later or plan["first_global_step"] < min(later):
+                kept.append(plan)
+        return sorted(kept, key=lambda p: (p["first_global_step"], p["plan_version"]))
+
+    def capabilities(self) -> list[dict]:
+        """The profiled nodes as a list (``nodes.json`` holds ``{"nodes": [...]}``), or []."""
+        nodes = self._nodes
+        if isinstance(nodes, dict):
+            nodes = nodes.get("nodes")
+        return list(nodes or [])
+
+    def bottlenecks(self, window_steps: int = 200) -> list[dict]:
+        """Bottleneck verdicts over the recent window; [] where the classifier is not installed."""
+        try:
+            from hetero_ray.profiling.bottlenecks import classify
+        except ImportError:
+            return []
+        import pandas as pd
+
+        rows = self.recent_steps(window_steps)
+        if not rows:
+            return []
+        return [v.to_dict() for v in classify(pd.DataFrame(rows))]
 
     def _aggregate(self, row: dict) -> None:
         """Keeps per-step cluster totals of the current attempt for :meth:`progress`."""

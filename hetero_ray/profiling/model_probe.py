@@ -41,15 +41,14 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from hetero_ray.balancing.cost_model import LinearFit, fit_linear
+from hetero_ray.profiling.defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
 from hetero_ray.profiling.microbench import torch_threads
 
-DEFAULT_PROBE_BATCH_SIZES = (8, 16, 32, 64)  # a factor 8 apart: the slope is well determined
 DEFAULT_REPEATS = 3  # blocks per size: their median rejects one disturbed block
 # Each timing is the mean of back-to-back steps spanning ≥ 0.3 s: a CPU quota throttles in
 # 100 ms CFS periods, and a short step can slip through a period at full speed, so the
 # median of single steps would miss a throttled node; the mean over three periods does not.
 MIN_BLOCK_S = 0.3
-DEFAULT_RAM_FRACTION = 0.5  # of available RAM one CPU worker's batch may take
 DEFAULT_PROBE_TIME_BUDGET_S = 6.0  # stop adding repeats past this (one full round always runs)
 DEFAULT_SEARCH_TIME_BUDGET_S = 20.0  # GPU max-batch search: report a lower bound past this
 MAX_BATCH_SIZE_LIMIT = 65536  # never search (or report) beyond this

@@ -26,10 +26,10 @@ from hetero_ray.errors import ConfigError
 from hetero_ray.profiling.capability import (
     CPU, FAILED, GPU, DeviceCapability, NodeCapability,
 )
-from hetero_ray.profiling.model_probe import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION
+from hetero_ray.profiling.defaults import (  # noqa: F401 (re-exported)
+    DEFAULT_MICROBENCH_S, DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
+)
 
-DEFAULT_PROFILE_TIMEOUT_S = 60.0  # per cluster: actor start (~2–5 s) + ~10 s of benchmarks, with room
-DEFAULT_MICROBENCH_S = 1.0  # per micro-benchmark
 PROGRESS_EVERY_S = 5.0  # "still profiling …" lines while nodes are busy
 STAGE_QUERY_TIMEOUT_S = 1.0
 PROFILER_ROLE = "profiler"

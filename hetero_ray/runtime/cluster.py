@@ -12,15 +12,14 @@ import math
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import ray
 
 from hetero_ray.constants import RAY_NAMESPACE
 from hetero_ray.errors import UserError
-
-TOKEN_FILE = os.path.expanduser("~/.ray/auth_token")
+from hetero_ray.runtime.auth import prepare_auth_env, reload_ray_auth_config
 
 # Train workers report their own lines; these quiet Ray's noise that means nothing here.
 QUIET_ENV = {
@@ -51,8 +50,8 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
                  logging_level="WARNING", log_to_driver=True)
         return Connection(ray.get_runtime_context().gcs_address, True, _dashboard_url())
     _check_reachable(address, timeout_s)
-    if (os.path.exists(TOKEN_FILE) or os.environ.get("RAY_AUTH_TOKEN")) and "RAY_AUTH_MODE" not in os.environ:
-        os.environ["RAY_AUTH_MODE"] = "token"  # Ray 2.60: explicit addresses need it spelled out
+    if prepare_auth_env(address):  # the CLI set it before Ray loaded; a Python caller may not have
+        reload_ray_auth_config()
     _init_with_timeout(address, timeout_s)
     return Connection(address, False, _dashboard_url())
 
@@ -109,12 +108,13 @@ class NodeResources:
     address: str
     cpus: float
     gpus: float
+    labels: dict = field(default_factory=dict)
 
 
 def alive_nodes() -> list[NodeResources]:
     return [
         NodeResources(n["NodeID"], n.get("NodeManagerAddress", "?"), n["Resources"].get("CPU", 0.0),
-                      n["Resources"].get("GPU", 0.0))
+                      n["Resources"].get("GPU", 0.0), dict(n.get("Labels") or {}))
         for n in ray.nodes() if n.get("Alive")
     ]
 
@@ -130,9 +130,23 @@ def placeable_workers(nodes: list[NodeResources], cpus_per_worker: float, gpus_p
     return total
 
 
-def check_capacity(num_workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
+def unmatched_selectors(nodes: list[NodeResources], selectors: Optional[list[dict]]) -> list[dict]:
+    """Label selectors no alive node satisfies (exact key=value matches)."""
+    return [s for s in selectors or [] if s and not any(
+        all(node.labels.get(k) == v for k, v in s.items()) for node in nodes)]
+
+
+def check_capacity(num_workers: int, cpus_per_worker: float, gpus_per_worker: float,
+                   label_selectors: Optional[list[dict]] = None) -> None:
     """Raises a :class:`UserError` naming what the cluster has when the workers cannot fit."""
     nodes = alive_nodes()
+    missing = unmatched_selectors(nodes, label_selectors)
+    if missing:
+        wanted = ", ".join(sorted({",".join(f"{k}={v}" for k, v in s.items()) for s in missing}))
+        have = "; ".join(f"{n.address}: {n.labels or 'no labels'}" for n in nodes)
+        raise UserError(f"no alive node has the labels {wanted} that the workers need (nodes: {have}). Start "
+                        "nodes with cluster_configs/start_worker.sh (it sets hetero-ray.io/device), or change "
+                        "--worker-devices / --worker-labels")
     fit = placeable_workers(nodes, cpus_per_worker, gpus_per_worker)
     if fit >= num_workers:
         return

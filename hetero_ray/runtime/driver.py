@@ -18,7 +18,7 @@ import ray
 from hetero_ray import preflight
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import (
-    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S,
+    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
     DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, PLACEMENT_TIMEOUT_S_ENV_VAR,
     PROGRESS_INTERVAL_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
 )
@@ -53,11 +53,14 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         local_num_cpus=max(os.cpu_count() or 1, int(config.num_workers * config.cpus_per_worker + 0.999)),
         timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
     )
-    use_gpu = _resolve_use_gpu(config.use_gpu)
-    cluster.check_capacity(config.num_workers, config.cpus_per_worker, 1.0 if use_gpu else 0.0)
+    device_mode = _device_mode(config)
+    use_gpu = device_mode == "gpu"  # Ray reserves GPUs only when every worker has one
+    cluster.check_capacity(config.min_workers or config.num_workers, config.cpus_per_worker,
+                           1.0 if use_gpu else 0.0, config.label_selectors())
     backend = config.backend if config.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and not use_gpu:
-        raise UserError("--backend nccl needs GPU workers; use --backend gloo (or auto) on CPU workers")
+        raise UserError("--backend nccl needs every worker on a GPU; use --backend gloo (or auto) with CPU "
+                        "or mixed workers")
 
     if config.download:  # once, here: workers downloading into one folder would collide
         from hetero_ray.training.data import download_dataset
@@ -91,7 +94,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     error: Optional[BaseException] = None
     result = None
     try:
-        trainer = _make_trainer(config, run_dir, use_gpu, backend, speed_changes)
+        trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes)
         with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()
     except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
@@ -106,26 +109,30 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     return RunResult(run_dir, summary)
 
 
-def _make_trainer(config: TrainConfig, run_dir: str, use_gpu: bool, backend: str,
+def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
                   speed_changes: Optional[list[dict]]):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from hetero_ray.training.loop import train_loop_per_worker
 
-    # Waiting for room must end: Ray Train gives up on starting the group after this.
-    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S",
-                          str(env_float(PLACEMENT_TIMEOUT_S_ENV_VAR, DEFAULT_PLACEMENT_TIMEOUT_S)))
+    # Waiting for room must end: Ray Train gives up starting a group after this long. An
+    # elastic run would rather continue at once with the workers it can have than wait for
+    # the full size, so losing a node costs seconds, not a minute.
+    start_timeout_s = env_float(PLACEMENT_TIMEOUT_S_ENV_VAR,
+                                DEFAULT_ELASTIC_START_TIMEOUT_S if config.elastic else DEFAULT_PLACEMENT_TIMEOUT_S)
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(start_timeout_s)
+    use_gpu = device_mode == "gpu"
     resources = {"CPU": config.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = 1
+    num_workers = (config.min_workers, config.num_workers) if config.elastic else config.num_workers
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"train": config.to_dict(), "use_gpu": use_gpu, "speed_changes": speed_changes},
+        train_loop_config={"train": config.to_dict(), "device_mode": device_mode, "speed_changes": speed_changes},
         torch_config=TorchConfig(backend=backend),
-        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=resources,
-                                     label_selector=config.worker_label_selectors),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                     resources_per_worker=resources, label_selector=config.label_selectors()),
         run_config=RunConfig(
             name=RAY_TRAIN_SUBDIR,
             storage_path=run_dir,
@@ -239,11 +246,17 @@ def _describe_checkpoint(run_dir: str) -> str:
             f"(epoch {position.get('epoch')}, step {position.get('step')}): {directory}")
 
 
-def _resolve_use_gpu(choice: str) -> bool:
+def _device_mode(config: TrainConfig) -> str:
+    """gpu (every worker gets a GPU from Ray), cpu, or mixed (see training/devices.py)."""
+    if config.worker_devices is not None:
+        if config.mixed_devices:
+            return "mixed"
+        if config.worker_devices[0] == "cpu":
+            return "cpu"
     has_gpus = cluster.cluster_has_gpus()
-    if choice == "yes" and not has_gpus:
+    if config.use_gpu == "yes" and not has_gpus:
         raise UserError("--use-gpu yes, but the cluster has no GPUs; use --use-gpu no or auto")
-    return has_gpus if choice == "auto" else choice == "yes"
+    return "gpu" if (has_gpus if config.use_gpu == "auto" else config.use_gpu == "yes") else "cpu"
 
 
 def _total_steps(config: TrainConfig) -> int:

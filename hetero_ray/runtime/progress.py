@@ -41,6 +41,25 @@ def format_progress(progress: dict, total_steps: int) -> Optional[str]:
     return " | ".join(parts)
 
 
+def restart_message(previous: dict, current: dict, previous_nodes: set, current_nodes: set) -> str:
+    """What happened between two worker-group starts (attempts), for the operator."""
+    parts = []
+    lost = sorted(previous_nodes - current_nodes)
+    joined = sorted(current_nodes - previous_nodes)
+    if lost:
+        parts.append(f"node{'s' if len(lost) > 1 else ''} {', '.join(n[:8] for n in lost)} lost")
+    if joined:
+        parts.append(f"node{'s' if len(joined) > 1 else ''} {', '.join(n[:8] for n in joined)} joined")
+    if not parts:
+        parts.append("worker group restarted")
+    n = current["num_workers"]
+    message = (f"{'; '.join(parts)}; continuing with {n} worker{'s' if n != 1 else ''} "
+               f"from step {current['start_global_step']}")
+    if n != previous["num_workers"]:
+        message += f" (was {previous['num_workers']}; same global batch, plan recomputed)"
+    return message
+
+
 class ProgressPrinter:
     """Polls the metrics store in a background thread and prints a line every interval."""
 
@@ -53,6 +72,9 @@ class ProgressPrinter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hetero-ray-progress")
         self._last_line: Optional[str] = None
+        self._attempts_seen = 0
+        self._nodes_by_attempt: dict[int, set] = {}
+        self._pending_restart: Optional[tuple[dict, dict]] = None
 
     def __enter__(self):
         self._thread.start()
@@ -69,6 +91,7 @@ class ProgressPrinter:
                 progress = ray.get(self._store.progress.remote(), timeout=self._interval_s)
             except Exception:  # noqa: BLE001 - the store restarting; try again next tick
                 continue
+            self._watch_restarts()
             line = format_progress(progress, self._total_steps)
             if line is None:
                 self._emit(f"[hetero_ray] waiting for the workers to start "
@@ -76,3 +99,24 @@ class ProgressPrinter:
             elif line != self._last_line:
                 self._emit(f"[hetero_ray] {line}")
                 self._last_line = line
+
+    def _watch_restarts(self) -> None:
+        """Says when the worker group restarted, and which nodes left or joined."""
+        try:
+            attempts = ray.get(self._store.attempts.remote(), timeout=self._interval_s)
+            workers = ray.get(self._store.workers.remote(), timeout=self._interval_s)
+        except Exception:  # noqa: BLE001 - the store restarting; next tick
+            return
+        if attempts and workers and all(w.get("attempt") == attempts[-1]["attempt"] for w in workers.values()):
+            self._nodes_by_attempt[attempts[-1]["attempt"]] = {w["node_id"] for w in workers.values()}
+        if len(attempts) > self._attempts_seen:
+            if self._attempts_seen > 0:
+                self._pending_restart = (attempts[self._attempts_seen - 1], attempts[-1])
+            self._attempts_seen = len(attempts)
+        if self._pending_restart is not None:
+            previous, current = self._pending_restart
+            if current["attempt"] in self._nodes_by_attempt:  # its workers have registered
+                message = restart_message(previous, current, self._nodes_by_attempt.get(previous["attempt"], set()),
+                                          self._nodes_by_attempt[current["attempt"]])
+                self._emit(f"[hetero_ray] {message}")
+                self._pending_restart = None

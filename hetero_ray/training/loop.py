@@ -81,7 +81,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         config=config,
         rank=train_context.get_world_rank(),
         num_workers=train_context.get_world_size(),
-        device=_worker_device(loop_config["use_gpu"]),
+        device=_worker_device(loop_config["device_mode"]),
         node_id=ray.get_runtime_context().get_node_id(),
         store=get_actor(config.experiment_name, METRICS_STORE_ROLE),
         scheduler=get_actor(config.experiment_name, SCHEDULER_ROLE),
@@ -347,12 +347,15 @@ def _quiet_ray_train_reports() -> None:
     logging.getLogger(train_context_module.__file__).setLevel(logging.WARNING)
 
 
-def _worker_device(use_gpu: bool) -> torch.device:
-    if use_gpu and torch.cuda.is_available():
-        import ray.train.torch
+def _worker_device(mode: str) -> torch.device:
+    from hetero_ray.training.devices import apply_device_choice, choose_device, node_device_label
 
-        return ray.train.torch.get_device()
-    return torch.device("cpu")
+    local_rank = ray.train.get_context().get_local_rank()
+    choice = choose_device(mode, node_device_label() if mode == "mixed" else None, local_rank,
+                           torch.cuda.device_count())
+    if choice.warning:
+        logger.warning(choice.warning)
+    return apply_device_choice(choice)
 
 
 def _collective_device(ctx: WorkerContext) -> torch.device:

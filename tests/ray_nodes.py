@@ -1,0 +1,181 @@
+"""Extra real Ray nodes on this machine, for multi-node tests.
+
+Each node is a `ray start --block` in its own process group and its own short temp dir:
+`ray start` writes `ray_current_cluster` into its temp dir, and in the shared /tmp/ray
+that file would make every later plain `ray.init()` on this machine try to join this
+(soon dead) cluster. Optionally the node runs inside a cgroup with a CPU quota (a real,
+unannounced straggler). Everything is torn down on exit, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator, Optional
+
+import psutil
+
+RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+CGROUP_CPU_ROOT = "/sys/fs/cgroup/cpu"
+CFS_PERIOD_US = 100_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cgroup_unusable_reason() -> Optional[str]:
+    if os.geteuid() != 0:
+        return "needs root to create a cgroup"
+    if not os.access(os.path.join(CGROUP_CPU_ROOT, "cpu.cfs_quota_us"), os.W_OK):
+        return f"no writable cgroup v1 cpu controller at {CGROUP_CPU_ROOT}"
+    return None
+
+
+class RayNode:
+    """A running `ray start --block` process (head or worker)."""
+
+    def __init__(self, process: subprocess.Popen, temp_dir: str, log_path: str, cgroup: Optional[str]):
+        self.process = process
+        self.temp_dir = temp_dir
+        self.log_path = log_path
+        self.cgroup = cgroup
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path) as f:
+                return f.read()[-3000:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the node and everything it started: a machine that vanished."""
+        pids = {self.process.pid}
+        try:
+            pids |= {p.pid for p in psutil.Process(self.process.pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+        if self.cgroup:
+            pids |= set(_cgroup_pids(self.cgroup))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM to `ray start --block` first (it stops its processes in order), then kill."""
+        with contextlib.suppress(subprocess.TimeoutExpired, ProcessLookupError):
+            self.process.terminate()
+            self.process.wait(30)
+        self.kill()
+        if self.cgroup:
+            deadline = time.monotonic() + 20
+            while _cgroup_pids(self.cgroup) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                os.rmdir(self.cgroup)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num_cpus: int = 1,
+               resources: Optional[dict] = None, labels: Optional[dict] = None,
+               cpu_quota: Optional[float] = None, log_dir: str) -> RayNode:
+    """A head (``address`` None, listening on ``port``) or a worker node joining ``address``.
+
+    Args:
+        cpu_quota: cap the node's processes at this many cores (cgroup v1), set once the
+            node has registered (start-up under a small quota would take a minute).
+    """
+    temp_dir = tempfile.mkdtemp(prefix="hrnode")
+    log_path = os.path.join(log_dir, f"ray_start_{os.path.basename(temp_dir)}.log")
+    role = f"--head --port={port} --dashboard-host=127.0.0.1 --include-dashboard=false" if address is None \
+        else f"--address={address}"
+    command = (f"exec {RAY_CLI} start --block {role} --num-cpus={num_cpus} "
+               f"--object-store-memory=200000000 --temp-dir={temp_dir} --disable-usage-stats")
+    if resources:
+        command += f" --resources='{json.dumps(resources)}'"
+    if labels:
+        command += " --labels=" + ",".join(f"{k}={v}" for k, v in labels.items())
+    cgroup = None
+    if cpu_quota is not None:
+        cgroup = os.path.join(CGROUP_CPU_ROOT, f"hetero_ray_test_{os.path.basename(temp_dir)}")
+        os.makedirs(cgroup, exist_ok=True)
+        _write(os.path.join(cgroup, "cpu.cfs_period_us"), CFS_PERIOD_US)
+        _write(os.path.join(cgroup, "cpu.cfs_quota_us"), -1)
+        command = f"echo $$ > {cgroup}/cgroup.procs && {command}"
+    env = dict(os.environ, RAY_ADDRESS="")
+    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        env["RAY_AUTH_MODE"] = "token"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    return RayNode(process, temp_dir, log_path, cgroup)
+
+
+def set_cpu_quota(node: RayNode, cores: float) -> None:
+    _write(os.path.join(node.cgroup, "cpu.cfs_quota_us"), int(cores * CFS_PERIOD_US))
+
+
+def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: float = 120) -> None:
+    """Waits until the cluster at ``address`` has ``count`` alive nodes (asks in a subprocess,
+    so this test process stays free to run its own Ray)."""
+    deadline = time.monotonic() + timeout_s
+    probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    env = dict(os.environ, RAY_ADDRESS="")
+    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        env["RAY_AUTH_MODE"] = "token"
+    while time.monotonic() < deadline:
+        for node in nodes:
+            if node.process.poll() is not None:
+                raise RuntimeError(f"a Ray node exited while starting:\n{node.log()}")
+        out = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, env=env,
+                             timeout=60)
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"{count} nodes did not come up at {address}:\n" + "\n".join(n.log() for n in nodes))
+
+
+@contextlib.contextmanager
+def local_cluster(log_dir: str, worker_cpus: list[int], head_cpus: int = 1) -> Iterator[tuple[str, list[RayNode]]]:
+    """A head plus worker nodes on this machine; yields (address, [head, *workers])."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    nodes: list[RayNode] = []
+    try:
+        nodes.append(start_node(port=port, num_cpus=head_cpus, log_dir=log_dir))
+        time.sleep(3)  # the GCS must listen before workers join
+        for cpus in worker_cpus:
+            nodes.append(start_node(address=address, num_cpus=cpus, log_dir=log_dir))
+        wait_for_nodes(address, len(nodes), nodes)
+        yield address, nodes
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+def _write(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(f"{value}\n")
+
+
+def _cgroup_pids(cgroup: str) -> list[int]:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return [int(line) for line in f if line.strip()]
+    except OSError:
+        return []

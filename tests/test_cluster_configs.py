@@ -1,0 +1,401 @@
+"""cluster_configs/: the start scripts, the cluster-launcher YAML and the KubeRay manifest.
+
+The scripts run for real, with a stand-in `ray` that records how it was called and a
+stand-in `nvidia-smi` (a GPU machine or a machine without a driver), so every check here
+is fast and needs no cluster; tests/test_ray_job_submit.py starts a real one with them.
+The YAMLs are checked against what the code reads (the label names in
+hetero_ray.constants) and against Ray's own validation where Ray has one.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import socket
+import stat
+import subprocess
+
+import pytest
+import yaml
+
+from hetero_ray.constants import DEVICE_LABEL, GPU_MODEL_LABEL
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO_ROOT, "cluster_configs")
+START_HEAD = os.path.join(CONFIGS, "start_head.sh")
+START_WORKER = os.path.join(CONFIGS, "start_worker.sh")
+SCRIPTS = [os.path.join(CONFIGS, name) for name in ("common.sh", "start_head.sh", "start_worker.sh")]
+LAUNCHER_YAML = os.path.join(CONFIGS, "onprem-cluster.yaml")
+KUBERAY_YAML = os.path.join(CONFIGS, "kuberay-raycluster.yaml")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+FAKE_RAY = """#!/bin/sh
+# Stands in for `ray`: records the environment that matters and the arguments.
+{ echo "RAY_AUTH_MODE=${RAY_AUTH_MODE:-}"; echo "PATH=$PATH"
+  for a in "$@"; do echo "ARG=$a"; done; } > "$FAKE_RAY_LOG"
+"""
+A100_SMI = """#!/bin/sh
+printf 'NVIDIA A100-SXM4-40GB\\nNVIDIA A100-SXM4-40GB\\n'
+"""
+NO_DRIVER_SMI = """#!/bin/sh
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+exit 9
+"""
+
+
+def _write_executable(path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Runs a start script on a pretend machine; `gpu` says whether nvidia-smi finds an A100."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ray_dir = tmp_path / "venv-bin"
+    ray_dir.mkdir()
+    fake_ray = _write_executable(ray_dir / "ray", FAKE_RAY)
+    home = tmp_path / "home"
+    home.mkdir()
+    log = tmp_path / "ray-call.log"
+
+    class Node:
+        token_file = home / ".ray" / "auth_token"
+
+        def run(self, script: str, *args: str, gpu: bool = False, env: dict | None = None,
+                dry_run: bool = False) -> subprocess.CompletedProcess:
+            _write_executable(bin_dir / "nvidia-smi", A100_SMI if gpu else NO_DRIVER_SMI)
+            full_env = {
+                "PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "FAKE_RAY_LOG": str(log),
+                "HETERO_RAY_RAY_BIN": fake_ray, "HETERO_RAY_NODE_ENV": str(tmp_path / "no-node.env"),
+            }
+            full_env.update(env or {})
+            if log.exists():
+                log.unlink()
+            argv = ["bash", script, *(["--dry-run"] if dry_run else []), *args]
+            return subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=30)
+
+        def give_token(self) -> None:
+            self.token_file.parent.mkdir(parents=True, exist_ok=True)
+            self.token_file.write_text("ab" * 32)
+            self.token_file.chmod(0o600)
+
+        def ray_call(self) -> tuple[dict, list[str]]:
+            """(environment, arguments) of the last `ray` call; arguments start with `start`."""
+            lines = log.read_text().splitlines()
+            env = dict(line.split("=", 1) for line in lines if not line.startswith("ARG="))
+            return env, [line[4:] for line in lines if line.startswith("ARG=")]
+
+    return Node()
+
+
+def _options(args: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args if a.startswith("--"))
+
+
+def _labels(args: list[str]) -> dict[str, str]:
+    from ray._private.label_utils import parse_node_labels_string
+
+    return parse_node_labels_string(_options(args)["labels"])  # Ray's own parser and validation
+
+
+def _dry_run_args(output: str) -> list[str]:
+    """The `ray start` arguments a --dry-run printed."""
+    line = next(line for line in output.splitlines() if ": RAY_AUTH_MODE=" in line)
+    words = shlex.split(line.split(": ", 1)[1])
+    return words[words.index("start"):]
+
+
+# --- the scripts
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
+def test_scripts_parse_and_run_scripts_are_executable(script):
+    subprocess.run(["bash", "-n", script], check=True)
+    if not script.endswith("common.sh"):
+        assert os.stat(script).st_mode & stat.S_IXUSR
+        assert "set -euo pipefail" in open(script).read()
+
+
+def test_script_label_names_are_the_ones_the_code_reads():
+    common = open(os.path.join(CONFIGS, "common.sh")).read()
+    assert f'HR_DEVICE_LABEL="{DEVICE_LABEL}"' in common
+    assert f'HR_GPU_MODEL_LABEL="{GPU_MODEL_LABEL}"' in common
+
+
+@pytest.mark.parametrize("script", [START_HEAD, START_WORKER], ids=os.path.basename)
+def test_help_names_the_token_and_the_labels(node, script):
+    result = node.run(script, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout and "auth_token" in result.stdout and DEVICE_LABEL in result.stdout
+
+
+def test_head_on_a_cpu_machine_generates_a_private_token_and_binds_the_dashboard_to_loopback(node):
+    result = node.run(START_HEAD)
+    assert result.returncode == 0, result.stderr
+    env, args = node.ray_call()
+    options = _options(args)
+    assert args[0] == "start" and "head" in options
+    assert options["dashboard-host"] == "127.0.0.1" and options["dashboard-port"] == "8265"
+    assert options["port"] == "6379" and options["metrics-export-port"] == "8080"
+    assert options["ray-client-server-port"] == "10001" and options["include-dashboard"] == "true"
+    assert _labels(args) == {DEVICE_LABEL: "cpu"}
+    assert options["num-gpus"] == "0"  # a CPU node offers no GPU to Ray either
+    # Token authentication: on, with a fresh token only the owner can read.
+    assert env["RAY_AUTH_MODE"] == "token"
+    token = node.token_file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", token)
+    assert stat.S_IMODE(node.token_file.stat().st_mode) == 0o600
+    assert "scp" in result.stdout and "export RAY_AUTH_MODE=token" in result.stdout
+    assert "ssh -N -L 8265:127.0.0.1:8265" in result.stdout
+    # Jobs run `python ...` through PATH: the Python next to `ray` comes first.
+    assert env["PATH"].split(":")[0].endswith("venv-bin")
+    # A second start keeps the token the workers already have.
+    assert node.run(START_HEAD).returncode == 0
+    assert node.token_file.read_text() == token
+
+
+def test_worker_on_a_gpu_machine_is_labelled_with_its_model(node):
+    node.give_token()
+    with socket.socket() as head:  # something listening where the head would be
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        port = head.getsockname()[1]
+        result = node.run(START_WORKER, f"127.0.0.1:{port}", "--", "--object-store-memory=1000000000", gpu=True)
+    assert result.returncode == 0, result.stderr
+    env, args = node.ray_call()
+    options = _options(args)
+    assert options["address"] == f"127.0.0.1:{port}" and "head" not in options
+    assert _labels(args) == {DEVICE_LABEL: "gpu", GPU_MODEL_LABEL: "nvidia-a100-sxm4-40gb"}
+    assert "num-gpus" not in options  # Ray counts the GPUs itself
+    assert "dashboard-host" not in options  # only the head serves the dashboard
+    assert options["object-store-memory"] == "1000000000"  # arguments after -- reach ray start
+    assert env["RAY_AUTH_MODE"] == "token"
+
+
+def test_worker_without_a_token_refuses_and_says_where_to_get_it(node):
+    result = node.run(START_WORKER, "10.0.0.5")
+    assert result.returncode == 2
+    assert str(node.token_file) in result.stderr and "scp HEAD:~/.ray/auth_token" in result.stderr
+    assert "ray get-auth-token" in result.stderr
+    assert not node.token_file.exists()  # a worker never makes up its own token
+
+
+def test_worker_with_an_unreachable_head_fails_fast(node):
+    node.give_token()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the with-block ends
+    result = node.run(START_WORKER, f"127.0.0.1:{port}")
+    assert result.returncode == 2 and "cannot reach the head" in result.stderr
+
+
+def test_worker_adds_the_default_port_and_rejects_urls(node):
+    node.give_token()
+    result = node.run(START_WORKER, "10.0.0.5", dry_run=True)
+    assert result.returncode == 0, result.stderr
+    assert _options(_dry_run_args(result.stdout))["address"] == "10.0.0.5:6379"
+    result = node.run(START_WORKER, "http://10.0.0.5:8265", dry_run=True)
+    assert result.returncode == 2 and "not a URL" in result.stderr
+
+
+def test_dry_run_writes_nothing_and_starts_nothing(node):
+    result = node.run(START_HEAD, "--temp-dir", "/tmp/hr-x", env={"HETERO_RAY_NUM_CPUS": "3"}, dry_run=True)
+    assert result.returncode == 0, result.stderr
+    assert not node.token_file.exists() and "would generate" in result.stdout
+    options = _options(_dry_run_args(result.stdout))
+    assert options["temp-dir"] == "/tmp/hr-x" and options["num-cpus"] == "3"
+
+
+@pytest.mark.parametrize("name, label", [
+    ("NVIDIA GeForce RTX 4090", "nvidia-geforce-rtx-4090"),
+    ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+    ("Tesla V100-SXM2-16GB", "tesla-v100-sxm2-16gb"),
+    ("  (weird) GPU / model  ", "weird-gpu-model"),
+    ("x" * 80, "x" * 63),
+])
+def test_gpu_model_override_becomes_a_valid_label_value(node, name, label):
+    node.give_token()
+    result = node.run(START_WORKER, "10.0.0.5", env={"HETERO_RAY_GPU_MODEL": name}, gpu=True, dry_run=True)
+    assert result.returncode == 0, result.stderr
+    assert _labels(_dry_run_args(result.stdout))[GPU_MODEL_LABEL] == label
+
+
+def test_device_overrides_and_contradictions(node):
+    node.give_token()
+    # A GPU machine declared a CPU node offers no GPU to Ray.
+    result = node.run(START_WORKER, "10.0.0.5", env={"HETERO_RAY_DEVICE": "cpu"}, gpu=True, dry_run=True)
+    args = _dry_run_args(result.stdout)
+    assert _labels(args) == {DEVICE_LABEL: "cpu"} and _options(args)["num-gpus"] == "0"
+    # A GPU node with no detectable model must be told its model.
+    result = node.run(START_WORKER, "10.0.0.5", env={"HETERO_RAY_DEVICE": "gpu"}, dry_run=True)
+    assert result.returncode == 2 and "HETERO_RAY_GPU_MODEL" in result.stderr
+    for env, says in [({"HETERO_RAY_DEVICE": "tpu"}, "must be gpu or cpu"),
+                      ({"HETERO_RAY_DEVICE": "cpu", "HETERO_RAY_NUM_GPUS": "2"}, "labelled cpu"),
+                      ({"HETERO_RAY_LABELS": f"{DEVICE_LABEL}=gpu"}, "may not set hetero-ray.io/"),
+                      ({"RAY_AUTH_MODE": "none"}, "must be token")]:
+        result = node.run(START_WORKER, "10.0.0.5", env=env, dry_run=True)
+        assert result.returncode == 2 and says in result.stderr, (env, result.stderr)
+    # Extra labels ride along.
+    result = node.run(START_WORKER, "10.0.0.5", env={"HETERO_RAY_LABELS": "rack=r1"}, dry_run=True)
+    assert _labels(_dry_run_args(result.stdout)) == {DEVICE_LABEL: "cpu", "rack": "r1"}
+
+
+def test_per_machine_settings_file_is_read(node, tmp_path):
+    node.give_token()
+    settings = tmp_path / "node.env"
+    settings.write_text("HETERO_RAY_NUM_CPUS=6\nHETERO_RAY_GPU_MODEL='NVIDIA L4'\n")
+    result = node.run(START_WORKER, "10.0.0.5", env={"HETERO_RAY_NODE_ENV": str(settings)}, gpu=True, dry_run=True)
+    args = _dry_run_args(result.stdout)
+    assert _options(args)["num-cpus"] == "6" and _labels(args)[GPU_MODEL_LABEL] == "nvidia-l4"
+
+
+def test_unsafe_settings_are_loud(node):
+    result = node.run(START_HEAD, env={"HETERO_RAY_DASHBOARD_HOST": "0.0.0.0"}, dry_run=True)
+    assert result.returncode == 0 and "WARNING" in result.stderr and "0.0.0.0" in result.stderr
+    result = node.run(START_WORKER, "10.0.0.5", env={"RAY_AUTH_MODE": "disabled"}, dry_run=True)
+    assert result.returncode == 0 and "WARNING" in result.stderr and "run code" in result.stderr
+    assert "RAY_AUTH_MODE=disabled" in result.stdout
+
+
+def test_a_token_file_others_can_read_is_reported(node):
+    node.give_token()
+    node.token_file.chmod(0o644)
+    result = node.run(START_WORKER, "10.0.0.5", dry_run=True)
+    assert result.returncode == 0 and "chmod 600" in result.stderr
+
+
+# --- the cluster-launcher YAML (on-premise machines)
+
+
+def _launcher() -> dict:
+    with open(LAUNCHER_YAML) as f:
+        return yaml.safe_load(f)
+
+
+def test_launcher_yaml_is_accepted_by_rays_own_validation():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = _launcher()
+    prepared = prepare_config(copy.deepcopy(config))
+    validate_config(prepared)
+    assert config["provider"]["type"] == "local"
+    assert config["provider"]["head_ip"] and len(config["provider"]["worker_ips"]) == 2
+    assert prepared["available_node_types"]["local.cluster.node"]["min_workers"] == 2
+
+
+def test_launcher_yaml_cannot_declare_node_types_so_the_scripts_label_each_machine():
+    """Ray's on-premise provider aborts on available_node_types: the per-machine device
+    labels can only come from the start scripts, which the start commands must call."""
+    from ray.autoscaler._private.util import prepare_config
+
+    config = _launcher()
+    assert "available_node_types" not in config
+    with pytest.raises(BaseException, match="available_node_types is not supported"):
+        prepare_config(dict(config, available_node_types={"gpu": {"node_config": {}, "resources": {}}}))
+    head = " ".join(config["head_start_ray_commands"])
+    worker = " ".join(config["worker_start_ray_commands"])
+    assert "cluster_configs/start_head.sh" in head and "--autoscaling-config=~/ray_bootstrap_config.yaml" in head
+    assert "cluster_configs/start_worker.sh $RAY_HEAD_IP:6379" in worker
+    assert "ray start" not in head + worker  # every node goes through the scripts (labels, token)
+
+
+def test_launcher_yaml_ships_the_token_and_keeps_the_dashboard_on_loopback():
+    config = _launcher()
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert config["file_mounts"]["~/hetero_ray"] == "."
+    assert ".gitignore" in config["rsync_filter"]  # .venv/ and runs/ stay home
+    commands = " ".join(config["head_start_ray_commands"] + config["worker_start_ray_commands"])
+    hosts = re.findall(r"HETERO_RAY_DASHBOARD_HOST=(\S+)", commands)
+    assert hosts and all(h in LOOPBACK for h in hosts)
+    assert "0.0.0.0" not in open(LAUNCHER_YAML).read()
+    assert "RAY_AUTH_MODE=disabled" not in commands
+
+
+# --- the KubeRay manifest
+
+
+def _kuberay() -> tuple[dict, list[dict]]:
+    with open(KUBERAY_YAML) as f:
+        documents = [d for d in yaml.safe_load_all(f) if d]
+    (cluster,) = [d for d in documents if d["kind"] == "RayCluster"]
+    return cluster, documents
+
+
+def _groups(cluster: dict) -> dict[str, dict]:
+    groups = {"head": cluster["spec"]["headGroupSpec"]}
+    groups.update({g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]})
+    return groups
+
+
+def _containers(group: dict) -> list[dict]:
+    return group["template"]["spec"]["containers"]
+
+
+def test_kuberay_cluster_has_a_gpu_and_a_cpu_worker_group_labelled_for_the_code():
+    from ray._private.label_utils import validate_node_label_syntax
+
+    cluster, _ = _kuberay()
+    assert cluster["apiVersion"] == "ray.io/v1"
+    groups = _groups(cluster)
+    assert set(groups) == {"head", "gpu-workers", "cpu-workers"}
+    assert groups["gpu-workers"]["labels"][DEVICE_LABEL] == "gpu"
+    assert groups["gpu-workers"]["labels"][GPU_MODEL_LABEL]
+    assert groups["cpu-workers"]["labels"] == {DEVICE_LABEL: "cpu"}
+    assert groups["head"]["labels"][DEVICE_LABEL] in ("gpu", "cpu")
+    for name, group in groups.items():
+        validate_node_label_syntax(group["labels"])  # what Ray accepts as node labels
+        assert {k for k in group["labels"] if k.startswith("hetero-ray.io/")} <= {DEVICE_LABEL, GPU_MODEL_LABEL}
+        # KubeRay >= 1.5 rejects labels in rayStartParams ("use the top-level Labels field").
+        assert "labels" not in group.get("rayStartParams", {}), name
+        # KubeRay's rayStartParams is map[string]string.
+        assert all(isinstance(v, str) for v in group.get("rayStartParams", {}).values()), name
+
+
+def test_kuberay_gpu_group_requests_gpus_and_cpu_group_none():
+    cluster, _ = _kuberay()
+    groups = _groups(cluster)
+    for container in _containers(groups["gpu-workers"]):
+        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    for name in ("cpu-workers", "head"):
+        for container in _containers(groups[name]):
+            assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+            assert "nvidia.com/gpu" not in container["resources"].get("requests", {})
+    assert groups["cpu-workers"]["rayStartParams"]["num-gpus"] == "0"
+
+
+def test_kuberay_every_ray_container_uses_the_token_from_the_secret():
+    cluster, documents = _kuberay()
+    secrets = set()
+    for name, group in _groups(cluster).items():
+        for container in _containers(group):
+            env = {e["name"]: e for e in container.get("env", [])}
+            assert env["RAY_AUTH_MODE"]["value"] == "token", name
+            ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert "value" not in env["RAY_AUTH_TOKEN"], name  # never a token in the manifest
+            secrets.add((ref["name"], ref["key"]))
+    assert len(secrets) == 1  # one cluster, one token
+    assert not [d for d in documents if d["kind"] == "Secret"]  # created with kubectl, not checked in
+
+
+def test_kuberay_dashboard_and_ports_are_not_exposed():
+    cluster, documents = _kuberay()
+    head = cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["dashboard-host"] in LOOPBACK
+    assert head.get("serviceType", "ClusterIP") == "ClusterIP"
+    assert not [d for d in documents if d["kind"] in ("Service", "Ingress")]
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    own_pods = {"ray.io/cluster": cluster["metadata"]["name"]}
+    assert policy["spec"]["podSelector"]["matchLabels"] == own_pods
+    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [[{"podSelector": {"matchLabels": own_pods}}]]
+
+
+def test_kuberay_ray_version_is_the_one_the_project_pins():
+    import ray
+
+    cluster, _ = _kuberay()
+    assert cluster["spec"]["rayVersion"] == ray.__version__

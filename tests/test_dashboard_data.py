@@ -1,0 +1,399 @@
+"""The app's data access: run keys that cannot escape --runs-dir, run discovery, tables
+cached by modification time (parts of a running run read incrementally), offline and
+live sources, the Ray bridge's failure modes, and the dashboard command's checks.
+
+Also home of the small run-directory builders the other dashboard tests import.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboards.data import (
+    LiveRunSource, OfflineRunSource, RunCatalog, RunNotFound, TableCache, list_offline_runs,
+    normalise_nodes, resolve_run_dir,
+)
+from hetero_ray.metrics import run_files
+from hetero_ray.metrics.records import STEP_COLUMNS
+from hetero_ray.metrics.store import MetricsStore
+
+
+# ---- builders shared with the other dashboard tests ---------------------------------------
+
+def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_step: int = 0,
+               attempt: int = 0, start_wall: float = 1000.0, gpu: bool = False) -> pd.DataFrame:
+    """Step rows of a small run: rank i has local batch ``batches[i]`` and busy time ``busy[i]``."""
+    rows = []
+    for g in range(first_step, first_step + num_steps):
+        step_time = max(busy) + 0.01
+        for rank, (b, t) in enumerate(zip(batches, busy)):
+            row = {c: np.nan for c in STEP_COLUMNS}
+            row.update(epoch=g // 10, step=g % 10, global_step=g, rank=rank, node_id=f"node-{rank}", attempt=attempt,
+                       local_batch_size=b, global_batch_size=sum(batches), plan_version=0, data_time_s=0.001,
+                       forward_time_s=t / 3, backward_time_s=t * 2 / 3 - 0.001, pad_time_s=0.0,
+                       optimizer_time_s=0.002, busy_time_s=t, wait_time_s=step_time - t - 0.002,
+                       step_time_s=step_time, loss=2.0 - g * 0.01, lr=0.1,
+                       wall_time=start_wall + (g + 1) * step_time)
+            if gpu:
+                row.update(gpu_util=50.0 + rank, gpu_mem_used_bytes=2e9, gpu_mem_peak_bytes=3e9,
+                           gpu_mem_total_bytes=16e9, gpu_temp_c=60.0, gpu_power_w=150.0)
+            rows.append(row)
+    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+
+
+def write_run(run_dir, num_steps: int = 40, policy: str = "static", batches=(6, 2), busy=(0.06, 0.04),
+              finish: bool = True, decisions: bool = False, reason: str = "initial plan") -> str:
+    """A run directory written by the real writer (MetricsStore), like a training run leaves it."""
+    run_dir = str(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {
+        "experiment_name": os.path.basename(run_dir), "policy": policy, "num_workers": len(batches),
+        "batch_size": sum(batches), "epochs": num_steps // 10, "num_samples": 10 * sum(batches),
+        "dataset": "synthetic_image", "model": "mlp"})
+    store = MetricsStore(run_dir, os.path.basename(run_dir), parquet_flush_interval_s=3600)
+    store.begin_attempt(0, num_workers=len(batches))
+    store.add_plan({"plan_version": 0, "first_global_step": 0, "epoch": 0, "step": 0, "attempt": 0,
+                    "num_workers": len(batches), "global_batch_size": sum(batches),
+                    "local_batch_sizes": list(batches), "reason": reason, "wall_time": 1000.0})
+    steps = make_steps(num_steps, batches, busy)
+    store.add(steps=steps.to_dict("records"))
+    for epoch in range(num_steps // 10):
+        store.add_epoch({"epoch": epoch, "global_step": epoch * 10 + 9, "attempt": 0, "train_loss": 2 - epoch * 0.1,
+                         "eval_loss": 2.1 - epoch * 0.1, "eval_metric": 0.3 + 0.1 * epoch, "eval_metric_name": "accuracy",
+                         "samples": 10 * sum(batches), "epoch_time_s": 1.0, "samples_per_s": 100.0,
+                         "wall_time": 1000.0 + (epoch + 1) * 10 * 0.07})
+    if decisions:
+        for g in range(10, num_steps, 10):
+            store.add_decision({"global_step": g, "policy": policy, "adopted": g == 20, "reason": reason,
+                                "plan_version": 0, "local_batch_sizes": list(batches), "predicted_step_time_s": 0.06,
+                                "current_predicted_step_time_s": 0.07, "predicted_gain": 0.14,
+                                "achieved_step_time_s": 0.068, "wall_time": 1000.0 + g * 0.07})
+    if finish:
+        store.finalize()
+        run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), {
+            "experiment_name": os.path.basename(run_dir), "status": "finished", "steady_samples_per_s": 110.0})
+    else:
+        store.flush()
+    return run_dir
+
+
+# ---- run keys cannot leave --runs-dir ------------------------------------------------------
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "alpha")
+    write_run(root / "group" / "beta")
+    (root / "not-a-run").mkdir()
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "config.json").write_text("{}")  # looks like a run, but outside runs/
+    return str(root)
+
+
+@pytest.mark.parametrize("name", [
+    "../secret", "alpha/../../secret", "..", ".", "", "/etc", "/", "~root", "alpha\\..\\..\\secret",
+    "alpha//x", "alpha/./", "al\x00pha", "a" * 600, "not-a-run", "missing",
+    "%2e%2e/secret",  # URL-encoded: taken literally, no such run
+])
+def test_run_names_that_escape_or_name_no_run_are_refused(runs_dir, name):
+    with pytest.raises(RunNotFound):
+        resolve_run_dir(runs_dir, name)
+
+
+def test_a_symlink_out_of_the_runs_folder_is_refused(runs_dir, tmp_path):
+    os.symlink(tmp_path / "secret", os.path.join(runs_dir, "link"))
+    with pytest.raises(RunNotFound):
+        resolve_run_dir(runs_dir, "link")
+    assert "link" not in {e.name for e in list_offline_runs(runs_dir)}
+
+
+def test_runs_under_the_folder_resolve(runs_dir):
+    assert resolve_run_dir(runs_dir, "alpha") == os.path.realpath(os.path.join(runs_dir, "alpha"))
+    assert resolve_run_dir(runs_dir, "group/beta").endswith(os.path.join("group", "beta"))
+
+
+@pytest.mark.parametrize("key", ["offline:../secret", "offline:/etc", "live:anything", "alpha", None, 5, "offline:"])
+def test_catalog_refuses_bad_keys(runs_dir, key):
+    with pytest.raises(RunNotFound):
+        RunCatalog(runs_dir).source(key)
+
+
+def test_run_list_finds_nested_runs_and_their_status(runs_dir, tmp_path):
+    write_run(os.path.join(runs_dir, "gamma"), finish=False)  # parts only, just written: running
+    entries = {e.name: e for e in list_offline_runs(runs_dir)}
+    assert set(entries) == {"alpha", "group/beta", "gamma"}
+    assert entries["alpha"].status == "finished" and entries["gamma"].status == "running"
+    assert entries["group/beta"].key == "offline:group/beta"
+    assert list_offline_runs(str(tmp_path / "nothing-here")) == []
+
+
+# ---- tables cached by modification time -----------------------------------------------------
+
+def test_parts_of_a_running_run_are_read_incrementally(tmp_path):
+    run_dir = str(tmp_path)
+    store = MetricsStore(run_dir, "x", parquet_flush_interval_s=3600)
+    store.begin_attempt(0, 2)
+    cache = TableCache()
+    store.add(steps=make_steps(5).to_dict("records"))
+    store.flush()
+    first, signature = cache.read(run_dir, "steps")
+    assert len(first) == 10
+    again, same = cache.read(run_dir, "steps")
+    assert again is first and same == signature  # nothing changed: nothing read
+    store.add(steps=make_steps(3, first_step=5).to_dict("records"))
+    store.flush()
+    grown, newer = cache.read(run_dir, "steps")
+    assert len(grown) == 16 and newer != signature
+    assert list(grown["global_step"].drop_duplicates()) == list(range(8))
+    store.finalize()  # parts merged into steps.parquet
+    merged, _ = cache.read(run_dir, "steps")
+    assert len(merged) == 16
+
+
+def test_rows_of_redone_steps_are_dropped_after_a_restart(tmp_path):
+    run_dir = str(tmp_path)
+    store = MetricsStore(run_dir, "x", parquet_flush_interval_s=3600)
+    store.begin_attempt(0, 2)
+    store.add(steps=make_steps(10).to_dict("records"))
+    store.begin_attempt(6, 2)  # resumed from a checkpoint at step 6: steps 6..9 are redone
+    store.add(steps=make_steps(4, first_step=6, attempt=1).to_dict("records"))
+    store.flush()
+    steps, _ = TableCache().read(run_dir, "steps")
+    assert len(steps) == 20
+    assert set(steps[steps["global_step"] >= 6]["attempt"]) == {1}
+
+
+def test_offline_source_version_changes_with_the_files(runs_dir):
+    source = RunCatalog(runs_dir).source("offline:alpha")
+    version = source.version()
+    assert source.version() == version
+    time.sleep(0.01)
+    run_files.write_json(os.path.join(source.run_dir, run_files.NODES_FILE), {"nodes": [{"node_id": "n"}]})
+    assert source.version() != version
+    assert source.nodes() == [{"node_id": "n"}]
+
+
+def test_offline_bottlenecks_prefer_the_summary(runs_dir):
+    source = RunCatalog(runs_dir).source("offline:alpha")
+    path = os.path.join(source.run_dir, run_files.SUMMARY_FILE)
+    summary = run_files.read_json(path)
+    verdict = {"rank": 1, "node_id": "node-1", "verdict": "straggler", "evidence": {}, "recommendation": "move work"}
+    run_files.write_json(path, {**summary, "bottlenecks": [verdict]})
+    assert source.bottlenecks() == ([verdict], None)
+
+
+def test_nodes_are_normalised():
+    assert normalise_nodes({"nodes": [{"node_id": "a"}, "junk"]}) == [{"node_id": "a"}]
+    assert normalise_nodes([{"node_id": "b"}]) == [{"node_id": "b"}]
+    assert normalise_nodes(None) == [] and normalise_nodes("x") == []
+
+
+# ---- live sources ---------------------------------------------------------------------------
+
+class StoreBridge:
+    """The bridge's interface over an in-process MetricsStore (what the actor would answer)."""
+
+    def __init__(self, store: MetricsStore):
+        self.store = store
+        self.gone = False
+        self.down = False
+        self.calls = 0
+
+    def _check(self):
+        from dashboards.ray_bridge import BridgeUnavailable, ExperimentGone
+
+        if self.down:
+            raise BridgeUnavailable("lost connection to the Ray cluster at 10.0.0.1:6379; retrying every 5 s")
+        if self.gone:
+            raise ExperimentGone("experiment 'x' ended")
+
+    def updates(self, experiment, cursors, limit=50_000):
+        self._check()
+        self.calls += 1
+        return self.store.updates_since(cursors, limit)
+
+    def call(self, experiment, method, **kwargs):
+        self._check()
+        return getattr(self.store, method)(**kwargs)
+
+    def experiments(self):
+        self._check()
+        return [self.store.experiment_name]
+
+    def nodes(self):
+        return [{"node_id": "n1", "ip": "10.0.0.1", "alive": True, "resources": {"CPU": 8.0}}]
+
+    def status(self):
+        return {"state": "lost" if self.down else "connected", "address": "10.0.0.1:6379",
+                "message": "lost connection" if self.down else "live: connected"}
+
+
+@pytest.fixture
+def live(tmp_path):
+    store = MetricsStore(str(tmp_path / "live-run"), "live-run", parquet_flush_interval_s=3600)
+    os.makedirs(store.run_dir, exist_ok=True)
+    store.begin_attempt(0, 2)
+    bridge = StoreBridge(store)
+    source = LiveRunSource("live:live-run", "live-run", bridge, config={"epochs": 1})
+    return store, bridge, source
+
+
+def refresh(source):
+    source._last_refresh = 0.0  # the throttle shares one round trip between browsers; not wanted here
+    source.refresh()
+
+
+def test_live_source_fetches_increments(live):
+    store, bridge, source = live
+    store.add(steps=make_steps(5).to_dict("records"))
+    refresh(source)
+    assert len(source.steps()) == 10 and source.version() == 1
+    refresh(source)
+    assert len(source.steps()) == 10 and source.version() == 1  # nothing new: same version
+    store.add(steps=make_steps(2, first_step=5).to_dict("records"))
+    refresh(source)
+    assert len(source.steps()) == 14 and source.version() == 2
+    assert source.status() == "running" and source.active()
+
+
+def test_live_source_keeps_a_bounded_window(live):
+    store, bridge, source = live
+    source._max_rows = 8
+    store.add(steps=make_steps(10).to_dict("records"))
+    refresh(source)
+    steps = source.steps()
+    assert len(steps) == 8 and steps["global_step"].min() == 6
+    assert "most recent 8 step rows" in source.notice()
+
+
+def test_live_source_says_when_the_run_ended_or_the_cluster_is_gone(live):
+    store, bridge, source = live
+    store.add(steps=make_steps(2).to_dict("records"))
+    refresh(source)
+    bridge.down = True
+    refresh(source)
+    assert "lost connection to the Ray cluster" in source.notice() and len(source.steps()) == 4
+    bridge.down, bridge.gone = False, True
+    refresh(source)
+    assert source.status() == "finished" and not source.active() and "has ended" in source.notice()
+
+
+def test_catalog_lists_live_runs_first_and_maps_an_ended_one_to_its_directory(live, tmp_path):
+    store, bridge, _ = live
+    catalog = RunCatalog(str(tmp_path), bridge=bridge)
+    write_run(store.run_dir)  # the live run's directory is under runs_dir
+    entries = catalog.entries()
+    assert entries[0].key == "live:live-run" and entries[0].live
+    source = catalog.source("live:live-run")
+    assert source.offline_key == "offline:live-run" and source.config()["policy"] == "static"
+    bridge.gone = True
+    refresh(source)
+    assert catalog.successor("live:live-run") == "offline:live-run"
+
+
+# ---- the Ray bridge and the dashboard command -----------------------------------------------
+
+def test_bridge_refuses_queries_that_are_not_store_reads():
+    from dashboards.ray_bridge import RayBridge
+
+    with pytest.raises(ValueError, match="not a metrics-store query"):
+        RayBridge("127.0.0.1:1").call("exp", "finalize")
+
+
+def test_bridge_to_an_address_where_nothing_listens_fails_fast():
+    from dashboards.ray_bridge import BridgeUnavailable, RayBridge
+
+    bridge = RayBridge("127.0.0.1:1", connect_timeout_s=5)
+    started = time.monotonic()
+    with pytest.raises(BridgeUnavailable, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        bridge.start(wait=True)
+    assert time.monotonic() - started < 30
+    assert bridge.status()["state"] == "lost"
+    with pytest.raises(BridgeUnavailable, match="lost connection to the Ray cluster at 127.0.0.1:1; retrying"):
+        bridge.experiments()
+    bridge.close()
+
+
+def test_dashboard_command_address_choice(monkeypatch):
+    from hetero_ray.cli import dashboard
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(dashboard, "local_ray_running", lambda: False)
+    assert dashboard.resolve_address("10.0.0.5:6379") == ("10.0.0.5:6379", "--address")
+    assert dashboard.resolve_address(None)[0] is None
+    monkeypatch.setattr(dashboard, "local_ray_running", lambda: True)
+    assert dashboard.resolve_address(None)[0] == "auto"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6379")
+    assert dashboard.resolve_address(None) == ("10.0.0.6:6379", "RAY_ADDRESS")
+
+
+def run_cli(argv, capsys):
+    from hetero_ray.cli.main import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_dashboard_command_rejects_a_bad_port(tmp_path, capsys):
+    code, _, err = run_cli(["dashboard", "--runs-dir", str(tmp_path), "--port", "70000"], capsys)
+    assert code == 2 and "--port must be in 1..65535" in err
+
+
+def test_dashboard_command_fails_fast_on_an_unreachable_address(tmp_path, capsys):
+    code, _, err = run_cli(["dashboard", "--runs-dir", str(tmp_path), "--address", "127.0.0.1:1"], capsys)
+    assert code == 2 and "cannot reach a Ray cluster at 127.0.0.1:1" in err
+
+
+def test_dashboard_command_warns_when_exposed_and_serves_offline(tmp_path, capsys, monkeypatch):
+    from dashboards import app as app_module
+    from hetero_ray.cli import dashboard
+
+    served = {}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(dashboard, "local_ray_running", lambda: False)
+    monkeypatch.setattr(app_module, "serve", lambda app, host, port: served.update(host=host, port=port, app=app))
+    code, out, err = run_cli(["dashboard", "--runs-dir", str(tmp_path), "--host", "0.0.0.0", "--port", "8123"], capsys)
+    assert code == 0 and served["host"] == "0.0.0.0" and served["port"] == 8123
+    assert "WARNING: listening on 0.0.0.0" in err and "ssh -L 8123:127.0.0.1:8123" in err
+    assert "offline only" in out
+    code, out, err = run_cli(["dashboard", "--runs-dir", str(tmp_path)], capsys)
+    assert code == 0 and served["host"] == "127.0.0.1" and "WARNING" not in err
+
+
+def test_offline_source_is_an_offline_run_source(runs_dir):
+    assert isinstance(RunCatalog(runs_dir).source("offline:group/beta"), OfflineRunSource)
+
+
+@pytest.mark.ray
+def test_bridge_says_it_lost_the_cluster_and_reconnects(ray_session):
+    """The child holding the Ray connection dies (as it does ~60 s after a GCS is gone):
+    queries fail at once with the retrying message, and a new child takes over."""
+    from dashboards.ray_bridge import BridgeUnavailable, RayBridge
+
+    address = ray_session.get_runtime_context().gcs_address
+    bridge = RayBridge(address, retry_s=1.0)
+    bridge.start(wait=True)
+    try:
+        assert isinstance(bridge.experiments(), list) and bridge.status()["state"] == "connected"
+        bridge._process.kill()
+        bridge._process.wait(10)
+        with pytest.raises(BridgeUnavailable, match=f"lost connection to the Ray cluster at {address}; retrying"):
+            for _ in range(20):  # the supervisor notices within retry_s; a request may notice first
+                bridge.experiments()
+                time.sleep(0.25)
+        deadline = time.monotonic() + 60
+        while bridge.status()["state"] != "connected":
+            assert time.monotonic() < deadline, bridge.status()
+            time.sleep(0.5)
+        assert isinstance(bridge.experiments(), list)
+    finally:
+        bridge.close()

@@ -1,0 +1,59 @@
+"""Mixed GPU/CPU workers: the device each worker picks, and where workers may be placed.
+
+Fake nodes stand in for GPU machines (none here): the decisions are pure functions.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero_ray.config import TrainConfig
+from hetero_ray.constants import DEVICE_LABEL
+from hetero_ray.runtime.cluster import NodeResources, placeable_workers, unmatched_selectors
+from hetero_ray.runtime.progress import restart_message
+from hetero_ray.training.devices import choose_device
+
+
+@pytest.mark.parametrize("mode,label,local_rank,gpus,kind,index,hide", [
+    ("gpu", None, 0, 1, "gpu", None, False),    # Ray assigned the GPU
+    ("cpu", None, 0, 4, "cpu", None, True),     # CPU job on a GPU machine: hide the GPUs
+    ("cpu", None, 0, 0, "cpu", None, False),
+    ("mixed", "gpu", 0, 2, "gpu", 0, False),
+    ("mixed", "gpu", 1, 2, "gpu", 1, False),    # second worker on a 2-GPU node: the second GPU
+    ("mixed", "cpu", 0, 2, "cpu", None, True),  # CPU worker on a machine with GPUs must not grab one
+    ("mixed", None, 0, 0, "cpu", None, False),  # unlabelled node: CPU
+])
+def test_choose_device(mode, label, local_rank, gpus, kind, index, hide):
+    choice = choose_device(mode, label, local_rank, gpus)
+    assert (choice.kind, choice.cuda_index, choice.hide_gpus) == (kind, index, hide)
+    assert choice.warning is None
+
+
+def test_gpu_label_without_cuda_falls_back_to_cpu_and_says_so():
+    choice = choose_device("mixed", "gpu", 0, 0)
+    assert choice.kind == "cpu" and "no CUDA device" in choice.warning
+    choice = choose_device("mixed", "gpu", 3, 2)
+    assert choice.kind == "cpu" and choice.hide_gpus and "only 2 GPU" in choice.warning
+
+
+def test_worker_devices_become_label_selectors():
+    config = TrainConfig(num_workers=3, batch_size=48, worker_devices=["gpu", "gpu", "cpu"], experiment_name="x")
+    assert config.mixed_devices
+    assert config.label_selectors() == [{DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "cpu"}]
+
+
+def test_selectors_no_node_satisfies_are_reported():
+    nodes = [NodeResources("a", "10.0.0.1", 8, 1, {DEVICE_LABEL: "gpu"}),
+             NodeResources("b", "10.0.0.2", 16, 0, {DEVICE_LABEL: "cpu"})]
+    assert unmatched_selectors(nodes, [{DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "cpu"}]) == []
+    assert unmatched_selectors(nodes, [{DEVICE_LABEL: "tpu"}]) == [{DEVICE_LABEL: "tpu"}]
+    assert placeable_workers(nodes, cpus_per_worker=4, gpus_per_worker=0) == 6
+    assert placeable_workers(nodes, cpus_per_worker=4, gpus_per_worker=1) == 1
+
+
+def test_restart_message_names_lost_nodes_and_the_resume_step():
+    message = restart_message({"attempt": 0, "num_workers": 4, "start_global_step": 0},
+                              {"attempt": 1, "num_workers": 3, "start_global_step": 1200},
+                              {"node-aaaaaaaa", "node-bbbbbbbb"}, {"node-aaaaaaaa"})
+    assert message == ("node node-bbb lost; continuing with 3 workers from step 1200 "
+                       "(was 4; same global batch, plan recomputed)")
