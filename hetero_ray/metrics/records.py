@@ -19,7 +19,16 @@ TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, DECISIONS)
 # Tables whose rows belong to a global step, and so to the run's effective trajectory:
 # rows of steps that were redone after a restart are replaced by the redone ones.
 TRAJECTORY_TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS)
-STEP_COLUMN = {PLANS: "first_global_step"}  # the global-step column, where not "global_step"
+STEP_COLUMN = {PLANS: "first_global_step"}
+
+# What identifies a row: a row received twice (a retried call, a replayed log) is one row.
+KEY_COLUMNS: dict[str, tuple[str, ...]] = {
+    STEPS: ("attempt", "global_step", "rank"),
+    SAMPLE_IDS: ("attempt", "global_step", "rank", "sample_index"),
+    PLANS: ("attempt", "plan_version", "first_global_step"),
+    EPOCHS: ("attempt", "epoch", "global_step"),
+    DECISIONS: ("global_step", "policy", "wall_time"),
+}  # the global-step column, where not "global_step"
 
 _f64 = pa.float64()
 _i64 = pa.int64()

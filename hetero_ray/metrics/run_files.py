@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hetero_ray.metrics.records import SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
+from hetero_ray.metrics.records import KEY_COLUMNS, SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
 from hetero_ray.metrics.trajectory import effective_rows
 
 CONFIG_FILE = "config.json"
@@ -118,12 +118,15 @@ def read_raw_table(run_dir: str, table: str) -> pd.DataFrame:
     merged = table_path(run_dir, table)
     if os.path.exists(merged):
         frames.append(pq.read_table(merged).to_pandas())
-    for path in sorted(glob.glob(os.path.join(parts_dir(run_dir, table), "part-*.parquet"))):
-        frames.append(pq.read_table(path).to_pandas())
+    part_paths = sorted(glob.glob(os.path.join(parts_dir(run_dir, table), "part-*.parquet")))
+    frames.extend(pq.read_table(path).to_pandas() for path in part_paths)
     frames = [f for f in frames if not f.empty]
     if not frames:
         return SCHEMAS[table].empty_table().to_pandas()
-    return pd.concat(frames, ignore_index=True)
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if part_paths:  # a merged file is already clean; parts may repeat a retried or replayed batch
+        df = df.drop_duplicates(subset=list(KEY_COLUMNS[table]), keep="last", ignore_index=True)
+    return df
 
 
 def read_table(run_dir: str, table: str) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import glob
+import json
 import os
 import time
 from typing import Any, Optional
@@ -25,6 +26,7 @@ from hetero_ray.metrics.records import (
     DECISIONS, EPOCHS, PLANS, SAMPLE_IDS, STEPS, TABLES, to_table,
 )
 
+WAL_FILE = "pending.jsonl"  # in <run_dir>/parts/: rows received but not yet in a Parquet part
 _PROGRESS_STEPS_KEPT = 200  # per-step totals kept for the progress view
 _ARRIVAL_SLACK_STEPS = 64  # ranks send rows in batches: how far arrival order may lag steps
 
@@ -50,11 +52,16 @@ class MetricsStore:
         self._workers: dict[int, dict] = {}
         self._latest_by_rank: dict[int, dict] = {}
         self._step_totals: collections.OrderedDict[int, dict] = collections.OrderedDict()
-        self._plans: list[dict] = []
-        self._epochs: list[dict] = []
-        self._decisions: list[dict] = []
-        self._nodes: Optional[list[dict]] = run_files.read_json(self._path(run_files.NODES_FILE))
+        nodes = run_files.read_json(self._path(run_files.NODES_FILE))
+        self._nodes: Optional[list[dict]] = nodes.get("nodes") if isinstance(nodes, dict) else nodes
         self._finalized = False
+        self._wal_path = os.path.join(run_dir, run_files.PARTS_DIR, WAL_FILE)
+        self._wal = None  # opened on first write
+        self._replay_wal()
+        # After a restart of this actor (or --resume), the small tables come back from disk.
+        self._plans: list[dict] = _records(run_files.read_table(run_dir, PLANS))
+        self._epochs: list[dict] = _records(run_files.read_table(run_dir, EPOCHS))
+        self._decisions: list[dict] = _records(run_files.read_table(run_dir, DECISIONS))
 
     # ---- writers (workers, driver) -------------------------------------------------
 
@@ -79,29 +86,32 @@ class MetricsStore:
 
     def add(self, steps: Optional[list[dict]] = None, sample_ids: Optional[list[dict]] = None) -> None:
         """A worker's batch of step rows and (compact) sample-id rows."""
-        for row in steps or ():
+        steps = list(steps or ())
+        for row in steps:
             self._cursor += 1
             self._recent_steps.append((self._cursor, row))
-            self._pending[STEPS].append(row)
             self._aggregate(row)
+        self._queue(STEPS, steps)
+        id_rows = []
         for row in sample_ids or ():
             base = {k: row[k] for k in ("epoch", "step", "global_step", "rank", "attempt")}
-            self._pending[SAMPLE_IDS].extend({**base, "sample_index": int(i)} for i in row["sample_indices"])
+            id_rows.extend({**base, "sample_index": int(i)} for i in row["sample_indices"])
+        self._queue(SAMPLE_IDS, id_rows)
         self._maybe_flush()
 
     def add_plan(self, row: dict) -> None:
         self._plans.append(row)
-        self._pending[PLANS].append(row)
+        self._queue(PLANS, [row])
         self._maybe_flush()
 
     def add_epoch(self, row: dict) -> None:
         self._epochs.append(row)
-        self._pending[EPOCHS].append(row)
+        self._queue(EPOCHS, [row])
         self._maybe_flush(force=True)  # rare and valuable: on disk at once
 
     def add_decision(self, row: dict) -> None:
         self._decisions.append(row)
-        self._pending[DECISIONS].append(row)
+        self._queue(DECISIONS, [row])
         self._maybe_flush()
 
     def set_nodes(self, nodes: list[dict]) -> None:
@@ -308,19 +318,72 @@ class MetricsStore:
     # ---- persistence ---------------------------------------------------------------
 
     def flush(self) -> None:
+        """Pending rows become Parquet parts; then the write-ahead log can start over."""
         for table, rows in self._pending.items():
             if rows:
                 self._part_sequence += 1
                 run_files.write_part(self.run_dir, table, to_table(table, rows), self._part_sequence)
                 self._pending[table] = []
+        self._truncate_wal()
         self._last_flush = time.monotonic()
 
     def finalize(self) -> dict[str, Optional[str]]:
         """Writes what is pending and merges every table into its final Parquet file."""
         self.flush()
+        self._close_wal(remove=True)
         merged = {table: run_files.merge_parts(self.run_dir, table) for table in TABLES}
         self._finalized = True
         return merged
+
+    # ---- write-ahead log -----------------------------------------------------------
+    # Rows wait in memory up to a flush interval before they reach Parquet. So that a
+    # crash of this actor loses none of them, every row is first appended to a JSON-lines
+    # log (one line per row, flushed to the OS at once); a restarted store replays it.
+    # A row both in a part and in the log (crash between the two) is read once: readers
+    # drop duplicates on each table's key (records.KEY_COLUMNS).
+
+    def _queue(self, table: str, rows: list[dict]) -> None:
+        if not rows:
+            return
+        self._pending[table].extend(rows)
+        if self._wal is None:
+            os.makedirs(os.path.dirname(self._wal_path), exist_ok=True)
+            self._wal = open(self._wal_path, "a")
+        self._wal.write("".join(json.dumps({"t": table, "r": row}, default=float) + "\n" for row in rows))
+        self._wal.flush()
+
+    def _replay_wal(self) -> None:
+        try:
+            with open(self._wal_path) as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            return
+        replayed = 0
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the line being written when the actor died
+            self._pending[entry["t"]].append(entry["r"])
+            replayed += 1
+        if replayed:
+            self.flush()
+        else:
+            self._truncate_wal()
+
+    def _truncate_wal(self) -> None:
+        if self._wal is not None:
+            self._wal.seek(0)
+            self._wal.truncate()
+        elif os.path.exists(self._wal_path):
+            open(self._wal_path, "w").close()
+
+    def _close_wal(self, remove: bool = False) -> None:
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
+        if remove and os.path.exists(self._wal_path):
+            os.remove(self._wal_path)
 
     def _maybe_flush(self, force: bool = False) -> None:
         if force or time.monotonic() - self._last_flush >= self._flush_interval_s:
@@ -336,3 +399,13 @@ class MetricsStore:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
+
+
+def _records(df) -> list[dict]:
+    """Rows of a small table as plain dicts (lists instead of arrays)."""
+    rows = df.to_dict("records")
+    for row in rows:
+        for key, value in row.items():
+            if hasattr(value, "tolist"):
+                row[key] = value.tolist()
+    return rows
