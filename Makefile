@@ -1,9 +1,10 @@
 # hetero_ray: `make demo` and `make test` work on a fresh machine (they set everything up).
 VENV := .venv
 PY := $(VENV)/bin/python
-DEMO_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
+DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
+DEMO_NAME ?= demo-$(DEMO_STAMP)
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup setup-browser demo test test-fast bench clean
 
 setup:
 	@scripts/setup.sh
@@ -15,8 +16,9 @@ setup-browser:
 demo: setup
 	$(VENV)/bin/hetero-ray train --model simple_cnn --dataset synthetic_image \
 	  --num-samples 6144 --epochs 2 --batch-size 96 --num-workers 4 \
-	  --emulate-speeds 1,1,0.5,0.25 --policy proportional \
+	  --emulate-speeds 1,1,0.5,0.25 \
 	  --output-dir runs --experiment-name $(DEMO_NAME)
+	$(VENV)/bin/hetero-ray report runs/$(DEMO_NAME)
 
 ## The whole test suite (unit, real local Ray, real gloo groups, browser).
 test: setup-browser
@@ -25,9 +27,13 @@ test: setup-browser
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" -W ignore::DeprecationWarning
 
+## Benchmarks print figures and ratios (minutes each; not part of the tests).
 bench: setup
-	$(PY) jobs/bench_overhead.py
 	$(PY) jobs/bench_solver.py
+	$(PY) jobs/bench_overhead.py
+	$(PY) jobs/bench_balance.py --speed-change 100:1:0.5 --homogeneous-check
+	$(PY) jobs/bench_profiler_overhead.py
+	$(PY) jobs/bench_dashboard.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 from dash import dcc, html
 
+from hetero_ray.formatting import format_duration
+
 APP_TITLE = "hetero_ray"
 RUNS_REFRESH_MS = 5000  # the run list: new runs appear within this
 PAGE_REFRESH_MS = 1500  # a running run's page (the issue asks for 1–2 s)
@@ -106,16 +108,7 @@ def fmt(value: Any) -> str:
 
 
 def duration(seconds: Optional[float]) -> str:
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "–"
-    seconds = int(max(0, seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    return format_duration(seconds, compact=False)
 
 
 def number(value: Optional[float], digits: int = 0) -> str:

@@ -35,10 +35,13 @@ def free_port() -> int:
 
 
 def cgroup_unusable_reason() -> Optional[str]:
+    """Why a cgroup-capped node cannot be made here, or None."""
     if os.geteuid() != 0:
         return "needs root to create a cgroup"
     if not os.access(os.path.join(CGROUP_CPU_ROOT, "cpu.cfs_quota_us"), os.W_OK):
         return f"no writable cgroup v1 cpu controller at {CGROUP_CPU_ROOT}"
+    if not os.path.exists(RAY_CLI):
+        return "the `ray` command is not next to this Python"
     return None
 
 
@@ -110,13 +113,15 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
     if labels:
         command += " --labels=" + ",".join(f"{k}={v}" for k, v in labels.items())
     cgroup = None
-    if cpu_quota is not None:
+    if cpu_quota is not None:  # the process joins the cgroup first; the quota comes with set_cpu_quota
         cgroup = os.path.join(CGROUP_CPU_ROOT, f"hetero_ray_test_{os.path.basename(temp_dir)}")
         os.makedirs(cgroup, exist_ok=True)
         _write(os.path.join(cgroup, "cpu.cfs_period_us"), CFS_PERIOD_US)
         _write(os.path.join(cgroup, "cpu.cfs_quota_us"), -1)
         command = f"echo $$ > {cgroup}/cgroup.procs && {command}"
-    env = dict(os.environ, RAY_ADDRESS="")
+    # RAY_ADDRESS names this cluster to the node's processes: with several clusters on one
+    # machine, Ray Train's placement-group cleaner would otherwise not know which to ask.
+    env = dict(os.environ, RAY_ADDRESS=address or f"127.0.0.1:{port}")
     if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
         env["RAY_AUTH_MODE"] = "token"
     with open(log_path, "w") as log:

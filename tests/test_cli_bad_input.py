@@ -13,18 +13,15 @@ import time
 
 import pytest
 
-from hetero_ray.cli.main import main
+from tests import cli
 from tests.cifar_files import write_cifar10
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse rejects malformed flags itself (also exit 2)
-        code = e.code
-    return code, capsys.readouterr().err
+    code, _, err = cli.run_cli(argv, capsys)
+    return code, err
 
 
 def base_args(output_dir) -> list[str]:

@@ -21,6 +21,7 @@ from dashboards.data import (
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
+from tests.cli import run_cli
 
 
 # ---- builders shared with the other dashboard tests ---------------------------------------
@@ -331,16 +332,6 @@ def test_dashboard_command_address_choice(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6379")
     assert dashboard.resolve_address(None) == ("10.0.0.6:6379", "RAY_ADDRESS")
 
-
-def run_cli(argv, capsys):
-    from hetero_ray.cli.main import main
-
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_dashboard_command_rejects_a_bad_port(tmp_path, capsys):

@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 
@@ -22,11 +17,10 @@ import pytest
 from hetero_ray.profiling.capability import NodeCapability
 from hetero_ray.profiling.gpu import FakeGpuReader
 from hetero_ray.profiling.node_profiler import NodeProfiler, profile_cluster
+from tests.ray_nodes import CFS_PERIOD_US, cgroup_unusable_reason, set_cpu_quota, start_node
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-CGROUP_CPU_ROOT = "/sys/fs/cgroup/cpu"
-CFS_PERIOD_US = 100_000
 SLOW_QUOTA_US = 33_000  # a third of a core
 SLOW_RESOURCE = "slow_node"
 NODE_START_TIMEOUT_S = 120
@@ -145,30 +139,6 @@ def test_rank_gauges_reach_the_prometheus_endpoint(ray_session):
 # --- a node capped at a third of a core
 
 
-def _cgroup_usable() -> str | None:
-    """Why the cgroup test cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "needs root to create a cgroup"
-    if not os.access(os.path.join(CGROUP_CPU_ROOT, "cpu.cfs_quota_us"), os.W_OK):
-        return f"no writable cgroup v1 cpu controller at {CGROUP_CPU_ROOT}"
-    if shutil.which("ray", path=os.path.dirname(sys.executable)) is None:
-        return "the `ray` command is not next to this Python"
-    return None
-
-
-def _write(path: str, value) -> None:
-    with open(path, "w") as f:
-        f.write(f"{value}\n")
-
-
-def _cgroup_pids(cgroup: str) -> list[int]:
-    try:
-        with open(os.path.join(cgroup, "cgroup.procs")) as f:
-            return [int(line) for line in f if line.strip()]
-    except OSError:
-        return []
-
-
 @pytest.fixture(scope="module")
 def capped_node(ray_session, tmp_path_factory):
     """A second Ray node of the session cluster, every process of it capped at 1/3 core.
@@ -177,75 +147,26 @@ def capped_node(ray_session, tmp_path_factory):
     take a minute); the quota is set once the node has registered. Yields its node id.
     The node and the cgroup are removed afterwards, also when the test fails.
     """
-    reason = _cgroup_usable()
+    reason = cgroup_unusable_reason()
     if reason:
         pytest.skip(reason)
     ray = ray_session
-    cgroup = os.path.join(CGROUP_CPU_ROOT, f"hetero_ray_test_{os.getpid()}")
-    os.makedirs(cgroup, exist_ok=True)
-    log_path = tmp_path_factory.mktemp("capped_node") / "ray_start.log"
-    # A temp dir of its own: `ray start` writes ray_current_cluster there, and in the shared
-    # /tmp/ray that file would make every later plain ray.init() on this machine try to join
-    # this (soon dead) cluster. Short, because Ray's Unix socket paths live under it.
-    temp_dir = tempfile.mkdtemp(prefix="hrcap")
-    process = None
+    node = start_node(address=ray.get_runtime_context().gcs_address, num_cpus=1,
+                      resources={SLOW_RESOURCE: 1}, cpu_quota=SLOW_QUOTA_US / CFS_PERIOD_US,
+                      log_dir=str(tmp_path_factory.mktemp("capped_node")))
     try:
-        _write(os.path.join(cgroup, "cpu.cfs_period_us"), CFS_PERIOD_US)
-        _write(os.path.join(cgroup, "cpu.cfs_quota_us"), -1)
-        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-        env = dict(os.environ, RAY_AUTH_MODE="token")
-        command = (f"echo $$ > {cgroup}/cgroup.procs && exec {ray_cli} start --block "
-                   f"--address={ray.get_runtime_context().gcs_address} --num-cpus=1 "
-                   f"--resources='{{\"{SLOW_RESOURCE}\": 1}}' --object-store-memory=200000000 "
-                   f"--temp-dir={temp_dir} --disable-usage-stats")
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         node_id = None
         while node_id is None:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the capped Ray node did not start; ray start said:\n{log_path.read_text()[-3000:]}")
+            if node.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the capped Ray node did not start; ray start said:\n{node.log()}")
             node_id = next((n["NodeID"] for n in ray.nodes()
                             if n.get("Alive") and n["Resources"].get(SLOW_RESOURCE)), None)
             time.sleep(0.5)
-        _write(os.path.join(cgroup, "cpu.cfs_quota_us"), SLOW_QUOTA_US)
+        set_cpu_quota(node, SLOW_QUOTA_US / CFS_PERIOD_US)
         yield node_id
     finally:
-        if process is not None:
-            _stop_process_group(process)
-        for pid in _cgroup_pids(cgroup):  # whatever the node left behind (workers)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 20
-        while _cgroup_pids(cgroup) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:
-            os.rmdir(cgroup)
-        except OSError as e:
-            print(f"could not remove cgroup {cgroup}: {e}", file=sys.stderr)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _stop_process_group(process: subprocess.Popen) -> None:
-    """SIGTERM to `ray start --block` alone first (it stops its node's processes in order;
-    signalling them all at once makes the raylet complain that its agent died), then
-    SIGKILL to whatever of its process group is left."""
-    try:
-        process.terminate()
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
+        node.stop()
 
 
 def test_a_capped_node_measures_about_a_third_as_fast(ray_session, capped_node):

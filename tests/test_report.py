@@ -7,18 +7,10 @@ import re
 
 import pytest
 
-from hetero_ray.cli.main import main
 from hetero_ray.metrics import run_files
 from tests.test_dashboard_data import write_run
+from tests.cli import run_cli
 
-
-def run_cli(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -43,6 +44,9 @@ def run_summary_text(summary: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"results: {summary['run_dir']}  (summary.json, steps.parquet, plans.parquet, "
                  "epochs.parquet, model_final.pt)")
+    runs_dir = os.path.dirname(summary["run_dir"])
+    lines.append(f"look at it: hetero-ray dashboard --runs-dir {runs_dir}   (then http://127.0.0.1:8050)")
+    lines.append(f"            hetero-ray report {summary['run_dir']}   (one HTML file with the plots)")
     if summary.get("error"):
         lines.append(f"error: {summary['error']}")
     return "\n".join(lines)

@@ -8,16 +8,7 @@ from typing import Callable, Optional
 
 import ray
 
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+from hetero_ray.formatting import format_duration
 
 
 def format_progress(progress: dict, total_steps: int) -> Optional[str]:

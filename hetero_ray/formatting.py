@@ -1,0 +1,22 @@
+"""Numbers and durations as people read them, the same in the terminal and in the app."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+
+def format_duration(seconds: Optional[float], compact: bool = True) -> str:
+    """``75`` → ``1m15s`` (compact, for progress lines) or ``1 min 15 s``; ``–`` when unknown."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "–"
+    seconds = int(max(0, seconds))
+    s, m, h = ("s", "m", "h") if compact else (" s", " min", " h")
+    gap = "" if compact else " "
+    if seconds < 60:
+        return f"{seconds}{s}"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}{m}{gap}{seconds:02d}{s}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}{h}{gap}{minutes:02d}{m}"
