@@ -32,7 +32,7 @@ import torch
 from hetero_ray.constants import BALANCER_ROLE, METRICS_STORE_ROLE
 from hetero_ray.preflight import latest_checkpoint_dir
 from hetero_ray.runtime.actors import get_actor
-from tests.ray_nodes import local_cluster
+from hetero_ray.bench.local_cluster import local_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from hetero_ray.constants import DEVICE_LABEL, GPU_MODEL_LABEL
-from tests.ray_nodes import start_node, wait_for_nodes
+from hetero_ray.bench.local_cluster import start_node, wait_for_nodes
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Extra real Ray nodes on this machine, for multi-node tests.
+"""Real Ray nodes on this machine: multi-node tests and benchmarks without more machines.
 
 Each node is a `ray start --block` in its own process group and its own short temp dir:
 `ray start` writes `ray_current_cluster` into its temp dir, and in the shared /tmp/ray

@@ -1,0 +1,58 @@
+"""The balancer on a real, unannounced straggler: a two-node Ray cluster on this machine
+where one node's processes are capped by a cgroup to a third of a core.
+
+    sudo-capable Linux with the cgroup v1 cpu controller; runs `hetero-ray bench` on it:
+    python jobs/bench_cgroup_cluster.py [--quota 0.33] [--steps 160] [--json out.json]
+
+Each node offers one CPU, so each holds one training worker. Nothing tells hetero_ray
+which node is slow: profiling and the balancer must find out.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hetero_ray.bench.local_cluster import (  # noqa: E402
+    cgroup_unusable_reason, free_port, set_cpu_quota, start_node, wait_for_nodes,
+)
+from hetero_ray.cli.main import main as hetero_ray_main  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quota", type=float, default=0.33, help="cores the slow node may use (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=160)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--policies", default="static,optimal")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    reason = cgroup_unusable_reason()
+    if reason:
+        print(f"cannot build the capped cluster here: {reason}", file=sys.stderr)
+        return 2
+    log_dir = tempfile.mkdtemp(prefix="hetero_ray_cgroup_bench_")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    nodes = []
+    try:
+        nodes.append(start_node(port=port, num_cpus=1, log_dir=log_dir))
+        nodes.append(start_node(address=address, num_cpus=1, cpu_quota=args.quota, log_dir=log_dir))
+        wait_for_nodes(address, 2, nodes)
+        set_cpu_quota(nodes[1], args.quota)
+        print(f"[bench] cluster at {address}: head (1 CPU) + a node capped at {args.quota} core", flush=True)
+        argv = ["bench", "--address", address, "--no-emulation", "--num-workers", "2", "--steps", str(args.steps),
+                "--batch-size", str(args.batch_size), "--policies", args.policies,
+                "--output-dir", os.path.join(log_dir, "runs")]
+        if args.json:
+            argv += ["--json", args.json]
+        return hetero_ray_main(argv)
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
