@@ -13,7 +13,7 @@ from hetero_ray.config import FILE_DATASETS, TrainConfig
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
-from hetero_ray.training.checkpointing import POSITION_FILE, run_fingerprint
+from hetero_ray.training.checkpointing import POSITION_FILE, load_state, model_shapes, run_fingerprint
 
 
 def run_dir_of(config: TrainConfig) -> str:
@@ -77,13 +77,36 @@ def latest_checkpoint_dir(run_dir: str) -> str | None:
     return None
 
 
+def registered_checkpoint_names(run_dir: str) -> set[str]:
+    """Names of the checkpoint folders Ray Train's snapshot lists (the only ones it restores)."""
+    snapshot = read_json(os.path.join(run_dir, RAY_TRAIN_SUBDIR, RAY_CHECKPOINT_SNAPSHOT)) or {}
+    results = list(snapshot.get("checkpoint_results") or []) + [snapshot.get("latest_checkpoint_result") or {}]
+    return {r["checkpoint_dir_name"] for r in results if r.get("checkpoint_dir_name")}
+
+
 def check_resumable(run_dir: str, config: TrainConfig) -> None:
-    if not os.path.isdir(run_dir) or latest_checkpoint_dir(run_dir) is None:
+    """--resume: there is a checkpoint, made with these settings, that this model can load.
+
+    The checkpoint is read here, on the driver (CPU, ``weights_only``), because a worker
+    that meets a bad one only fails after the cluster has started, and Ray Train would
+    retry it ``--max-failures`` times before saying why.
+    """
+    try:
+        checkpoint_dir = latest_checkpoint_dir(run_dir) if os.path.isdir(run_dir) else None
+    except ValueError as e:  # Ray Train's list of checkpoints, cut short or edited
+        snapshot = os.path.join(run_dir, RAY_TRAIN_SUBDIR, RAY_CHECKPOINT_SNAPSHOT)
+        raise UserError(f"--resume: {snapshot} is not valid JSON ({e}), so the run's latest checkpoint is "
+                        "unknown; start a new run with another --experiment-name") from None
+    if checkpoint_dir is None:
         raise UserError(
             f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --output-dir "
             "and --experiment-name, or start a new run without --resume"
         )
-    saved = read_json(os.path.join(run_dir, CONFIG_FILE))
+    try:
+        saved = read_json(os.path.join(run_dir, CONFIG_FILE))
+    except ValueError as e:  # a truncated or hand-edited file
+        raise UserError(f"--resume: {os.path.join(run_dir, CONFIG_FILE)} is not valid JSON ({e}); restore it "
+                        "or start a new run with another --experiment-name") from None
     if saved:
         before = run_fingerprint(TrainConfig.from_dict(saved))
         now = run_fingerprint(config)
@@ -94,3 +117,12 @@ def check_resumable(run_dir: str, config: TrainConfig) -> None:
                 f"--resume: {run_dir} was trained with other settings ({described}); resume with "
                 "the original settings, or start a new run with another --experiment-name"
             )
+    check_checkpoint_loads(checkpoint_dir, config)
+
+
+def check_checkpoint_loads(checkpoint_dir: str, config: TrainConfig) -> None:
+    """Raises the :class:`UserError` of :func:`load_state` for a corrupt or foreign checkpoint."""
+    try:
+        load_state(checkpoint_dir, run_fingerprint(config), expected_shapes=model_shapes(config.model, config.dataset))
+    except UserError as e:
+        raise UserError(f"--resume: {e}") from None

@@ -2,7 +2,10 @@
 
     hetero-ray profile                                  # local Ray: this machine
     hetero-ray profile --address 10.0.0.5:6379 --model simple_cnn --json nodes.json
-    ray job submit --working-dir . -- python jobs/profile_cluster.py --model resnet18
+    ray job submit --working-dir . -- python jobs/profile_cluster.py --model resnet18 --json nodes.json
+
+(In a Ray job, a relative --json lands under HETERO_RAY_JOB_OUTPUT_DIR or ~/hetero_ray, not in
+Ray's temporary copy of the working dir; see jobs/job_paths.py.)
 
 Figures are measured on each node by a profiler actor pinned there (matmul throughput,
 memory bandwidth, host↔device copies; with ``--model`` the model's busy-time line and its
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     print(profile_report(nodes, config.model))
     if args.json:
         write_nodes_json(args.json, nodes, config.model, config.batch_sizes)
-        print(f"\nwritten: {args.json}")
+        print(f"\nwritten: {os.path.abspath(args.json)}")
     if nodes and all(not node.ok for node in nodes):
         print("\nhetero-ray profile: every node failed to profile", flush=True)
         return ALL_FAILED_EXIT_CODE

@@ -59,11 +59,12 @@ _FILE_MODE = 0o666 & ~_umask()
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Writes ``path`` whole or not at all; on any error (ENOSPC too) no temporary file stays."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        os.chmod(tmp, _FILE_MODE)
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _FILE_MODE)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -86,7 +87,11 @@ def read_json(path: str, default: Any = None) -> Any:
 
 
 def write_table(path: str, table: pa.Table) -> None:
-    """Writes a Parquet file atomically (temporary file, then rename)."""
+    """Writes a Parquet file atomically (temporary file, then rename).
+
+    On any error (a full disk included) the temporary file is removed and ``path`` keeps
+    its previous content, if any.
+    """
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".parquet")
     os.close(fd)

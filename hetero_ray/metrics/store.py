@@ -9,17 +9,23 @@ per table on the run's effective trajectory.
 Plain class, no Ray import: the actor in :mod:`hetero_ray.runtime.actors` wraps it. If
 that actor restarts, a new instance picks up the attempt table and the part sequence from
 the run directory, so nothing already on disk is lost.
+
+A write that fails (the disk is full, the folder went read-only) is not retried: the
+store stops writing, keeps serving live readers, and says why in :meth:`failure`. The
+driver's run guard polls that and stops training, so a run never goes on unrecorded.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import glob
 import json
 import os
+import shutil
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import (
@@ -29,6 +35,11 @@ from hetero_ray.metrics.records import (
 WAL_FILE = "pending.jsonl"  # in <run_dir>/parts/: rows received but not yet in a Parquet part
 _PROGRESS_STEPS_KEPT = 200  # per-step totals kept for the progress view
 _ARRIVAL_SLACK_STEPS = 64  # ranks send rows in batches: how far arrival order may lag steps
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StoreWriteFailed(Exception):
+    """The metrics store could not write the run's files; the message says what and where."""
 
 
 class MetricsStore:
@@ -55,6 +66,7 @@ class MetricsStore:
         nodes = run_files.read_json(self._path(run_files.NODES_FILE))
         self._nodes: Optional[list[dict]] = nodes.get("nodes") if isinstance(nodes, dict) else nodes
         self._finalized = False
+        self._failure: Optional[dict[str, Any]] = None  # set once, by the first write that fails
         self._wal_path = os.path.join(run_dir, run_files.PARTS_DIR, WAL_FILE)
         self._wal = None  # opened on first write
         self._replay_wal()
@@ -74,7 +86,8 @@ class MetricsStore:
             "num_workers": int(num_workers),
             "wall_time": time.time(),
         })
-        run_files.write_json(self._path(run_files.ATTEMPTS_FILE), self._attempts)
+        path = self._path(run_files.ATTEMPTS_FILE)
+        self._write("attempts.json", path, lambda: run_files.write_json(path, self._attempts))
         self._workers = {}
         self._latest_by_rank = {}
         self._step_totals = collections.OrderedDict()
@@ -116,7 +129,8 @@ class MetricsStore:
 
     def set_nodes(self, nodes: list[dict]) -> None:
         self._nodes = nodes
-        run_files.write_json(self._path(run_files.NODES_FILE), {"nodes": nodes})
+        path = self._path(run_files.NODES_FILE)
+        self._write("nodes.json", path, lambda: run_files.write_json(path, {"nodes": nodes}))
 
     # ---- readers (driver progress, dashboard) --------------------------------------
 
@@ -137,6 +151,26 @@ class MetricsStore:
 
     def nodes(self) -> Optional[list[dict]]:
         return self._nodes
+
+    def failure(self) -> Optional[dict[str, Any]]:
+        """Why the store stopped writing, or None while every write succeeds.
+
+        ``message`` (what failed, where, the OS error), ``path``, ``what``, ``disk_full``,
+        ``errno`` and ``wall_time``. Rows received since are kept for live readers only.
+        """
+        return dict(self._failure) if self._failure else None
+
+    def memory(self) -> dict[str, Any]:
+        """This process's resident memory and what the store holds (the soak test's view)."""
+        import psutil
+
+        return {
+            "rss_bytes": psutil.Process().memory_info().rss,
+            "steps_held": len(self._recent_steps),
+            "max_recent_steps": self._max_recent_steps,
+            "pending_rows": sum(len(rows) for rows in self._pending.values()),
+            "cursor": self._cursor,
+        }
 
     def steps_since(self, cursor: int, limit: int = 50_000) -> tuple[list[dict], int]:
         """Step rows received after ``cursor`` (oldest first) and the new cursor.
@@ -195,7 +229,7 @@ class MetricsStore:
         return {
             "experiment_name": self.experiment_name,
             "run_dir": self.run_dir,
-            "status": "finalized" if self._finalized else "running",
+            "status": "failed" if self._failure else ("finalized" if self._finalized else "running"),
             "attempt": self._current_attempt(),
             "num_workers": self._attempts[-1]["num_workers"] if self._attempts else 0,
             "started_wall_time": self._attempts[0]["wall_time"] if self._attempts else None,
@@ -318,20 +352,43 @@ class MetricsStore:
     # ---- persistence ---------------------------------------------------------------
 
     def flush(self) -> None:
-        """Pending rows become Parquet parts; then the write-ahead log can start over."""
+        """Pending rows become Parquet parts; then the write-ahead log can start over.
+
+        A part that cannot be written ends all writing (see :meth:`failure`); the parts
+        already written stay complete and readable.
+        """
+        self._last_flush = time.monotonic()
+        if self._failure:
+            return
         for table, rows in self._pending.items():
             if rows:
-                self._part_sequence += 1
-                run_files.write_part(self.run_dir, table, to_table(table, rows), self._part_sequence)
+                sequence = self._part_sequence + 1
+                path = os.path.join(run_files.parts_dir(self.run_dir, table), f"part-{sequence:08d}.parquet")
+                part = to_table(table, rows)
+                if not self._write(f"the {table} part", path,
+                                   lambda: run_files.write_part(self.run_dir, table, part, sequence)):
+                    return
+                self._part_sequence = sequence
                 self._pending[table] = []
-        self._truncate_wal()
-        self._last_flush = time.monotonic()
+        self._write("the write-ahead log", self._wal_path, self._truncate_wal)
 
     def finalize(self) -> dict[str, Optional[str]]:
-        """Writes what is pending and merges every table into its final Parquet file."""
+        """Writes what is pending and merges every table into its final Parquet file.
+
+        After a failed write, merges only what is on disk (a table whose merge fails keeps
+        its parts, which readers read the same way) and keeps the write-ahead log.
+        """
         self.flush()
-        self._close_wal(remove=True)
-        merged = {table: run_files.merge_parts(self.run_dir, table) for table in TABLES}
+        if not self._failure:
+            self._close_wal(remove=True)
+        merged: dict[str, Optional[str]] = {}
+        for table in TABLES:
+            try:
+                merged[table] = run_files.merge_parts(self.run_dir, table)
+            except OSError:
+                if not self._failure:
+                    raise
+                merged[table] = None  # its parts stay; the first failure is the one to report
         self._finalized = True
         return merged
 
@@ -343,9 +400,12 @@ class MetricsStore:
     # drop duplicates on each table's key (records.KEY_COLUMNS).
 
     def _queue(self, table: str, rows: list[dict]) -> None:
-        if not rows:
-            return
+        if not rows or self._failure:
+            return  # after a failed write nothing more reaches disk: hold no more rows for it
         self._pending[table].extend(rows)
+        self._write("the write-ahead log", self._wal_path, lambda: self._append_wal(table, rows))
+
+    def _append_wal(self, table: str, rows: list[dict]) -> None:
         if self._wal is None:
             os.makedirs(os.path.dirname(self._wal_path), exist_ok=True)
             self._wal = open(self._wal_path, "a")
@@ -380,10 +440,45 @@ class MetricsStore:
 
     def _close_wal(self, remove: bool = False) -> None:
         if self._wal is not None:
-            self._wal.close()
+            try:
+                self._wal.close()
+            except OSError:
+                pass  # a failed append left bytes in the buffer; the failure is already recorded
             self._wal = None
         if remove and os.path.exists(self._wal_path):
             os.remove(self._wal_path)
+
+    # ---- failed writes ---------------------------------------------------------------
+
+    def _write(self, what: str, path: str, write: Callable[[], Any]) -> bool:
+        """Runs ``write()``; an OSError becomes the store's :meth:`failure`, not a raise.
+
+        Callers are fire-and-forget remote calls from the workers: an exception raised
+        here would reach nobody. Returns whether the write succeeded.
+        """
+        if self._failure:
+            return False
+        try:
+            write()
+            return True
+        except OSError as e:
+            self._fail(e, what, path)
+            return False
+
+    def _fail(self, error: OSError, what: str, path: str) -> None:
+        disk_full = error.errno in DISK_FULL_ERRNOS or "No space left" in str(error)
+        reason = error.strerror or str(error)
+        if disk_full:
+            message = f"disk full at {path} while writing {what} ({free_space(self.run_dir)})"
+        else:
+            message = f"cannot write {what} at {path} ({reason})"
+        self._failure = {
+            "message": message, "what": what, "path": path, "disk_full": disk_full,
+            "errno": error.errno, "error": f"{type(error).__name__}: {error}", "wall_time": time.time(),
+        }
+        for rows in self._pending.values():
+            rows.clear()  # they cannot be written; hold no memory for them
+        self._close_wal()
 
     def _maybe_flush(self, force: bool = False) -> None:
         if force or time.monotonic() - self._last_flush >= self._flush_interval_s:
@@ -399,6 +494,14 @@ class MetricsStore:
 
     def _path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
+
+
+def free_space(path: str) -> str:
+    """``"12.5 MiB free there"``: for messages about a full disk."""
+    try:
+        return f"{shutil.disk_usage(path).free / 1024**2:.1f} MiB free there"
+    except OSError:
+        return "free space unknown"
 
 
 def _records(df) -> list[dict]:

@@ -1,9 +1,16 @@
 """The driver: from a validated configuration to a finished run directory.
 
 Order matters for "bad input leaves nothing behind": every check (values, files, the
-cluster's capacity) runs before the run directory is created. After that, the metrics
-store and the scheduler start as named actors, Ray Train runs the workers, and the
-store's files are merged and summarised even when training fails.
+cluster's capacity, the checkpoint a --resume continues from) runs before the run
+directory is created. After that, the metrics store and the scheduler start as named
+actors, Ray Train runs the workers, and the store's files are merged and summarised even
+when training fails.
+
+Some failures are not worth Ray Train's retries: a worker's :class:`UserError` (a corrupt
+checkpoint, missing data on a node) and a full disk fail the same way every time, and a
+metrics store that can no longer write would leave training running unrecorded.
+:class:`RunGuard` stops those runs at once, and :func:`failure_for_user` turns what Ray
+raises into one message that says what happened, where, and what to do.
 """
 
 from __future__ import annotations
@@ -11,19 +18,24 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import ray
+from ray.train import ControllerError
+# Ray Train's hook after every poll of the workers (a DeveloperAPI, pinned with ray 2.60):
+# the one place a run can be stopped without counting as a retryable worker failure.
+from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
 from hetero_ray import preflight
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
-    DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, PLACEMENT_TIMEOUT_S_ENV_VAR,
+    DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, METRICS_STORE_ROLE, PLACEMENT_TIMEOUT_S_ENV_VAR,
     PROGRESS_INTERVAL_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
 )
 from hetero_ray.errors import TrainingFailed, UserError
 from hetero_ray.metrics import run_files
+from hetero_ray.metrics.store import DISK_FULL_ERRNOS, StoreWriteFailed, free_space
 from hetero_ray.metrics.summary import build_summary
 from hetero_ray.runtime import actors, cluster
 from hetero_ray.runtime.progress import ProgressPrinter
@@ -43,7 +55,9 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         speed_changes: emulated speed changes, ``{"global_step", "rank", "speed"}`` each.
 
     Raises:
-        UserError: bad input or a cluster that cannot run the job (nothing was written).
+        UserError: bad input or a cluster that cannot run the job (nothing was written);
+            also bad input a worker met after the start (e.g. a checkpoint corrupted since
+            the checks), which stops the run without retries.
         TrainingFailed: the job failed after it started (the run directory holds what was
             recorded up to the failure).
     """
@@ -66,8 +80,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         from hetero_ray.training.data import download_dataset
 
         download_dataset(config.dataset, config.data_dir)
-    os.makedirs(run_dir, exist_ok=config.resume)
-    run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), config.to_dict())
+    _create_run_dir(run_dir, config)
     emit(f"[hetero_ray] run directory: {run_dir}")
     if config.resume:
         emit(f"[hetero_ray] resuming from {_describe_checkpoint(run_dir)}")
@@ -101,12 +114,139 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         error = e
     finally:
         wall_time_s = time.time() - started
-        summary = _finish(config, run_dir, store, balancer, result, wall_time_s, error, caps)
+        summary, failure = _finish(config, run_dir, store, balancer, result, wall_time_s, error, caps, emit)
         for actor in (balancer, scheduler, store):
             actors.kill_actor(actor)
-    if error is not None:
-        raise TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}") from error
+    if failure is not None:
+        raise failure from error
     return RunResult(run_dir, summary)
+
+
+def _create_run_dir(run_dir: str, config: TrainConfig) -> None:
+    """The run directory and its config.json; a full disk here leaves nothing behind."""
+    created = not os.path.isdir(run_dir)
+    try:
+        os.makedirs(run_dir, exist_ok=config.resume)
+        run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), config.to_dict())
+    except OSError as e:
+        if created:
+            _remove_empty_dir(run_dir)
+        what = "disk full" if _is_disk_full(e) else (e.strerror or str(e))
+        raise UserError(f"cannot write {os.path.join(run_dir, run_files.CONFIG_FILE)} ({what}); free space "
+                        "or choose another --output-dir (nothing was written)") from None
+
+
+def _remove_empty_dir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+class RunGuard(WorkerGroupCallback):
+    """Stops the run at once, without Ray Train's retries, where a retry cannot help.
+
+    Runs in Ray Train's controller process after every poll of the workers (every
+    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s by default), so it must not block: the
+    store is asked with a call whose answer is picked up at a later poll. It stops a run
+    when
+
+    - a worker failed with a :class:`UserError` or a full disk (a corrupt checkpoint, Ray
+      Train's checkpoint upload): every retry would meet the same file or the same disk;
+    - the metrics store stopped writing (:meth:`MetricsStore.failure`): the steps trained
+      from then on would be recorded nowhere.
+
+    Raising a ``ControllerError`` (not a worker error) is what makes Ray Train shut the
+    workers down and raise it from ``fit()`` instead of restarting them.
+    """
+
+    def __init__(self, experiment_name: str):
+        self._experiment_name = experiment_name
+        self._store = None
+        self._asked = None  # the store's pending answer to failure()
+
+    def after_worker_group_poll_status(self, worker_group_status) -> None:
+        for error in worker_group_status.errors.values():
+            if _fatal_cause(error) is not None:
+                raise ControllerError(error)
+        failure = self._store_failure()
+        if failure:
+            raise ControllerError(StoreWriteFailed(failure["message"]))
+
+    def _store_failure(self) -> Optional[dict]:
+        """The store's answer to the question asked at the previous poll; asks again."""
+        answer = None
+        try:
+            if self._asked is not None:
+                ready, _ = ray.wait([self._asked], timeout=0)
+                if not ready:
+                    return None  # the store is busy (or restarting); the question stands
+                asked, self._asked = self._asked, None
+                answer = ray.get(asked)
+            if self._store is None:
+                self._store = actors.get_actor(self._experiment_name, METRICS_STORE_ROLE)
+            self._asked = self._store.failure.remote()
+        except Exception:  # noqa: BLE001 - a store restarting or not up yet: ask again next poll
+            self._asked = None
+        return answer
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """The error and everything it wraps: Ray Train's controller and worker errors,
+    Ray's task errors, and Python's ``__cause__`` / ``__context__`` chains."""
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend(getattr(e, "worker_failures", {}).values())  # WorkerGroupError
+        stack.extend([getattr(e, "controller_failure", None),  # ControllerError
+                      getattr(e, "_base_exc", None),  # Ray Train's UserExceptionWithTraceback
+                      getattr(e, "cause", None),  # ray.exceptions.RayTaskError
+                      e.__cause__, e.__context__])
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and (error.errno in DISK_FULL_ERRNOS or "No space left on device" in str(error))
+
+
+def _fatal_cause(error: BaseException) -> Optional[BaseException]:
+    """The UserError, store failure or full disk behind ``error``, if any (else None)."""
+    causes = list(_causes(error))
+    for cause in causes:
+        if isinstance(cause, (UserError, StoreWriteFailed)):
+            return cause
+    return next((cause for cause in causes if _is_disk_full(cause)), None)
+
+
+def failure_for_user(error: BaseException, run_dir: str, steps_on_disk: int) -> Exception:
+    """What to raise for a failed run: a UserError (exit 2) for bad input met by a worker,
+    a TrainingFailed with what, where and what to do for a full disk, else the error."""
+    cause = _fatal_cause(error)
+    recorded = f"the run's files up to step {steps_on_disk} are in {run_dir}"
+    if isinstance(cause, UserError):
+        return UserError(f"{cause} (the run stopped without retrying; {recorded})")
+    if isinstance(cause, StoreWriteFailed):
+        return TrainingFailed(f"training stopped: the metrics store could not write: {cause}; free space or "
+                              f"choose another --output-dir; {recorded}")
+    if cause is not None:  # a full disk met by a worker (Ray Train's checkpoint upload) or the driver
+        # The error rarely names its file; how much room the run's disk has left tells a
+        # full --output-dir from a full temporary folder on a worker.
+        where = (f"disk full at {cause.filename}" if getattr(cause, "filename", None) else
+                 f"disk full at {os.path.join(run_dir, RAY_TRAIN_SUBDIR)} while saving a checkpoint "
+                 f"({free_space(run_dir)})")
+        return TrainingFailed(f"training stopped: {where} ({_first_line(cause)}); free space or choose another "
+                              f"--output-dir; {recorded}")
+    return TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}")
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
@@ -140,6 +280,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
             checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_TO_KEEP),
             # Ray Train logs every report at INFO; the progress line says what matters.
             logging_config=ray.LoggingConfig(log_level="WARNING"),
+            callbacks=[RunGuard(config.experiment_name)],
         ),
     )
 
@@ -169,18 +310,31 @@ def _profile_nodes(config: TrainConfig, run_dir: str, store, scheduler, emit) ->
 
 
 def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_time_s: float,
-            error: Optional[BaseException], node_caps: Optional[dict] = None) -> dict[str, Any]:
-    """Merges the tables, writes the final model and summary.json; never raises."""
+            error: Optional[BaseException], node_caps: Optional[dict] = None,
+            emit: Callable[[str], None] = print) -> tuple[dict[str, Any], Optional[Exception]]:
+    """Merges the tables, writes the final model and summary.json; never raises.
+
+    Returns the summary and, for a failed run, the exception to raise (see
+    :func:`failure_for_user`). A store that stopped writing fails the run even when
+    training itself finished: its last rows are missing.
+    """
     try:
         ray.get(balancer.close.remote(), timeout=30)
     except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
         print(f"[hetero_ray] warning: balancer could not flush its last decision ({e})")
     try:
+        store_failure = ray.get(store.failure.remote(), timeout=30)
+        if store_failure and error is None:
+            error = StoreWriteFailed(store_failure["message"])
         ray.get(store.finalize.remote(), timeout=120)
     except Exception as e:  # noqa: BLE001 - still summarise what is on disk
         print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
-    if result is not None and result.checkpoint is not None:
-        _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
+    _remove_unregistered_checkpoints(run_dir)
+    if error is None and result is not None and result.checkpoint is not None:
+        try:
+            _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
+        except OSError as e:
+            error = e
     steps = run_files.read_table(run_dir, "steps")
     epochs = run_files.read_table(run_dir, "epochs")
     plans = run_files.read_table(run_dir, "plans")
@@ -195,12 +349,38 @@ def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_tim
         "emulate_speeds": config.emulate_speeds,
         "wall_time_s": wall_time_s,
         "status": "failed" if error is not None else "finished",
-        "error": None if error is None else f"{type(error).__name__}: {error}",
+        "error": None,
         "run_dir": run_dir,
     })
+    failure = None
+    if error is not None:
+        failure = failure_for_user(error, run_dir, summary["global_steps"])
+        summary["error"] = str(failure)
     summary["bottlenecks"] = _bottlenecks(steps, node_caps)
-    run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), summary)
-    return summary
+    path = os.path.join(run_dir, run_files.SUMMARY_FILE)
+    try:
+        run_files.write_json(path, summary)
+    except OSError as e:
+        emit(f"[hetero_ray] {path} could not be written ({e.strerror or e}); status: {summary['status']}"
+             + (f", error: {summary['error']}" if summary["error"] else ""))
+    return summary, failure
+
+
+def _remove_unregistered_checkpoints(run_dir: str) -> None:
+    """Removes checkpoint folders Ray Train never registered: uploads cut short (a full
+    disk, a killed worker). Ray restores only registered ones, and a half-written
+    checkpoint must not look like a good one to a person or a later tool."""
+    import shutil
+
+    train_dir = os.path.join(run_dir, RAY_TRAIN_SUBDIR)
+    try:
+        registered = preflight.registered_checkpoint_names(run_dir)
+        names = [n for n in os.listdir(train_dir) if n.startswith("checkpoint_") and n not in registered
+                 and os.path.isdir(os.path.join(train_dir, n))]
+    except (OSError, ValueError):  # no folder, or a snapshot that cannot be read: delete nothing
+        return
+    for name in names:
+        shutil.rmtree(os.path.join(train_dir, name), ignore_errors=True)
 
 
 def _bottlenecks(steps, node_caps: Optional[dict]) -> list[dict]:
@@ -235,8 +415,13 @@ def _write_final_model(checkpoint, path: str) -> None:
     with checkpoint.as_directory() as directory:
         state = load_state(directory)
     tmp = path + ".tmp"
-    torch.save(state.model, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state.model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def _describe_checkpoint(run_dir: str) -> str:

@@ -82,8 +82,30 @@ def save_state(directory: str, state: TrainingState) -> None:
         json.dump({"position": state.position.to_dict(), "plan": state.plan.to_dict()}, f)
 
 
-def load_state(directory: str, expected_fingerprint: Optional[dict] = None) -> TrainingState:
-    """Reads a checkpoint; a corrupt or incompatible one is a :class:`UserError`."""
+def model_shapes(model: str, dataset: str) -> dict[str, tuple[int, ...]]:
+    """Every parameter's and buffer's shape in a fresh ``model`` for ``dataset``.
+
+    Built on the meta device: no memory, no arithmetic, milliseconds even for resnet50,
+    so the driver can check a checkpoint before any worker starts.
+    """
+    from hetero_ray.profiling.model_probe import spec_for
+    from hetero_ray.training.models import build_model
+
+    with torch.device("meta"):
+        net = build_model(model, spec_for(model, dataset))
+    return {name: tuple(tensor.shape) for name, tensor in net.state_dict().items()}
+
+
+def load_state(directory: str, expected_fingerprint: Optional[dict] = None,
+               expected_shapes: Optional[dict[str, tuple[int, ...]]] = None) -> TrainingState:
+    """Reads a checkpoint; a corrupt or incompatible one is a :class:`UserError`.
+
+    Args:
+        expected_fingerprint: :func:`run_fingerprint` of the run that resumes.
+        expected_shapes: :func:`model_shapes` of the model that will load the weights;
+            a state_dict with other keys or shapes is rejected here rather than by
+            ``load_state_dict`` inside a worker.
+    """
     path = os.path.join(directory, STATE_FILE)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -101,9 +123,9 @@ def load_state(directory: str, expected_fingerprint: Optional[dict] = None) -> T
         )
     except Exception as e:  # noqa: BLE001 - any failure here means an unusable file
         raise UserError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); it is corrupt or "
-            "was not written by hetero_ray. Delete that checkpoint folder to fall back to an "
-            "earlier one, or start a new run with another --experiment-name"
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {_first_line(e)}); it is "
+            "corrupt or was not written by hetero_ray, so the run cannot continue from it; start a "
+            "new run with another --experiment-name"
         ) from e
     if expected_fingerprint is not None and state.fingerprint != expected_fingerprint:
         diffs = {
@@ -116,4 +138,43 @@ def load_state(directory: str, expected_fingerprint: Optional[dict] = None) -> T
             f"checkpoint {path} belongs to a different run ({described}); resume with the "
             "original settings or start a new run with another --experiment-name"
         )
+    if expected_shapes is not None:
+        problem = _shape_mismatch(state.model, expected_shapes)
+        if problem:
+            raise UserError(
+                f"checkpoint {path} holds weights that do not fit --model "
+                f"{state.fingerprint.get('model')} ({problem}); the file was replaced or written by "
+                "another version of the model. Start a new run with another --experiment-name"
+            )
     return state
+
+
+def _shape_mismatch(saved: dict, expected: dict[str, tuple[int, ...]], shown: int = 3) -> Optional[str]:
+    """What differs between a saved state_dict and the expected shapes, or None."""
+    if not isinstance(saved, dict):
+        return f"the model entry is a {type(saved).__name__}, not a state_dict"
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    wrong = [f"{k} saved {_shape_of(saved[k])} vs model {expected[k]}" for k in expected
+             if k in saved and _shape_of(saved[k]) != expected[k]]
+    problems = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", wrong)):
+        if keys:
+            more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+            problems.append(f"{label}: {', '.join(keys[:shown])}{more}")
+    return "; ".join(problems) or None
+
+
+def _shape_of(value) -> object:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """The gist of an error: its first line, cut at a sentence when long (torch's are)."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else "no details"
+    if len(line) > limit:
+        sentence = line.find(". ", 20)
+        line = line[: sentence + 1] if 0 < sentence < limit else line[: limit - 1] + "…"
+    return line
+

@@ -136,7 +136,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
     plan_fetch_timeout_s = env_float(PLAN_FETCH_TIMEOUT_S_ENV_VAR, DEFAULT_PLAN_FETCH_TIMEOUT_S)
 
     plan: Optional[Plan] = None
-    last_checkpoint_step = position.global_step
     while position.global_step < run_steps:
         # --- rebalance point: every rank applies the same plan from this step on
         if plan is None or position.global_step % config.rebalance_interval == 0:
@@ -156,16 +155,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
         epoch_ended = next_position.epoch != position.epoch
         run_ended = next_position.global_step >= run_steps
         if epoch_ended or run_ended:
-            _end_epoch(ctx, model, data, plan, position, next_position)
+            _end_epoch(ctx, model, data, plan, position)
         position = next_position
+        # The last step always ends with a checkpoint: the driver takes the final model from it.
         if epoch_ended or run_ended or position.global_step % config.checkpoint_every == 0:
             _save_checkpoint(ctx, model, optimizer, lr_scheduler, position, plan)
-            last_checkpoint_step = position.global_step
 
     resources.close()
     recorder.close()
-    if last_checkpoint_step != position.global_step and plan is not None:
-        _save_checkpoint(ctx, model, optimizer, lr_scheduler, position, plan)
     _log_rank0(ctx, f"finished at global step {position.global_step}")
 
 
@@ -277,8 +274,7 @@ def _begin_attempt(ctx: WorkerContext, position: Position) -> int:
     return attempt_id
 
 
-def _end_epoch(ctx: WorkerContext, model, data, plan: Plan, position: Position,
-               next_position: Position) -> None:
+def _end_epoch(ctx: WorkerContext, model, data, plan: Plan, position: Position) -> None:
     """Collective: evaluate, and rank 0 records the epoch."""
     results = evaluate(model, data.eval, plan, ctx.rank, ctx.device, ctx.epoch_loss_sum,
                        ctx.epoch_samples, ctx.config.is_text)

@@ -1,0 +1,444 @@
+"""Bad states, each with a clear message and no hang.
+
+- ``--resume`` from a checkpoint that is corrupt or belongs to another model: the driver
+  reads it before anything starts (exit 2, nothing written). A worker that still meets a
+  bad one (corrupted after those checks) stops the run at once, without Ray Train's
+  retries (exit 2).
+- A disk that fills up mid-run (a real, tiny tmpfs): the run stops with a message that
+  says what was being written, where, and what to do; the files written before stay
+  readable, no temporary or half-written file is left, summary.json (or stdout) says
+  ``failed``. Once where the metrics store writes (its write-ahead log or a Parquet
+  part), once where Ray Train uploads a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hetero_ray.metrics import run_files
+from hetero_ray.preflight import latest_checkpoint_dir, registered_checkpoint_names
+from hetero_ray.training.checkpointing import STATE_FILE, load_state, save_state
+from tests.cli import run_cli
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The job every checkpoint case resumes: 8 steps of mlp, checkpoints at steps 4 and 8.
+JOB = ["--model", "mlp", "--num-samples", "256", "--eval-samples", "64", "--batch-size", "32",
+       "--num-workers", "2", "--no-profile", "--policy", "static"]
+
+
+# ---- checkpoints ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_run(ray_session, tmp_path_factory):
+    """A real finished run with registered checkpoints; cases copy and damage it."""
+    from hetero_ray.config import TrainConfig
+    from hetero_ray.runtime.driver import run_training
+
+    config = TrainConfig(model="mlp", num_samples=256, eval_samples=64, batch_size=32, epochs=1, num_workers=2,
+                         policy="static", profile=False, checkpoint_every=4, max_failures=0,
+                         output_dir=str(tmp_path_factory.mktemp("trained")), experiment_name="orig")
+    return run_training(config, emit=lambda line: None).run_dir
+
+
+def copy_run(trained_run: str, output_dir, name: str) -> str:
+    run_dir = os.path.join(str(output_dir), name)
+    shutil.copytree(trained_run, run_dir)
+    return run_dir
+
+
+def files_of(run_dir: str) -> dict[str, tuple[int, int]]:
+    """Every file under the run directory with its size and modification time."""
+    found = {}
+    for root, _, names in os.walk(run_dir):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            found[os.path.relpath(os.path.join(root, name), run_dir)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def train_args(output_dir, name: str, *extra: str) -> list[str]:
+    """``hetero-ray train`` of JOB; later flags override JOB's (argparse keeps the last)."""
+    return ["train", *JOB, "--epochs", "1", "--output-dir", str(output_dir), "--experiment-name", name, *extra]
+
+
+def resume_args(output_dir, name: str, *extra: str) -> list[str]:
+    return train_args(output_dir, name, "--resume", *extra)
+
+
+def other_model_weights(model: str = "simple_cnn") -> dict:
+    from hetero_ray.profiling.model_probe import spec_for
+    from hetero_ray.training.models import build_model
+
+    return build_model(model, spec_for(model)).state_dict()
+
+
+def truncate(checkpoint_dir: str) -> None:
+    with open(os.path.join(checkpoint_dir, STATE_FILE), "r+b") as f:
+        f.truncate(1000)
+
+
+def garbage(checkpoint_dir: str) -> None:
+    with open(os.path.join(checkpoint_dir, STATE_FILE), "wb") as f:
+        f.write(os.urandom(4096))
+
+
+def remove_state(checkpoint_dir: str) -> None:
+    os.remove(os.path.join(checkpoint_dir, STATE_FILE))
+
+
+def rewrite(checkpoint_dir: str, **changes) -> None:
+    state = load_state(checkpoint_dir)
+    for key, value in changes.items():
+        setattr(state, key, value(state) if callable(value) else value)
+    save_state(checkpoint_dir, state)
+
+
+def unknown_format(checkpoint_dir: str) -> None:
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    payload = torch.load(path, weights_only=True)
+    torch.save({**payload, "format_version": 99}, path)
+
+
+def another_models_checkpoint(checkpoint_dir: str) -> None:
+    """state.pt replaced by a simple_cnn run's (its own fingerprint says so)."""
+    rewrite(checkpoint_dir, model=other_model_weights(),
+            fingerprint=lambda s: {**s.fingerprint, "model": "simple_cnn"})
+
+
+def another_models_weights(checkpoint_dir: str) -> None:
+    """simple_cnn's weights under mlp's fingerprint: only their keys and shapes tell."""
+    rewrite(checkpoint_dir, model=other_model_weights())
+
+
+def other_shapes(checkpoint_dir: str) -> None:
+    """mlp's keys, but a hidden layer of another width (another version of the model)."""
+    rewrite(checkpoint_dir, model=lambda s: {**s.model, "net.1.weight": torch.zeros(128, 3072)})
+
+
+def corrupt_config(checkpoint_dir: str) -> None:
+    run_dir = os.path.dirname(os.path.dirname(checkpoint_dir))
+    with open(os.path.join(run_dir, run_files.CONFIG_FILE), "w") as f:
+        f.write('{"model": "mlp", ')
+
+
+def corrupt_snapshot(checkpoint_dir: str) -> None:
+    with open(os.path.join(os.path.dirname(checkpoint_dir), "checkpoint_manager_snapshot.json"), "w") as f:
+        f.write('{"latest_checkpoint_result": ')
+
+
+CHECKPOINT_CASES = [
+    # (id, damage, extra flags, message fragments)
+    ("truncated state.pt", truncate, [], ["state.pt cannot be read", "corrupt"]),
+    ("garbage state.pt", garbage, [], ["state.pt cannot be read"]),
+    ("missing state.pt", remove_state, [], ["state.pt cannot be read", "No such file"]),
+    ("unknown format", unknown_format, [], ["unknown checkpoint format 99"]),
+    ("resumed with another --model", None, ["--model", "simple_cnn"],
+     ["was trained with other settings", "model was 'mlp', now 'simple_cnn'"]),
+    ("state.pt of another model's run", another_models_checkpoint, [],
+     ["belongs to a different run", "model: checkpoint 'simple_cnn' vs now 'mlp'"]),
+    ("another model's weights", another_models_weights, [],
+     ["holds weights that do not fit --model mlp", "missing: net.1.weight", "unexpected: features.0.weight"]),
+    ("weights of other shapes", other_shapes, [],
+     ["do not fit --model mlp", "net.1.weight saved (128, 3072) vs model (256, 3072)"]),
+    ("config.json not JSON", corrupt_config, [], ["config.json is not valid JSON"]),
+    ("Ray's checkpoint list not JSON", corrupt_snapshot, [], ["checkpoint_manager_snapshot.json is not valid JSON"]),
+]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("damage,flags,fragments", [c[1:] for c in CHECKPOINT_CASES],
+                         ids=[c[0] for c in CHECKPOINT_CASES])
+def test_resume_from_a_bad_checkpoint_fails_before_anything_starts(trained_run, tmp_path, capsys, damage, flags,
+                                                                   fragments):
+    run_dir = copy_run(trained_run, tmp_path, "damaged")
+    if damage is not None:
+        damage(latest_checkpoint_dir(run_dir))
+    before = files_of(run_dir)
+    started = time.monotonic()
+    code, out, err = run_cli(resume_args(tmp_path, "damaged", *flags), capsys)
+    assert code == 2, out + err
+    assert err.startswith("hetero-ray train: error: --resume: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+    assert "Traceback" not in out + err  # no worker ran: nothing but the one line
+    assert files_of(run_dir) == before, "the run directory changed"
+    assert time.monotonic() - started < 20  # the driver's check, not a worker's
+
+
+def count_train_workers() -> int:
+    """Ray Train worker actors this session's cluster has ever started (dead ones too)."""
+    from ray.util.state import list_actors
+
+    return len(list_actors(filters=[("class_name", "=", "RayTrainWorker")], limit=10_000,
+                           raise_on_missing_output=False))
+
+
+@pytest.mark.ray
+def test_a_worker_meeting_a_bad_checkpoint_stops_the_run_without_retries(trained_run, tmp_path, capsys,
+                                                                         monkeypatch):
+    from hetero_ray import preflight
+
+    run_dir = copy_run(trained_run, tmp_path, "corrupted-later")
+    truncate(latest_checkpoint_dir(run_dir))
+    # The file is damaged after the driver's checks passed (as by a crash of the disk or a
+    # person): the driver's own read of it is what is skipped here.
+    monkeypatch.setattr(preflight, "check_checkpoint_loads", lambda checkpoint_dir, config: None)
+    workers_before = count_train_workers()
+    started = time.monotonic()
+    code, out, err = run_cli(resume_args(tmp_path, "corrupted-later", "--epochs", "2", "--max-failures", "3"),
+                             capsys)
+    took_s = time.monotonic() - started
+    assert code == 2, out[-3000:] + err[-3000:]
+    message = final_message(err)
+    assert message.startswith("hetero-ray train: error: checkpoint "), err[-3000:]
+    assert "state.pt cannot be read" in message and "without retrying" in message
+    assert run_dir in message
+    assert count_train_workers() - workers_before == 2, "Ray Train retried the worker group"
+    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
+        summary = json.load(f)
+    assert summary["status"] == "failed" and "cannot be read" in summary["error"]
+    print(f"\nbad checkpoint met by the workers: exit 2 after {took_s:.1f} s (one worker group, no retries)")
+
+
+# ---- disk full ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tiny_disk(path: str, size: str):
+    """A real filesystem of ``size`` at ``path`` (tmpfs); skips where mounting is not allowed."""
+    if os.geteuid() != 0:
+        pytest.skip("the disk-full tests mount a small tmpfs, which needs root")
+    os.makedirs(path, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); the disk-full tests need one")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", path], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", path], capture_output=True)  # a process still holds a file
+
+
+def fill(path: str) -> int:
+    """Writes a ballast file until the filesystem is full; returns the bytes written."""
+    written = 0
+    with open(os.path.join(path, "ballast"), "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                written += f.write(b"\0" * (1 << 16))
+    return written
+
+
+def fill_when(mount: str, ready, timeout_s: float = 240) -> dict:
+    """Fills the disk from a thread once ``ready()`` is true; returns what it saw."""
+    seen: dict = {}
+
+    def watch():
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # files not there yet, or being replaced
+                if ready():
+                    seen["bytes"] = fill(mount)
+                    seen["time"] = time.monotonic()
+                    return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return seen
+
+
+RAY_ACTOR_LINE = re.compile(r"^(\x1b\[\d+m)?\(\w+ pid=\d+")  # a line of an actor's log, relayed by Ray
+
+
+def driver_lines(text: str) -> list[str]:
+    """What the driver itself printed (Ray relays the workers' logs into the same streams)."""
+    return [line for line in text.splitlines() if not RAY_ACTOR_LINE.match(line)]
+
+
+def final_message(err: str) -> str:
+    """The CLI's last word: the one line a person reads to know what happened."""
+    return next((line for line in reversed(err.splitlines()) if line.startswith("hetero-ray train:")), "")
+
+
+def assert_failed_cleanly(run_dir: str, out: str, err: str) -> None:
+    """The part of the standard shared by every disk-full case."""
+    message = final_message(err)
+    assert message.startswith("hetero-ray train: training stopped: "), err[-3000:]
+    # One line, no traceback of the driver's own (Ray Train logs the workers' errors and
+    # the collateral ones of its shutdown; those lines carry the worker's prefix).
+    assert not [line for line in driver_lines(out + err) if "Traceback" in line], err[-3000:]
+    for fragment in ("disk full at", "free space or choose another --output-dir", f"are in {run_dir}"):
+        assert fragment in message, message
+    # Nothing half-written is visible: no temporary file, no unregistered checkpoint.
+    leftovers = [os.path.join(root, name) for root, _, names in os.walk(run_dir) for name in names
+                 if name.startswith(".tmp-") or name.endswith(".tmp")]
+    assert not leftovers, leftovers
+    train_dir = os.path.join(run_dir, "ray_train")
+    names = os.listdir(train_dir) if os.path.isdir(train_dir) else []
+    folders = {n for n in names if n.startswith("checkpoint_") and os.path.isdir(os.path.join(train_dir, n))}
+    assert folders <= registered_checkpoint_names(run_dir), "a checkpoint cut short is still there"
+    for folder in folders:  # the checkpoints kept are whole
+        load_state(os.path.join(train_dir, folder))
+    # Every Parquet file written before the disk filled opens.
+    for root, _, names in os.walk(run_dir):
+        for name in names:
+            if name.endswith(".parquet"):
+                pq.read_table(os.path.join(root, name))
+    summary_path = os.path.join(run_dir, run_files.SUMMARY_FILE)
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+        assert summary["status"] == "failed" and "disk full at" in summary["error"], summary
+    else:
+        assert "summary.json could not be written" in out and "status: failed" in out, out[-3000:]
+
+
+@pytest.mark.ray
+def test_disk_full_where_the_metrics_store_writes(ray_session, tmp_path, capsys):
+    """mlp slowed to a quarter speed, 256 steps; the disk fills once 20 steps are on disk."""
+    with tiny_disk(str(tmp_path / "disk"), "48m") as mount:
+        run_dir = os.path.join(mount, "runs", "full")
+        seen = fill_when(mount, lambda: run_files.read_table(run_dir, "steps")["global_step"].nunique() >= 20)
+        code, out, err = run_cli(train_args(os.path.join(mount, "runs"), "full", "--num-samples", "8192",
+                                            "--checkpoint-every", "1000", "--emulate-speeds", "0.25,0.25"), capsys)
+        ended = time.monotonic()
+        assert "time" in seen, "the disk was never filled:\n" + out[-3000:] + err[-3000:]
+        assert code == 1, out[-3000:] + err[-3000:]
+        assert_failed_cleanly(run_dir, out, err)
+        assert "while writing the write-ahead log" in final_message(err) or "part" in final_message(err)
+        steps = run_files.read_table(run_dir, "steps")
+        on_disk = sorted(steps["global_step"].unique())
+        assert len(on_disk) >= 20 and on_disk == list(range(len(on_disk))), "steps before the fill were lost"
+        assert len(on_disk) < 256, "training went on to the end"
+        assert f"up to step {len(on_disk)} " in final_message(err)
+        stopped_s = ended - seen["time"]
+        assert stopped_s < 30, f"the run took {stopped_s:.1f} s to stop"
+        print(f"\nstore disk full: stopped {stopped_s:.1f} s after the disk filled; {len(on_disk)} steps on disk")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_disk_full_where_ray_train_uploads_a_checkpoint(tmp_path):
+    """The store is kept from writing (records every 60 s) so that the next checkpoint is
+    the first write to meet the full disk; a subprocess, for its own Ray and exit code."""
+    with tiny_disk(str(tmp_path / "disk"), "48m") as mount:
+        run_dir = os.path.join(mount, "runs", "full-ckpt")
+        seen = fill_when(mount, lambda: latest_checkpoint_dir(run_dir) is not None)
+        env = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1",
+               "HETERO_RAY_RECORD_FLUSH_INTERVAL_S": "60", "HETERO_RAY_PARQUET_FLUSH_INTERVAL_S": "60"}
+        completed = subprocess.run(
+            [sys.executable, "-m", "hetero_ray", *train_args(os.path.join(mount, "runs"), "full-ckpt", "--num-samples",
+                                                             "8192", "--checkpoint-every", "10", "--emulate-speeds",
+                                                             "0.25,0.25", "--max-failures", "3")],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        ended = time.monotonic()
+        out, err = completed.stdout, completed.stderr
+        assert "time" in seen, "the disk was never filled:\n" + out[-3000:] + err[-3000:]
+        assert completed.returncode == 1, out[-3000:] + err[-3000:]
+        assert_failed_cleanly(run_dir, out, err)
+        assert "while saving a checkpoint" in final_message(err)
+        assert "restarted" not in out, "Ray Train retried on a full disk"
+        stopped_s = ended - seen["time"]
+        assert stopped_s < 40, f"the run took {stopped_s:.1f} s to stop"
+        print(f"\ncheckpoint disk full: the run ended {stopped_s:.1f} s after the disk filled")
+
+
+# ---- the pieces, on a full disk, without Ray --------------------------------------------
+
+
+def step_row(global_step: int, rank: int) -> dict:
+    return {"epoch": 0, "step": global_step, "global_step": global_step, "rank": rank, "attempt": 0,
+            "plan_version": 0, "local_batch_size": 16, "node_id": "n", "busy_time_s": 0.01, "step_time_s": 0.02,
+            "wall_time": time.time(), "loss": 1.0}
+
+
+def test_atomic_writes_leave_no_temporary_file_on_a_full_disk(tmp_path):
+    with tiny_disk(str(tmp_path / "disk"), "1m") as mount:
+        json_path, table_path = os.path.join(mount, "a.json"), os.path.join(mount, "t.parquet")
+        run_files.write_json(json_path, {"kept": True})
+        run_files.write_table(table_path, pa.table({"x": [1, 2, 3]}))
+        fill(mount)
+        with pytest.raises(OSError) as full_json:
+            run_files.write_json(json_path, {"kept": False, "pad": "x" * 200_000})
+        with pytest.raises(OSError) as full_table:
+            run_files.write_table(table_path, pa.table({"x": list(range(200_000))}))
+        assert errno.ENOSPC in (full_json.value.errno, full_table.value.errno)
+        assert sorted(os.listdir(mount)) == ["a.json", "ballast", "t.parquet"]  # no .tmp-*
+        assert run_files.read_json(json_path) == {"kept": True}
+        assert pq.read_table(table_path).column("x").to_pylist() == [1, 2, 3]
+
+
+def test_the_store_stops_writing_on_a_full_disk_and_says_where(tmp_path):
+    from hetero_ray.metrics.store import MetricsStore
+
+    with tiny_disk(str(tmp_path / "disk"), "1m") as mount:
+        run_dir = os.path.join(mount, "run")
+        os.makedirs(run_dir)
+        store = MetricsStore(run_dir, "full", parquet_flush_interval_s=3600)
+        store.begin_attempt(0, 2)
+        store.add(steps=[step_row(s, r) for s in range(10) for r in range(2)])
+        store.flush()
+        fill(mount)
+        for first in range(10, 2000, 10):  # until a write meets the full disk
+            store.add(steps=[step_row(s, r) for s in range(first, first + 10) for r in range(2)])
+            store.flush()
+            if store.failure():
+                break
+        failure = store.failure()
+        assert failure and failure["disk_full"], failure
+        assert failure["message"].startswith("disk full at " + run_dir), failure
+        assert failure["what"] in ("the write-ahead log", "the steps part")
+        store.add(steps=[step_row(5000, 0)])  # after the failure: nothing held for the disk, no raise
+        assert store.memory()["pending_rows"] == 0
+        assert store.info()["status"] == "failed"
+        store.finalize()  # merges what it can; never raises for the disk it already reported
+        steps = run_files.read_table(run_dir, "steps")
+        assert set(range(10)) <= set(steps["global_step"]), "the part written before the disk filled is lost"
+        leftovers = [n for _, _, names in os.walk(run_dir) for n in names if n.startswith(".tmp-")]
+        assert not leftovers
+
+
+def test_failures_become_one_message_a_person_can_act_on():
+    from ray.train import ControllerError, WorkerGroupError
+
+    from hetero_ray.errors import TrainingFailed, UserError
+    from hetero_ray.metrics.store import StoreWriteFailed
+    from hetero_ray.runtime.driver import failure_for_user
+
+    bad = UserError("checkpoint /r/ray_train/checkpoint_1/state.pt cannot be read (…)")
+    for error in (ControllerError(bad), WorkerGroupError("rank 0 failed", {0: bad, 1: RuntimeError("gloo")})):
+        failure = failure_for_user(error, "/r", 12)
+        assert isinstance(failure, UserError)
+        assert str(failure).startswith(str(bad)) and "without retrying" in str(failure) and "step 12" in str(failure)
+
+    store = failure_for_user(ControllerError(StoreWriteFailed("disk full at /r/parts/steps/part-00000003.parquet "
+                                                              "while writing the steps part (0.0 MiB free there)")),
+                             "/r", 40)
+    assert isinstance(store, TrainingFailed)
+    assert str(store) == ("training stopped: the metrics store could not write: disk full at "
+                          "/r/parts/steps/part-00000003.parquet while writing the steps part (0.0 MiB free there); "
+                          "free space or choose another --output-dir; the run's files up to step 40 are in /r")
+
+    upload = failure_for_user(WorkerGroupError("rank 0 failed", {0: OSError(errno.ENOSPC, "No space left on device")}),
+                              "/r", 30)
+    assert isinstance(upload, TrainingFailed)
+    assert "disk full at /r/ray_train while saving a checkpoint" in str(upload)
+
+    other = failure_for_user(WorkerGroupError("rank 1 failed", {1: RuntimeError("gloo timeout")}), "/r", 3)
+    assert isinstance(other, TrainingFailed) and str(other).startswith("training failed: ")
