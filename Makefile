@@ -22,7 +22,7 @@ demo: setup
 
 ## The whole test suite (unit, real local Ray, real gloo groups, browser).
 test: setup-browser
-	$(PY) -m pytest -q -W ignore::DeprecationWarning
+	$(PY) -m pytest -q -W ignore::DeprecationWarning --durations=15
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" -W ignore::DeprecationWarning

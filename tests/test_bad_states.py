@@ -419,7 +419,7 @@ def test_failures_become_one_message_a_person_can_act_on():
 
     from hetero_ray.errors import TrainingFailed, UserError
     from hetero_ray.metrics.store import StoreWriteFailed
-    from hetero_ray.runtime.driver import failure_for_user
+    from hetero_ray.runtime.failures import failure_for_user
 
     bad = UserError("checkpoint /r/ray_train/checkpoint_1/state.pt cannot be read (…)")
     for error in (ControllerError(bad), WorkerGroupError("rank 0 failed", {0: bad, 1: RuntimeError("gloo")})):
