@@ -18,7 +18,7 @@ demo: setup
 	  --num-samples 6144 --epochs 2 --batch-size 96 --num-workers 4 \
 	  --emulate-speeds 1,1,0.5,0.25 \
 	  --output-dir runs --experiment-name $(DEMO_NAME)
-	$(VENV)/bin/hetero-ray report runs/$(DEMO_NAME)
+	@$(VENV)/bin/hetero-ray report --quiet runs/$(DEMO_NAME)  # the run already printed its summary
 
 ## The whole test suite (unit, real local Ray, real gloo groups, browser).
 test: setup-browser

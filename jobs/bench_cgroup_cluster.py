@@ -24,6 +24,9 @@ from hetero_ray.cli.main import main as hetero_ray_main  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quota", type=float, default=0.33, help="cores the slow node may use (default %(default)s)")
+    parser.add_argument("--period-ms", type=float, default=100.0,
+                        help="CFS period over which the quota holds (default %(default)s, the kernel's; "
+                             "10 spreads the cap evenly over a step)")
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--policies", default="static,optimal")
@@ -41,8 +44,9 @@ def main() -> int:
         nodes.append(start_node(port=port, num_cpus=1, log_dir=log_dir))
         nodes.append(start_node(address=address, num_cpus=1, cpu_quota=args.quota, log_dir=log_dir))
         wait_for_nodes(address, 2, nodes)
-        set_cpu_quota(nodes[1], args.quota)
-        print(f"[bench] cluster at {address}: head (1 CPU) + a node capped at {args.quota} core", flush=True)
+        set_cpu_quota(nodes[1], args.quota, period_us=int(args.period_ms * 1000))
+        print(f"[bench] cluster at {address}: head (1 CPU) + a node capped at {args.quota} core "
+              f"per {args.period_ms:g} ms", flush=True)
         argv = ["bench", "--address", address, "--no-emulation", "--num-workers", "2", "--steps", str(args.steps),
                 "--batch-size", str(args.batch_size), "--policies", args.policies,
                 "--output-dir", os.path.join(log_dir, "runs")]
@@ -50,6 +54,9 @@ def main() -> int:
             argv += ["--json", args.json]
         return hetero_ray_main(argv)
     finally:
+        import ray  # not at the top: hetero_ray sets the auth mode before Ray is first imported
+
+        ray.shutdown()  # before its nodes go: a driver left connected to a dead cluster exits 1
         for node in reversed(nodes):
             node.stop()
 

@@ -12,7 +12,6 @@ from tests.test_dashboard_data import write_run
 from tests.cli import run_cli
 
 
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
@@ -41,6 +40,12 @@ def test_report_prints_the_text_summary(runs, capsys):
     static, _, _ = runs
     code, out, _ = run_cli(["report", static], capsys)
     assert code == 0 and "== static" in out
+
+
+def test_quiet_report_says_only_where_it_went(runs, capsys):
+    static, optimal, _ = runs
+    code, out, _ = run_cli(["report", "--quiet", static, optimal, "--out", os.path.join(static, "both.html")], capsys)
+    assert code == 0 and out.strip() == f"report: {os.path.join(static, 'both.html')}"
 
 
 def test_report_of_a_run_still_going_builds_its_summary_from_the_tables(runs, capsys, tmp_path):

@@ -130,8 +130,16 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
     return RayNode(process, temp_dir, log_path, cgroup)
 
 
-def set_cpu_quota(node: RayNode, cores: float) -> None:
-    _write(os.path.join(node.cgroup, "cpu.cfs_quota_us"), int(cores * CFS_PERIOD_US))
+def set_cpu_quota(node: RayNode, cores: float, period_us: int = CFS_PERIOD_US) -> None:
+    """Caps the node's processes at ``cores`` on average over every ``period_us``.
+
+    The period sets how the cap feels: with the kernel's 100 ms a node runs at full speed
+    until its share of the period is spent, then stalls for the rest (steps of ~100 ms are
+    either fast or very slow, as under Kubernetes CPU limits); a 10 ms period spreads the
+    same cap evenly over a step, like a device that is simply slower.
+    """
+    _write(os.path.join(node.cgroup, "cpu.cfs_period_us"), int(period_us))
+    _write(os.path.join(node.cgroup, "cpu.cfs_quota_us"), int(cores * period_us))
 
 
 def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: float = 120) -> None:

@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (OUTPUT_DIR/EXPERIMENT_NAME)")
     parser.add_argument("--out", help="HTML file to write (default RUN_DIR/report.html for one run, "
                                       "hetero_ray_report.html here for several)")
+    parser.add_argument("--quiet", action="store_true", help="print only where the report went, not the summary")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,10 +24,10 @@ def run(args: argparse.Namespace) -> int:
     for run_dir in args.run_dirs:  # all bad input before any work
         check_run_dir(run_dir)
     path, runs = write_report(args.run_dirs, args.out)
-    for loaded in runs:
+    for loaded in [] if args.quiet else runs:
         print(summary_text(loaded))
         print()
-    if len(runs) > 1:
+    if len(runs) > 1 and not args.quiet:
         print(compare_text(runs))
         print()
     print(f"report: {path}")
