@@ -34,6 +34,7 @@ bench: setup
 	$(PY) jobs/bench_balance.py --speed-change 100:1:0.5 --homogeneous-check
 	$(PY) jobs/bench_profiler_overhead.py
 	$(PY) jobs/bench_dashboard.py
+	-$(PY) jobs/bench_cgroup_cluster.py --period-ms 10 --batch-size 256  # needs a writable cgroup v1 cpu controller
 
 clean:
 	rm -rf runs .pytest_cache
