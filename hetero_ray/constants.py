@@ -50,7 +50,10 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 PLACEMENT_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLACEMENT_TIMEOUT_S"
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
 # Elastic runs restart with the workers they can have after this long, not the full size.
-DEFAULT_ELASTIC_START_TIMEOUT_S = 10.0
+# Each try at a size the cluster no longer has costs this much (Ray Train's view of the
+# cluster's resources lags a node's death by a try or two); a placement group that can be
+# placed is ready in well under a second.
+DEFAULT_ELASTIC_START_TIMEOUT_S = 5.0
 
 # Node labels set by cluster_configs/ scripts and manifests, and read by --worker-devices:
 # what kind of device a node offers its training workers, and which GPU model.

@@ -122,6 +122,7 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
     # RAY_ADDRESS names this cluster to the node's processes: with several clusters on one
     # machine, Ray Train's placement-group cleaner would otherwise not know which to ask.
     env = dict(os.environ, RAY_ADDRESS=address or f"127.0.0.1:{port}")
+    env.setdefault("RAY_health_check_period_ms", "1000")  # as cluster_configs/start_head.sh: a lost node seen in ~5 s
     if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
         env["RAY_AUTH_MODE"] = "token"
     with open(log_path, "w") as log:
