@@ -116,8 +116,7 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
     if cpu_quota is not None:  # the process joins the cgroup first; the quota comes with set_cpu_quota
         cgroup = os.path.join(CGROUP_CPU_ROOT, f"hetero_ray_test_{os.path.basename(temp_dir)}")
         os.makedirs(cgroup, exist_ok=True)
-        _write(os.path.join(cgroup, "cpu.cfs_period_us"), CFS_PERIOD_US)
-        _write(os.path.join(cgroup, "cpu.cfs_quota_us"), -1)
+        _write(os.path.join(cgroup, "cpu.cfs_quota_us"), -1)  # set_cpu_quota sets the period with the quota
         command = f"echo $$ > {cgroup}/cgroup.procs && {command}"
     # RAY_ADDRESS names this cluster to the node's processes: with several clusters on one
     # machine, Ray Train's placement-group cleaner would otherwise not know which to ask.

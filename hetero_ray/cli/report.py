@@ -24,11 +24,12 @@ def run(args: argparse.Namespace) -> int:
     for run_dir in args.run_dirs:  # all bad input before any work
         check_run_dir(run_dir)
     path, runs = write_report(args.run_dirs, args.out)
-    for loaded in [] if args.quiet else runs:
-        print(summary_text(loaded))
-        print()
-    if len(runs) > 1 and not args.quiet:
-        print(compare_text(runs))
-        print()
+    if not args.quiet:
+        for loaded in runs:
+            print(summary_text(loaded))
+            print()
+        if len(runs) > 1:
+            print(compare_text(runs))
+            print()
     print(f"report: {path}")
     return 0
