@@ -14,6 +14,15 @@ training cannot avoid: the all-reduce, and each step waiting for the unluckiest 
 Measuring in the same run means the devices are measured under the same conditions
 (on a shared machine, their contention included).
 
+Synchronous training also pays for jitter: every step waits for its slowest rank, and
+a rank's busy time varies from step to step even when its mean is right. The *jitter
+ceiling* is the efficiency a perfect split would reach with the run's own jitter (the
+all-reduce left out): with ``x_i,s = busy_i,s / mean busy_i`` (per rank and batch size),
+
+    jitter ceiling = 1 / mean_s max_i x_i,s
+
+On a quiet GPU cluster it is near 1; on a small shared machine it is what caps everyone.
+
 Steps to balance: the first step from which the cluster's throughput (rolling median over
 20 steps) never falls more than 10 % below its steady value (the second half's).
 """
@@ -96,6 +105,16 @@ def own_throughputs(steps: pd.DataFrame, since_step: int) -> pd.Series:
     return sums["local_batch_size"] / sums["busy_time_s"]
 
 
+def jitter_ceiling(steps: pd.DataFrame, since_step: int) -> float:
+    """The efficiency a perfect split would reach given each rank's step-to-step jitter."""
+    rows = steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+    if rows.empty:
+        return float("nan")
+    mean_busy = rows.groupby(["rank", "local_batch_size"])["busy_time_s"].transform("mean")
+    relative = rows["busy_time_s"] / mean_busy  # x_i,s: 1 is this rank's usual pace
+    return float(1.0 / relative.groupby(rows["global_step"]).max().mean())
+
+
 def steady_start(steps: pd.DataFrame) -> int:
     """The first step of the second half (where steady figures are taken)."""
     table = per_step(steps)
@@ -130,7 +149,7 @@ def run_bench(args) -> dict:
 
     from hetero_ray.runtime.cluster import connect
 
-    connect(args.address, local_num_cpus=max(os.cpu_count() or 1, args.num_workers), timeout_s=30)
+    connection = connect(args.address, local_num_cpus=max(os.cpu_count() or 1, args.num_workers), timeout_s=30)
     output_dir = os.path.abspath(args.output_dir or os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S")))
     os.makedirs(output_dir, exist_ok=True)
     speeds = args.emulate_speeds
@@ -149,7 +168,7 @@ def run_bench(args) -> dict:
         result["homogeneous"] = {"plan_changes": homogeneous.plan_changes,
                                  "final_plan": homogeneous.summary["final_plan"],
                                  "run_dir": homogeneous.run_dir}
-    if ray.is_initialized() and args.address is None:
+    if connection.started_local:  # a Ray this process joined (a cluster, a test session) stays up
         ray.shutdown()
     result["report"] = _write_report(output_dir, runs, result)
     return result
@@ -165,6 +184,7 @@ def analyse(run: PolicyRun) -> None:
     run.steps_to_balance = steps_to_balance(run.steps, run.samples_per_s)
     run.extra["own_samples_per_s"] = [float(v) for v in own.to_numpy()]
     run.extra["equal_split_efficiency_bound"] = float(len(own) * own.min() / own.sum())
+    run.extra["jitter_ceiling"] = jitter_ceiling(run.steps, since)
 
 
 def _adaptation(args, output_dir: str, speeds) -> dict:
@@ -188,6 +208,7 @@ def _adaptation(args, output_dir: str, speeds) -> dict:
     before = steady_samples_per_s(run.steps[run.steps["global_step"] < step])
     return {"speed_change": change, "new_ideal_samples_per_s": new_ideal, "before_change_samples_per_s": before,
             "steady_after_change_samples_per_s": after, "steady_after_of_new_ideal": after / new_ideal,
+            "jitter_ceiling_after_change": jitter_ceiling(run.steps, settled),
             "intervals": intervals, "intervals_to_within_10pct_of_steady": recovered,
             "plan_changes": run.plan_changes, "run_dir": run.run_dir}
 
@@ -222,11 +243,13 @@ def print_result(result: dict) -> None:
     for r in result["runs"]:
         ratio = f"{r['samples_per_s'] / static['samples_per_s']:.2f}" if static else "-"
         rows.append([r["label"], f"{r['samples_per_s']:.0f}", ratio, f"{r['ideal_samples_per_s']:.0f}",
-                     f"{r['balance_efficiency']:.3f}", f"{r['equal_split_efficiency_bound']:.2f}",
+                     f"{r['balance_efficiency']:.3f}", f"{r['jitter_ceiling']:.3f}",
+                     f"{r['equal_split_efficiency_bound']:.2f}",
                      "-" if r["steps_to_balance"] is None else r["steps_to_balance"], r["plan_changes"],
                      "/".join(map(str, r["final_plan"] or [])),
                      "/".join(f"{v:.0f}" for v in r["own_samples_per_s"])])
-    print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "n·min/Σ", "steps to balance",
+    print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "jitter ceiling", "n·min/Σ",
+                        "steps to balance",
                         "plan changes", "final plan", "own samples/s per rank"], rows))
     if "adaptation" in result:
         a = result["adaptation"]
@@ -235,7 +258,7 @@ def print_result(result: dict) -> None:
         print(f"adaptation: rank {c['rank']} to speed {c['speed']} at step {c['global_step']}: "
               f"{a['before_change_samples_per_s']:.0f} samples/s before; after: steady "
               f"{a['steady_after_change_samples_per_s']:.0f}, new ideal {a['new_ideal_samples_per_s']:.0f} "
-              f"({a['steady_after_of_new_ideal']:.2f} of it)")
+              f"({a['steady_after_of_new_ideal']:.2f} of it; jitter ceiling {a['jitter_ceiling_after_change']:.2f})")
         print(format_table(["interval after change", "samples/s", "of new ideal"],
                            [[i["interval"], f"{i['samples_per_s']:.0f}", f"{i['of_new_ideal']:.2f}"]
                             for i in a["intervals"]]))

@@ -3,10 +3,17 @@
 A rank with emulated speed ``v`` (0 < v ≤ 1) behaves like a device ``1/v`` times slower:
 before each gradient bucket is handed to the all-reduce, it sleeps until
 
-    elapsed_wall = real_work / v,        real_work = elapsed_wall − padded_so_far
+    elapsed_wall = work / v
 
 so every bucket leaves when it would have left on the slower device, and the padding
 counts as busy time (the balancer must see the rank as slow). Nothing else is padded.
+
+``work`` is what the device did, not how long the host took to let it: on a CPU it is the
+compute thread's CPU time. Wall time would also count the moments the OS scheduler gave
+the core to another process, and the pad would multiply them by ``1/v`` — a 10 ms
+preemption of a rank at speed 0.25 would become 40 ms, which no slower device does. On a
+GPU the device's queue is drained and wall time is the work (the host is not the device).
+
 Speeds may change at given global steps (``--emulate-speed-change STEP:RANK:SPEED``), to
 test how the balancer follows a device that slows down mid-run.
 """
@@ -16,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -40,23 +49,39 @@ class SpeedSchedule:
         return value
 
 
+def cpu_work_clock() -> Callable[[], float]:
+    """CPU seconds spent computing by this process's torch work.
+
+    With one intra-op thread the forward and (CPU) backward passes run on the calling
+    thread, so its CPU time is the work and gloo's or Ray's background threads are not.
+    With an intra-op pool the work is spread over the process's threads.
+    """
+    return time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+
 class SpeedEmulator:
     """Pads one rank's busy time so it runs at ``speed`` of its real speed.
 
     Args:
         synchronize: waits for the device's queued work (CUDA); without it the real work
-            done so far cannot be known on an asynchronous device.
+            done so far cannot be known on an asynchronous device. Given, work is wall time.
+        work_clock: seconds of work done so far, when the device is the host CPU (default
+            :func:`cpu_work_clock`); ignored when ``synchronize`` is given.
     """
 
-    def __init__(self, synchronize: Optional[Callable[[], None]] = None):
+    def __init__(self, synchronize: Optional[Callable[[], None]] = None,
+                 work_clock: Optional[Callable[[], float]] = None):
         self._synchronize = synchronize
+        self._work_clock = work_clock or cpu_work_clock()
         self.speed = 1.0
         self._step_start = 0.0
+        self._work_start = 0.0
         self.padded_s = 0.0
 
     def begin_step(self, speed: float, step_start: float) -> None:
         self.speed = speed
         self._step_start = step_start
+        self._work_start = self._work_clock()
         self.padded_s = 0.0
 
     def pad(self) -> None:
@@ -65,8 +90,11 @@ class SpeedEmulator:
         if self._synchronize is not None:
             self._synchronize()
         elapsed = time.perf_counter() - self._step_start
-        real_work = elapsed - self.padded_s
-        delay = real_work / self.speed - elapsed
+        if self._synchronize is not None:
+            work = elapsed - self.padded_s
+        else:
+            work = self._work_clock() - self._work_start
+        delay = work / self.speed - elapsed
         if delay > 0:
             slept_from = time.perf_counter()
             time.sleep(delay)

@@ -1,0 +1,92 @@
+"""`hetero-ray bench`: the figures it prints, from step records (pure), and one real run."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from hetero_ray.bench.balance import (
+    PolicyRun,
+    analyse,
+    jitter_ceiling,
+    own_throughputs,
+    steps_to_balance,
+)
+from tests.cli import run_cli
+
+
+def step_table(busy_per_rank: list[list[float]], sizes: list[int], step_time_s=None) -> pd.DataFrame:
+    """Step records: ``busy_per_rank[i][s]`` for rank i at step s; steps end every step time."""
+    rows, wall = [], 0.0
+    for s in range(len(busy_per_rank[0])):
+        busy = [ranks[s] for ranks in busy_per_rank]
+        wall += step_time_s[s] if step_time_s is not None else max(busy)
+        for rank, t in enumerate(busy):
+            rows.append({"global_step": s, "rank": rank, "local_batch_size": sizes[rank], "busy_time_s": t,
+                         "step_time_s": max(busy), "wall_time": wall})
+    return pd.DataFrame(rows)
+
+
+def test_a_perfect_split_without_jitter_is_efficiency_one():
+    steps = step_table([[0.1] * 40, [0.1] * 40], sizes=[30, 10])
+    run = PolicyRun("optimal", "optimal", "", steps, {})
+    analyse(run)
+    assert run.samples_per_s == pytest.approx(400)  # 40 samples every 0.1 s
+    assert list(own_throughputs(steps, 0)) == pytest.approx([300, 100])
+    assert run.balance_efficiency == pytest.approx(1.0)
+    assert run.extra["equal_split_efficiency_bound"] == pytest.approx(0.5)  # 2 · 100 / 400
+    assert run.extra["jitter_ceiling"] == pytest.approx(1.0)
+
+
+def test_an_equal_split_of_unequal_devices_runs_at_the_slowest_pace():
+    steps = step_table([[0.05] * 40, [0.2] * 40], sizes=[20, 20])  # rank 1 is 4× slower
+    run = PolicyRun("static", "static", "", steps, {})
+    analyse(run)
+    # 40 samples per 0.2 s = 200/s; the devices' own: 400 + 100 = 500/s
+    assert run.balance_efficiency == pytest.approx(0.4)
+    assert run.extra["equal_split_efficiency_bound"] == pytest.approx(0.4)
+
+
+def test_jitter_that_the_ranks_do_not_share_costs_every_step_the_worst():
+    fast_slow = [0.09, 0.11] * 20
+    steps = step_table([fast_slow, fast_slow[1:] + fast_slow[:1]], sizes=[10, 10])  # out of phase
+    assert jitter_ceiling(steps, 0) == pytest.approx(1 / 1.1)
+
+
+def test_jitter_that_all_ranks_share_costs_nothing():
+    together = [0.09, 0.11] * 20
+    steps = step_table([together, together], sizes=[10, 10])
+    assert jitter_ceiling(steps, 0) == pytest.approx(1.0)
+
+
+def test_jitter_is_measured_per_batch_size_so_a_plan_change_is_not_jitter():
+    busy = [[0.1] * 20 + [0.2] * 20, [0.1] * 40]
+    steps = step_table(busy, sizes=[10, 10])
+    steps.loc[(steps["rank"] == 0) & (steps["global_step"] >= 20), "local_batch_size"] = 20
+    assert jitter_ceiling(steps, 0) == pytest.approx(1.0)
+
+
+def test_steps_to_balance_is_where_throughput_stays_near_steady():
+    busy = [0.4] * 30 + [0.1] * 70  # slow until step 30, then balanced
+    steps = step_table([busy], sizes=[10])
+    # the rolling median over 20 steps turns at the 11th balanced step (step 40)
+    assert 35 <= steps_to_balance(steps, steady=100.0) <= 45
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code, stdout, _ = run_cli(["bench", "--model", "mlp", "--emulate-speeds", "1,0.5", "--batch-size", "64",
+                               "--steps", "40", "--rebalance-interval", "10", "--policies", "static,optimal",
+                               "--output-dir", str(tmp_path / "runs"), "--json", str(out)], capsys)
+    assert code == 0, stdout
+    assert "jitter ceiling" in stdout and "efficiency" in stdout
+    result = json.loads(out.read_text())
+    assert [r["policy"] for r in result["runs"]] == ["static", "optimal"]
+    for r in result["runs"]:
+        assert {"samples_per_s", "ideal_samples_per_s", "balance_efficiency", "steps_to_balance",
+                "jitter_ceiling"} <= r.keys()
+        assert 0 < r["balance_efficiency"] <= 1.2 and 0 < r["jitter_ceiling"] <= 1.0
+    assert (tmp_path / "runs" / "bench.html").exists()

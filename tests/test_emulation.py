@@ -1,0 +1,119 @@
+"""Emulated device speeds: the pad stretches a rank's work, never the host's scheduling."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hetero_ray.training import emulation
+from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock
+
+
+class FakeClocks:
+    """Wall and work clocks a test advances by hand; ``sleep`` moves the wall clock only."""
+
+    def __init__(self):
+        self.wall = 100.0
+        self.work = 7.0
+        self.slept: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.wall += seconds
+
+    def compute(self, seconds: float) -> None:
+        self.wall += seconds
+        self.work += seconds
+
+    def preempted(self, seconds: float) -> None:
+        self.wall += seconds  # another process had the core: time passes, no work is done
+
+
+@pytest.fixture
+def clocks(monkeypatch):
+    fake = FakeClocks()
+    monkeypatch.setattr(emulation, "time", fake)
+    return fake
+
+
+def test_a_rank_at_speed_v_takes_work_over_v(clocks):
+    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
+    emulator.begin_step(0.25, clocks.perf_counter())
+    clocks.compute(0.010)
+    emulator.pad()
+    assert clocks.wall - 100.0 == pytest.approx(0.040)
+    assert emulator.padded_s == pytest.approx(0.030)
+
+
+def test_pads_before_each_bucket_add_up_to_the_slower_device(clocks):
+    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
+    emulator.begin_step(0.5, clocks.perf_counter())
+    for _ in range(3):  # three buckets, 5 ms of work before each
+        clocks.compute(0.005)
+        emulator.pad()
+    assert clocks.wall - 100.0 == pytest.approx(0.030)
+    assert emulator.padded_s == pytest.approx(0.015)
+
+
+def test_time_the_host_gave_to_others_is_not_multiplied(clocks):
+    # 10 ms of work and 30 ms preempted: a device at speed 0.5 needs 20 ms, already past.
+    # Counting wall time as work would have padded to (10 + 30) / 0.5 = 80 ms.
+    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
+    emulator.begin_step(0.5, clocks.perf_counter())
+    clocks.compute(0.010)
+    clocks.preempted(0.030)
+    emulator.pad()
+    assert clocks.slept == [] and emulator.padded_s == 0.0
+
+
+def test_preemption_is_absorbed_by_the_pad_when_it_fits(clocks):
+    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
+    emulator.begin_step(0.25, clocks.perf_counter())
+    clocks.compute(0.010)
+    clocks.preempted(0.015)
+    emulator.pad()
+    assert clocks.wall - 100.0 == pytest.approx(0.040)  # as if never preempted
+
+
+def test_full_speed_never_pads(clocks):
+    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
+    emulator.begin_step(1.0, clocks.perf_counter())
+    clocks.compute(0.010)
+    emulator.pad()
+    assert clocks.slept == []
+
+
+def test_on_an_asynchronous_device_work_is_wall_time_after_draining_the_queue(clocks):
+    drained = []
+    emulator = SpeedEmulator(synchronize=lambda: drained.append(True), work_clock=lambda: 0.0)
+    emulator.begin_step(0.5, clocks.perf_counter())
+    clocks.preempted(0.010)  # the GPU worked while the host waited: all of it counts
+    emulator.pad()
+    assert drained and clocks.wall - 100.0 == pytest.approx(0.020)
+    clocks.preempted(0.010)
+    emulator.pad()  # the second bucket: work so far is wall minus what was padded
+    assert clocks.wall - 100.0 == pytest.approx(0.040)
+
+
+def test_the_cpu_work_clock_counts_compute_not_sleep():
+    clock = cpu_work_clock()
+    start = clock()
+    time.sleep(0.05)
+    slept = clock() - start
+    start = clock()
+    deadline = time.perf_counter() + 0.05
+    while time.perf_counter() < deadline:
+        pass
+    computed = clock() - start
+    assert slept < 0.01 and computed > 0.005
+
+
+def test_speed_schedule_applies_changes_from_their_step():
+    schedule = SpeedSchedule([1.0, 0.5], [SpeedChange(100, 1, 0.25), SpeedChange(50, 0, 0.8)])
+    assert [schedule.speed(0, s) for s in (0, 49, 50)] == [1.0, 1.0, 0.8]
+    assert [schedule.speed(1, s) for s in (99, 100, 500)] == [0.5, 0.25, 0.25]
+    assert schedule.speed(5, 0) == 1.0  # a rank beyond the list runs at full speed
