@@ -44,7 +44,7 @@ def test_optimal_balances_and_records_every_decision():
     rows, plans, final = drive(balancer, cluster(), steps=200, sizes=[24, 24, 24, 24], lag_steps=3)
     assert plans, "an unbalanced cluster must get a new plan"
     assert sum(final) == 96 and final[3] < final[2] < final[0]
-    assert all(r["global_step"] >= 10 for r in rows)
+    assert all(r["global_step"] >= 9 for r in rows)  # the first decision is for point 10
     adopted = [r for r in rows if r["adopted"]]
     assert adopted and all(r["achieved_step_time_s"] is not None for r in adopted[:-1])
     first = adopted[0]
@@ -89,3 +89,23 @@ def test_a_short_last_window_is_not_mistaken_for_a_plan():
              "plan_version": 0, "attempt": 0} for r, b in enumerate([3, 2, 0, 0])]
     out = balancer.add_steps(rows)
     assert not out.new_plans and not out.decision_rows
+
+
+def test_decides_before_the_workers_reach_the_rebalance_point():
+    # Steps of 0.1 s; records arrive once a second, 10 steps at a time. Deciding when the
+    # records *reach* point 40 (at 5 s, when step 49 arrives) would leave the plan waiting
+    # for point 60; the balancer must decide by the batch that arrives before 4 s.
+    balancer = new_balancer("static", interval=20)
+    sim, decided_at = cluster(), []
+    for second in range(1, 13):
+        rows = []
+        for step in range(10 * (second - 1), 10 * second):
+            for row in step_rows(sim, step, [24, 24, 24, 24], 0):
+                rows.append({**row, "step_time_s": 0.1, "wall_time": 0.1 * (step + 1)})
+        out = balancer.add_steps(rows, now=float(second))
+        decided_at += [(second, r["global_step"]) for r in out.decision_rows]
+    assert decided_at, "no decision was made"
+    for second, step in decided_at[1:]:  # the first comes before the balancer knows the batch gap
+        point = (step // 20 + 1) * 20
+        assert second < 0.1 * point, f"decision at {second} s for point {point}, reached at {0.1 * point} s"
+    assert [step for _, step in decided_at] == [19, 29, 49, 69, 89, 109]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hetero_ray.training import emulation
-from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock
+from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock, fit_to_cores
 
 
 class FakeClocks:
@@ -117,3 +117,28 @@ def test_speed_schedule_applies_changes_from_their_step():
     assert [schedule.speed(0, s) for s in (0, 49, 50)] == [1.0, 1.0, 0.8]
     assert [schedule.speed(1, s) for s in (99, 100, 500)] == [0.5, 0.25, 0.25]
     assert schedule.speed(5, 0) == 1.0  # a rank beyond the list runs at full speed
+
+
+def test_speeds_that_fit_the_cores_are_kept():
+    schedule = SpeedSchedule([1.0, 0.5])
+    assert fit_to_cores(schedule, ["a", "a"], [2, 2]) == 1.0  # 1.5 cores asked of 0.8 · 2
+
+
+def test_speeds_that_do_not_fit_are_scaled_together():
+    schedule = SpeedSchedule([1.0, 1.0, 0.5, 0.25])
+    scale = fit_to_cores(schedule, ["a"] * 4, [2] * 4)
+    assert scale == pytest.approx(0.8 * 2 / 2.75)
+    schedule.scale = scale
+    assert schedule.speed(0, 0) / schedule.speed(3, 0) == pytest.approx(4.0)  # the ratios stay
+
+
+def test_the_most_crowded_node_sets_the_scale_and_gpu_ranks_need_no_core():
+    schedule = SpeedSchedule([1.0, 1.0, 1.0, 1.0])
+    # node a: two CPU ranks on 4 cores (fits); node b: two CPU ranks on 1 core; rank 3 is a GPU
+    scale = fit_to_cores(schedule, ["a", "a", "b", "b"], [4, 4, 1, None])
+    assert scale == pytest.approx(0.8)  # node b: one CPU rank on 1 core, 0.8 usable
+
+
+def test_a_speed_change_that_asks_for_more_is_planned_for_from_the_start():
+    schedule = SpeedSchedule([0.5, 0.5], [SpeedChange(100, 1, 1.0)])
+    assert fit_to_cores(schedule, ["a", "a"], [1, 1]) == pytest.approx(0.8 / 1.5)

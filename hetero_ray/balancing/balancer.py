@@ -1,14 +1,22 @@
-"""The balancer: per-step records in, decisions out, every rebalance interval.
+"""The balancer: per-step records in, decisions out, in time for each rebalance point.
 
 Plain class (the actor in :mod:`hetero_ray.runtime.balancer_actor` only forwards what it
 returns). It learns the plan in force from the records themselves (each row carries its
 ``plan_version`` and ``local_batch_size``), so it never decides on a plan the workers are
-not running:
+not running.
 
-    at the newest step every rank has reported, g:
-      if g ≥ next decision step and the last adopted proposal is in force (or none is pending):
-          decision = policy.decide(plan in force, estimates, g)
-          next decision step = g + rebalance_interval
+Workers switch plans only at rebalance points (global steps that are multiples of the
+interval), and records reach the balancer in batches, some steps after they ran. A
+decision made when the records *reach* a rebalance point is a point late: the workers
+have passed it and the plan waits a whole interval. So the balancer decides for the next
+point ``B`` as soon as the records after this batch would arrive too late:
+
+    g = newest step every rank has reported;  lead = ⌈(lag + gap) / step time⌉ + 1
+    if g + lead ≥ B and the last adopted proposal is in force (or none is pending):
+        decision = policy.decide(plan in force, estimates, g);  B = next point after g + lead
+
+with ``lag`` how old step ``g`` already is (its wall time against the clock now) and
+``gap`` the time between record batches. Without wall times it decides at ``g = B − 1``.
 
 An adopted decision's row waits until the new plan has run ``achieved_window_steps``
 complete steps; then its ``achieved_step_time_s`` (median over those steps of the
@@ -19,6 +27,7 @@ is emitted, prediction and outcome side by side.
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,6 +38,8 @@ from hetero_ray.balancing.policies import Decision, Policy
 from hetero_ray.plan import Plan
 
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
+_GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches
+_MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the lag
 
 
 @dataclass
@@ -43,6 +54,8 @@ class BalancerOutput:
 class _StepInfo:
     ranks: set = field(default_factory=set)
     max_busy_time_s: float = 0.0
+    step_time_s: float = -math.inf  # the step's (the slowest rank's); -inf: not reported
+    wall_time: float = -math.inf  # when the step ended (the latest rank's clock)
     plan_version: int = -1
     local_batch_sizes: dict = field(default_factory=dict)
 
@@ -58,7 +71,10 @@ class Balancer:
         self.attempt = -1
         self.estimates: Optional[ClusterEstimates] = None
         self._steps: collections.OrderedDict[int, _StepInfo] = collections.OrderedDict()
-        self._next_decision_step = 0
+        self._next_point = 0  # the rebalance point the next decision is for
+        self._last_arrival: Optional[float] = None
+        self._gaps_s: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
+        self._newest_complete = -1
         self._waiting_since_version: Optional[int] = None  # a proposal made under this version
         self._awaiting_outcome: Optional[tuple[dict, int]] = None  # (row, version it was proposed under)
         self._achieved: list[float] = []
@@ -71,11 +87,15 @@ class Balancer:
         self.num_workers = num_workers
         self.attempt = attempt
         self._steps.clear()
-        self._next_decision_step = start_global_step + self.rebalance_interval
+        self._next_point = self._point_after(start_global_step)
         self._waiting_since_version = None
+        self._last_arrival, self._newest_complete = None, -1
+        self._gaps_s.clear()
 
     # ------------------------------------------------------------------ feeding
-    def add_steps(self, rows: list[dict]) -> BalancerOutput:
+    def add_steps(self, rows: list[dict], now: Optional[float] = None) -> BalancerOutput:
+        """Takes a batch of step records (``now``: the arrival time, default the clock)."""
+        now = time.time() if now is None else now
         out = BalancerOutput()
         if self.estimates is None:
             return out
@@ -94,12 +114,40 @@ class Balancer:
             busy = row.get("busy_time_s")
             if busy is not None and busy == busy:  # not NaN
                 info.max_busy_time_s = max(info.max_busy_time_s, busy)
+            for key in ("step_time_s", "wall_time"):
+                value = row.get(key)
+                if value is not None and math.isfinite(value):
+                    setattr(info, key, max(value, getattr(info, key)))
             if len(info.ranks) == self.num_workers:
                 self._on_complete_step(row["global_step"], info, out)
                 newest_complete = max(newest_complete or -1, row["global_step"])
-        if newest_complete is not None and newest_complete >= self._next_decision_step:
+        if newest_complete is None or newest_complete <= self._newest_complete:
+            return out
+        self._newest_complete = newest_complete
+        if self._last_arrival is not None:
+            self._gaps_s.append(now - self._last_arrival)
+        self._last_arrival = now
+        reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
+        if reach >= self._next_point:
             self._decide(newest_complete, out)
+            self._next_point = self._point_after(reach)
         return out
+
+    def _point_after(self, global_step: int) -> int:
+        """The first rebalance point after ``global_step``."""
+        return (global_step // self.rebalance_interval + 1) * self.rebalance_interval
+
+    def _lead_steps(self, newest_complete: int, now: float) -> int:
+        """Steps the workers will have run past ``newest_complete`` when the next batch arrives."""
+        info = self._steps[newest_complete]
+        recent = [i.step_time_s for i in list(self._steps.values())[-8:] if i.step_time_s > 0]
+        if not recent:
+            return 1
+        step_s = statistics.median(recent)
+        lag_s = now - info.wall_time
+        lag_s = lag_s if 0.0 <= lag_s <= _MAX_LAG_S else 0.0  # unknown, or clocks that disagree
+        gap_s = max(self._gaps_s, default=0.0)
+        return math.ceil((lag_s + gap_s) / step_s) + 1
 
     def _on_complete_step(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> None:
         if self._awaiting_outcome is None:
@@ -123,7 +171,6 @@ class Balancer:
             return
         current = Plan(info.plan_version, sizes)
         decision: Decision = self.policy.decide(current, self.estimates, global_step)
-        self._next_decision_step = global_step + self.rebalance_interval
         row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time()}
         if decision.adopt:
             out.new_plans.append(decision.plan)

@@ -14,6 +14,13 @@ the core to another process, and the pad would multiply them by ``1/v`` — a 10
 preemption of a rank at speed 0.25 would become 40 ms, which no slower device does. On a
 GPU the device's queue is drained and wall time is the work (the host is not the device).
 
+Speeds are relative: ranks that share a machine share its cores, and four ranks asking
+for 1 + 1 + 0.5 + 0.25 cores on a 2-core machine cannot all get them. The scheduler would
+then decide their speeds (a "full-speed" rank running at half speed while others compute)
+and the ratios asked for would be lost. So every speed is multiplied by one factor, the
+largest that lets the CPU ranks of every node run together on
+``USABLE_CORE_FRACTION`` of its cores (:func:`fit_to_cores`): 1 when they fit.
+
 Speeds may change at given global steps (``--emulate-speed-change STEP:RANK:SPEED``), to
 test how the balancer follows a device that slows down mid-run.
 """
@@ -26,6 +33,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+# Of a node's cores, what emulated CPU ranks may plan to use: Ray's own processes, the
+# gloo threads and the data loading need the rest.
+USABLE_CORE_FRACTION = 0.8
+
 
 @dataclass(frozen=True)
 class SpeedChange:
@@ -37,16 +48,46 @@ class SpeedChange:
 class SpeedSchedule:
     """Per-rank emulated speed as a function of the global step."""
 
-    def __init__(self, speeds: Sequence[float], changes: Sequence[SpeedChange] = ()):
+    def __init__(self, speeds: Sequence[float], changes: Sequence[SpeedChange] = (), scale: float = 1.0):
         self.speeds = list(speeds)
         self.changes = sorted(changes, key=lambda c: c.global_step)
+        self.scale = scale  # see fit_to_cores
 
     def speed(self, rank: int, global_step: int) -> float:
+        return self.scale * self.relative_speed(rank, global_step)
+
+    def relative_speed(self, rank: int, global_step: int) -> float:
         value = self.speeds[rank] if rank < len(self.speeds) else 1.0
         for change in self.changes:
             if change.global_step <= global_step and change.rank == rank:
                 value = change.speed
         return value
+
+    def change_steps(self) -> list[int]:
+        """The steps where some rank's speed may differ from the step before (0 included)."""
+        return sorted({0, *(c.global_step for c in self.changes)})
+
+
+def fit_to_cores(schedule: SpeedSchedule, rank_node_ids: Sequence[str], rank_cpu_cores: Sequence[Optional[int]],
+                 usable_fraction: float = USABLE_CORE_FRACTION) -> float:
+    """The factor on every speed that keeps each node's CPU ranks within its cores.
+
+    ``rank_cpu_cores[i]`` is the core count of rank i's node when rank i computes on the
+    CPU, None when it does not (a GPU rank needs no core to run at its speed). The demand
+    of a node is the largest sum of its CPU ranks' speeds over the schedule.
+    """
+    demand: dict[str, float] = {}
+    cores: dict[str, int] = {}
+    for step in schedule.change_steps():
+        at_step: dict[str, float] = {}
+        for rank, (node, node_cores) in enumerate(zip(rank_node_ids, rank_cpu_cores)):
+            if node_cores is not None:
+                at_step[node] = at_step.get(node, 0.0) + schedule.relative_speed(rank, step)
+                cores[node] = node_cores
+        for node, total in at_step.items():
+            demand[node] = max(demand.get(node, 0.0), total)
+    fits = [usable_fraction * cores[node] / total for node, total in demand.items() if total > 0]
+    return min([1.0, *fits])
 
 
 def cpu_work_clock() -> Callable[[], float]:

@@ -37,7 +37,7 @@ from hetero_ray.training.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
 from hetero_ray.training.data import load_dataset
-from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule
+from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
 from hetero_ray.training.evaluation import evaluate
 from hetero_ray.training.models import build_model, compute_loss
 from hetero_ray.training.optim import make_lr_scheduler, make_optimizer, total_steps
@@ -264,9 +264,15 @@ def _begin_attempt(ctx: WorkerContext, position: Position) -> int:
     attempt_id = int(attempt.item())
     # Ranks are ordered by node, not by anything we chose: learn where each one runs.
     placement = [None] * ctx.num_workers
-    dist.all_gather_object(placement, (ctx.node_id, "gpu" if ctx.device.type == "cuda" else "cpu"))
-    ctx.rank_node_ids = [node_id for node_id, _ in placement]
-    ctx.rank_device_kinds = [kind for _, kind in placement]
+    dist.all_gather_object(placement, (ctx.node_id, "gpu" if ctx.device.type == "cuda" else "cpu", _cpu_cores()))
+    ctx.rank_node_ids = [node_id for node_id, _, _ in placement]
+    ctx.rank_device_kinds = [kind for _, kind, _ in placement]
+    if ctx.speeds is not None:
+        ctx.speeds.scale = fit_to_cores(ctx.speeds, ctx.rank_node_ids,
+                                        [cores if kind == "cpu" else None for _, kind, cores in placement])
+        if ctx.speeds.scale < 1.0:
+            _log_rank0(ctx, f"emulated speeds × {ctx.speeds.scale:.2f}: the CPU ranks of a node share its cores, "
+                            "so all speeds are scaled until they fit (the ratios between ranks stay as asked)")
     ctx.store.register_worker.remote({
         "rank": ctx.rank, "pid": os.getpid(), "node_id": ctx.node_id,
         "hostname": socket.gethostname(), "device": str(ctx.device), "attempt": attempt_id,
@@ -363,6 +369,14 @@ def _start_message(position: Position, run_steps: int, ctx: WorkerContext) -> st
     where = "from the start" if position.global_step == 0 else (
         f"resuming at global step {position.global_step} (epoch {position.epoch}, step {position.step})")
     return f"attempt {ctx.attempt}: {ctx.num_workers} workers, {run_steps} global steps, {where}"
+
+
+def _cpu_cores() -> int:
+    """Cores this process may run on (its affinity; the machine's count where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _log_rank0(ctx: WorkerContext, message: str) -> None:
