@@ -40,9 +40,15 @@ def clocks(monkeypatch):
     return fake
 
 
-def test_a_rank_at_speed_v_takes_work_over_v(clocks):
+def started(clocks: FakeClocks, speed: float) -> SpeedEmulator:
+    """An emulator on the fake clocks, at the start of a step at ``speed``."""
     emulator = SpeedEmulator(work_clock=lambda: clocks.work)
-    emulator.begin_step(0.25, clocks.perf_counter())
+    emulator.begin_step(speed, clocks.perf_counter())
+    return emulator
+
+
+def test_a_rank_at_speed_v_takes_work_over_v(clocks):
+    emulator = started(clocks, 0.25)
     clocks.compute(0.010)
     emulator.pad()
     assert clocks.wall - 100.0 == pytest.approx(0.040)
@@ -50,8 +56,7 @@ def test_a_rank_at_speed_v_takes_work_over_v(clocks):
 
 
 def test_pads_before_each_bucket_add_up_to_the_slower_device(clocks):
-    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
-    emulator.begin_step(0.5, clocks.perf_counter())
+    emulator = started(clocks, 0.5)
     for _ in range(3):  # three buckets, 5 ms of work before each
         clocks.compute(0.005)
         emulator.pad()
@@ -62,8 +67,7 @@ def test_pads_before_each_bucket_add_up_to_the_slower_device(clocks):
 def test_time_the_host_gave_to_others_is_not_multiplied(clocks):
     # 10 ms of work and 30 ms preempted: a device at speed 0.5 needs 20 ms, already past.
     # Counting wall time as work would have padded to (10 + 30) / 0.5 = 80 ms.
-    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
-    emulator.begin_step(0.5, clocks.perf_counter())
+    emulator = started(clocks, 0.5)
     clocks.compute(0.010)
     clocks.preempted(0.030)
     emulator.pad()
@@ -71,8 +75,7 @@ def test_time_the_host_gave_to_others_is_not_multiplied(clocks):
 
 
 def test_preemption_is_absorbed_by_the_pad_when_it_fits(clocks):
-    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
-    emulator.begin_step(0.25, clocks.perf_counter())
+    emulator = started(clocks, 0.25)
     clocks.compute(0.010)
     clocks.preempted(0.015)
     emulator.pad()
@@ -80,8 +83,7 @@ def test_preemption_is_absorbed_by_the_pad_when_it_fits(clocks):
 
 
 def test_full_speed_never_pads(clocks):
-    emulator = SpeedEmulator(work_clock=lambda: clocks.work)
-    emulator.begin_step(1.0, clocks.perf_counter())
+    emulator = started(clocks, 1.0)
     clocks.compute(0.010)
     emulator.pad()
     assert clocks.slept == []

@@ -48,10 +48,10 @@ class SpeedChange:
 class SpeedSchedule:
     """Per-rank emulated speed as a function of the global step."""
 
-    def __init__(self, speeds: Sequence[float], changes: Sequence[SpeedChange] = (), scale: float = 1.0):
+    def __init__(self, speeds: Sequence[float], changes: Sequence[SpeedChange] = ()):
         self.speeds = list(speeds)
         self.changes = sorted(changes, key=lambda c: c.global_step)
-        self.scale = scale  # see fit_to_cores
+        self.scale = 1.0  # set once the ranks' placement is known: see fit_to_cores
 
     def speed(self, rank: int, global_step: int) -> float:
         return self.scale * self.relative_speed(rank, global_step)
