@@ -109,3 +109,16 @@ def test_decides_before_the_workers_reach_the_rebalance_point():
         point = (step // 20 + 1) * 20
         assert second < 0.1 * point, f"decision at {second} s for point {point}, reached at {0.1 * point} s"
     assert [step for _, step in decided_at] == [19, 29, 49, 69, 89, 109]
+
+
+def test_an_epochs_short_last_step_is_not_taken_for_the_plan():
+    # 96 per step, but step 9 ends the epoch with 48: deciding on 24/12/8/4 would take it
+    # for the plan (and propose one for the wrong global batch). The decision waits for
+    # the next full step.
+    balancer = new_balancer("static", interval=10)
+    sim = cluster()
+    for step in range(9):
+        balancer.add_steps(step_rows(sim, step, [24, 24, 24, 24], 0))
+    assert not balancer.add_steps(step_rows(sim, 9, [24, 12, 8, 4], 0)).decision_rows
+    rows = balancer.add_steps(step_rows(sim, 10, [24, 24, 24, 24], 0)).decision_rows
+    assert [(r["global_step"], r["local_batch_sizes"]) for r in rows] == [(10, [24, 24, 24, 24])]

@@ -75,6 +75,7 @@ class Balancer:
         self._last_arrival: Optional[float] = None
         self._gaps_s: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
         self._newest_complete = -1
+        self._full_window = 0  # the largest batch of a complete step: the global batch
         self._waiting_since_version: Optional[int] = None  # a proposal made under this version
         self._awaiting_outcome: Optional[tuple[dict, int]] = None  # (row, version it was proposed under)
         self._achieved: list[float] = []
@@ -89,7 +90,7 @@ class Balancer:
         self._steps.clear()
         self._next_point = self._point_after(start_global_step)
         self._waiting_since_version = None
-        self._last_arrival, self._newest_complete = None, -1
+        self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
         self._gaps_s.clear()
 
     # ------------------------------------------------------------------ feeding
@@ -119,6 +120,7 @@ class Balancer:
                 if value is not None and math.isfinite(value):
                     setattr(info, key, max(value, getattr(info, key)))
             if len(info.ranks) == self.num_workers:
+                self._full_window = max(self._full_window, sum(info.local_batch_sizes.values()))
                 self._on_complete_step(row["global_step"], info, out)
                 newest_complete = max(newest_complete or -1, row["global_step"])
         if newest_complete is None or newest_complete <= self._newest_complete:
@@ -128,9 +130,8 @@ class Balancer:
             self._gaps_s.append(now - self._last_arrival)
         self._last_arrival = now
         reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
-        if reach >= self._next_point:
-            self._decide(newest_complete, out)
-            self._next_point = self._point_after(reach)
+        if reach >= self._next_point and self._decide(newest_complete, out):
+            self._next_point = self._point_after(reach)  # else: try again with the next batch
         return out
 
     def _point_after(self, global_step: int) -> int:
@@ -161,14 +162,15 @@ class Balancer:
             out.decision_rows.append(row)
             self._awaiting_outcome, self._achieved = None, []
 
-    def _decide(self, global_step: int, out: BalancerOutput) -> None:
+    def _decide(self, global_step: int, out: BalancerOutput) -> bool:
+        """Decides on the plan step ``global_step`` ran; False when that step cannot tell it."""
         info = self._steps[global_step]
         if self._waiting_since_version is not None and info.plan_version <= self._waiting_since_version:
-            return  # the last adopted plan is not in force yet: decide on what runs, not on the past
+            return False  # the last adopted plan is not in force yet: decide on what runs, not on the past
         self._waiting_since_version = None
         sizes = tuple(info.local_batch_sizes[r] for r in range(self.num_workers))
-        if any(b == 0 for b in sizes):  # a short last window, not a plan
-            return
+        if sum(sizes) < self._full_window or any(b == 0 for b in sizes):  # an epoch's short last window, not a plan
+            return False
         current = Plan(info.plan_version, sizes)
         decision: Decision = self.policy.decide(current, self.estimates, global_step)
         row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time()}
@@ -179,6 +181,7 @@ class Balancer:
             self._awaiting_outcome, self._achieved = (row, current.version), []
         else:
             out.decision_rows.append(row)
+        return True
 
     def flush(self) -> list[dict]:
         """Rows still waiting for their outcome (at the end of a run)."""
