@@ -122,3 +122,14 @@ def test_an_epochs_short_last_step_is_not_taken_for_the_plan():
     assert not balancer.add_steps(step_rows(sim, 9, [24, 12, 8, 4], 0)).decision_rows
     rows = balancer.add_steps(step_rows(sim, 10, [24, 24, 24, 24], 0)).decision_rows
     assert [(r["global_step"], r["local_batch_sizes"]) for r in rows] == [(10, [24, 24, 24, 24])]
+
+
+def test_no_plan_is_proposed_for_a_point_the_run_never_reaches():
+    # The run ends before step 50: the decision for point 40 is made, none for point 50
+    # (it would be recorded as adopted and never run).
+    balancer = Balancer(make_policy("optimal", PolicyConfig()), rebalance_interval=10)
+    balancer.begin_attempt(attempt=0, num_workers=4, start_global_step=0, end_global_step=50)
+    rows, plans, _ = drive(balancer, cluster(), steps=50, sizes=[24, 24, 24, 24], lag_steps=1)
+    assert plans, "an unbalanced cluster must get a new plan"
+    decided_at = [r["global_step"] for r in rows] + [step for step, _ in plans]
+    assert max(decided_at) == 39, decided_at  # for point 40; point 50 would be decided at 49

@@ -35,7 +35,12 @@ def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(ray_session, fas
     assert len(changes) >= 1, "the balancer never moved work"
     assert any(step % steps_per_epoch for step in changes), "no change happened mid-epoch"
     decisions = pd.read_parquet(os.path.join(balanced.run_dir, "decisions.parquet"))
-    assert decisions["adopted"].sum() == len(changes)
+    adopted = decisions[decisions["adopted"]].sort_values("global_step")
+    # Every change was adopted by the balancer; one more adoption may reach the workers
+    # after its point when the next one is the end of the run: it never ran.
+    assert len(adopted) in (len(changes), len(changes) + 1)
+    if len(adopted) > len(changes):
+        assert pd.isna(adopted["achieved_step_time_s"].iloc[-1])
 
     ids = pd.read_parquet(os.path.join(balanced.run_dir, "sample_ids.parquet"))
     for epoch, rows in ids.groupby("epoch"):

@@ -75,20 +75,27 @@ class Balancer:
         self._last_arrival: Optional[float] = None
         self._gaps_s: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
         self._newest_complete = -1
+        self._end_global_step: Optional[int] = None
         self._full_window = 0  # the largest batch of a complete step: the global batch
         self._waiting_since_version: Optional[int] = None  # a proposal made under this version
         self._awaiting_outcome: Optional[tuple[dict, int]] = None  # (row, version it was proposed under)
         self._achieved: list[float] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int) -> None:
-        """A worker group (re)started; estimates survive unless the number of ranks changed."""
+    def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
+                      end_global_step: Optional[int] = None) -> None:
+        """A worker group (re)started; estimates survive unless the number of ranks changed.
+
+        ``end_global_step`` (the run's last step + 1, when known): no plan is proposed for a
+        point the workers will never reach — it would be recorded as adopted and never run.
+        """
         if self.estimates is None or num_workers != self.num_workers:
             self.estimates = ClusterEstimates(num_workers, window_steps=self.window_steps)
         self.num_workers = num_workers
         self.attempt = attempt
         self._steps.clear()
         self._next_point = self._point_after(start_global_step)
+        self._end_global_step = end_global_step
         self._waiting_since_version = None
         self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
         self._gaps_s.clear()
@@ -130,6 +137,8 @@ class Balancer:
             self._gaps_s.append(now - self._last_arrival)
         self._last_arrival = now
         reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
+        if self._end_global_step is not None and self._next_point >= self._end_global_step:
+            return out  # the run ends before the next point: nothing left to decide for
         if reach >= self._next_point and self._decide(newest_complete, out):
             self._next_point = self._point_after(reach)  # else: try again with the next batch
         return out

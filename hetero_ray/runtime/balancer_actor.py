@@ -45,13 +45,14 @@ class BalancerActor:
         return make_policy(self._policy_name, self._policy_config, weights=weights, caps=caps)
 
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
-                      caps: Optional[list] = None) -> None:
-        """A worker group starts; ``caps`` are its ranks' memory caps (from profiling)."""
+                      caps: Optional[list] = None, end_global_step: Optional[int] = None) -> None:
+        """A worker group starts; ``caps`` are its ranks' memory caps (from profiling),
+        ``end_global_step`` where the run ends."""
         if num_workers != self.balancer.num_workers or caps is not None:
             state = self.balancer.policy.state_dict()
             self.balancer.policy = self._make_policy(num_workers, caps)
             self.balancer.policy.load_state_dict(state)
-        self.balancer.begin_attempt(attempt, num_workers, start_global_step)
+        self.balancer.begin_attempt(attempt, num_workers, start_global_step, end_global_step)
 
     def add_steps(self, rows: list[dict]) -> None:
         output = self.balancer.add_steps(rows)

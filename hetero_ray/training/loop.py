@@ -65,6 +65,7 @@ class WorkerContext:
     attempt: int = -1
     rank_node_ids: Optional[list[str]] = None  # every rank's node, gathered at attempt start
     rank_device_kinds: Optional[list[str]] = None
+    run_steps: int = 0  # the run ends before this global step
     speeds: Optional[SpeedSchedule] = None
     timeline: Optional[timing.StepTimeline] = None
     epoch_loss_sum: float = 0.0  # Σ loss·b over this epoch's steps, this rank
@@ -95,7 +96,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     data = load_dataset(config.dataset, data_dir=config.data_dir, num_samples=config.num_samples,
                         eval_samples=config.eval_samples, seed=config.seed, download=False)
     sampler = GlobalSampler(len(data.train), config.batch_size, config.seed, config.drop_last)
-    run_steps = total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)
+    run_steps = ctx.run_steps = total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)
     torch.manual_seed(config.seed)
     model = build_model(config.model, data.spec).to(ctx.device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
@@ -241,7 +242,8 @@ def _agree_on_plan(ctx: WorkerContext, current: Optional[Plan], restored: Option
                             "fallback: scheduler unreachable")
     plan = broadcast_plan(proposal, ctx.rank, ctx.num_workers, _collective_device(ctx))
     if ctx.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
-        ctx.balancer.begin_attempt.remote(ctx.attempt, ctx.num_workers, position.global_step, caps)
+        ctx.balancer.begin_attempt.remote(ctx.attempt, ctx.num_workers, position.global_step, caps,
+                                          end_global_step=ctx.run_steps)
     if ctx.rank == 0 and (current is None or plan.version != current.version):
         ctx.store.add_plan.remote({
             "plan_version": plan.version, "first_global_step": position.global_step,
