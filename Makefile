@@ -32,6 +32,7 @@ bench: setup
 	$(PY) jobs/bench_solver.py
 	$(PY) jobs/bench_overhead.py
 	$(PY) jobs/bench_balance.py --speed-change 100:1:0.5 --homogeneous-check
+	$(PY) jobs/bench_allocator.py
 	$(PY) jobs/bench_profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (README)
 	$(PY) jobs/bench_dashboard.py
 	-$(PY) jobs/bench_cgroup_cluster.py --period-ms 10 --batch-size 256  # needs a writable cgroup v1 cpu controller

@@ -1,7 +1,10 @@
 """The baseline: a plain Ray Train loop, as a user would write it without hetero_ray.
 
 Equal local batches ``B/n``, ``ray.train.torch.prepare_model`` (DDP with its default
-equal-weight average), no per-step records, no plan, no emulation. Same model, same
+equal-weight average), no per-step records, no plan, no emulation. It does get
+hetero_ray's allocator setting (:mod:`hetero_ray.training.allocator`), so that the
+comparison measures what hetero_ray's machinery costs; what the setting itself gains is
+``jobs/bench_allocator.py``'s figure. Same model, same
 in-memory data and the same global batch as the hetero_ray run it is compared with.
 Rank 0 writes its step end times to ``result_path`` (the benchmark runs on one machine).
 """
@@ -17,10 +20,12 @@ def plain_train_loop(loop_config: dict) -> None:
     import ray.train.torch
     import torch
 
+    from hetero_ray.training.allocator import keep_freed_memory
     from hetero_ray.training.data import load_dataset
     from hetero_ray.training.models import build_model, compute_loss
     from hetero_ray.training.optim import make_optimizer
 
+    keep_freed_memory()
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     data = load_dataset(loop_config["dataset"], num_samples=loop_config["num_samples"],

@@ -33,6 +33,7 @@ from hetero_ray.plan import Plan, equal_split
 from hetero_ray.runtime.actors import get_actor
 from hetero_ray.sampler import GlobalSampler, Position
 from hetero_ray.training import timing
+from hetero_ray.training.allocator import keep_freed_memory
 from hetero_ray.training.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
@@ -77,6 +78,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     """Entry point given to ``TorchTrainer``; ``loop_config`` comes from the driver."""
     config = TrainConfig.from_dict(loop_config["train"])
     _quiet_ray_train_reports()
+    keep_freed_memory()  # no page faults through the same activations every step
     train_context = ray.train.get_context()
     ctx = WorkerContext(
         config=config,
