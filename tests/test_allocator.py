@@ -47,3 +47,12 @@ def test_the_benchmark_compares_both_sides(tmp_path, capsys):
     assert set(figures["summary"]) == set(SIDES) and figures["step_time_ratio"] > 0
     assert figures["summary"]["hetero_ray"]["faults_per_step"] <= figures["summary"]["glibc default"]["faults_per_step"]
     assert "page faults/step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--batch-sizes", "x,1"], ["--batch-sizes", "0"], ["--steps", "0"]])
+def test_the_benchmark_refuses_bad_flags(argv, capsys):
+    from hetero_ray.bench.allocator import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and "--batch-sizes wants positive integers" in capsys.readouterr().err

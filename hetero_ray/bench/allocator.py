@@ -83,7 +83,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        batch_sizes = []
+    if not batch_sizes or min(batch_sizes) < 1 or args.steps < 1 or args.rounds < 1:
+        parser.error(f"--batch-sizes wants positive integers like 64,192 (got {args.batch_sizes!r}); "
+                     "--steps and --rounds at least 1")
     if args.child:
         _child(args.child, args.model, batch_sizes[0], args.steps)
         return 0
