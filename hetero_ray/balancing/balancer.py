@@ -136,9 +136,9 @@ class Balancer:
         if self._last_arrival is not None:
             self._gaps_s.append(now - self._last_arrival)
         self._last_arrival = now
-        reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
         if self._end_global_step is not None and self._next_point >= self._end_global_step:
             return out  # the run ends before the next point: nothing left to decide for
+        reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
         if reach >= self._next_point and self._decide(newest_complete, out):
             self._next_point = self._point_after(reach)  # else: try again with the next batch
         return out

@@ -3,13 +3,12 @@ through the same activations every time.
 
 PyTorch's CPU tensors come from ``malloc``. glibc serves large blocks (activations of a
 few MB and up) with a fresh ``mmap`` and gives them back with ``munmap`` when freed, so
-every step maps, faults in and zeroes its activations again: for ``simple_cnn`` at batch
-280 on a 2-core VM that was ~40,000 page faults per step, 20–25 % of the step's CPU time,
-and most of its step-to-step jitter (coefficient of variation ~0.10 → ~0.05 without them).
-Synchronous data parallelism waits for the unluckiest rank every step, so that jitter is
-paid n times over. Raising glibc's mmap and trim thresholds keeps the freed blocks in the
-heap for the next step; the price is that the peak of a step stays resident — which it
-is again a step later anyway. (Intel's PyTorch CPU tuning guide gets the same from
+every step maps, faults in and zeroes its activations again: for ``simple_cnn`` on a
+2-core VM that was ~6,100 page faults and ~10 % of the step's CPU time at batch 192, and
+~40,000 faults and 20–25 % at batch 280 (``jobs/bench_allocator.py``). Raising glibc's
+mmap and trim thresholds keeps the freed blocks in the heap for the next step; the price
+is that the peak of a step stays resident — which it is again a step later anyway. (It
+did not measurably lower the step-to-step jitter there: that is the machine's.) (Intel's PyTorch CPU tuning guide gets the same from
 jemalloc/tcmalloc; this needs no extra library.)
 """
 
