@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -68,6 +69,44 @@ def test_jitter_is_measured_per_batch_size_so_a_plan_change_is_not_jitter():
     assert jitter_ceiling(steps, 0) == pytest.approx(1.0)
 
 
+def factors_of(steps: pd.DataFrame) -> dict:
+    run = PolicyRun("optimal", "optimal", "", steps, {})
+    analyse(run)
+    factors = run.extra["efficiency_factors"]
+    assert factors["balance"] * factors["jitter"] * factors["synchronisation"] == pytest.approx(run.balance_efficiency)
+    return factors
+
+
+def test_a_perfect_split_loses_nothing_anywhere():
+    assert factors_of(step_table([[0.1] * 40, [0.1] * 40], sizes=[30, 10])) == pytest.approx(
+        {"balance": 1.0, "jitter": 1.0, "synchronisation": 1.0})
+
+
+def test_an_uneven_split_is_charged_to_balance_only():
+    factors = factors_of(step_table([[0.05] * 40, [0.2] * 40], sizes=[20, 20]))
+    assert factors == pytest.approx({"balance": 0.4, "jitter": 1.0, "synchronisation": 1.0})
+
+
+def test_jitter_out_of_phase_is_charged_to_jitter():
+    fast_slow = [0.09, 0.11] * 20
+    factors = factors_of(step_table([fast_slow, fast_slow[1:] + fast_slow[:1]], sizes=[10, 10]))
+    assert factors == pytest.approx({"balance": 1.0, "jitter": 1 / 1.1, "synchronisation": 1.0})
+
+
+def test_time_when_no_rank_is_busy_is_charged_to_synchronisation():
+    steps = step_table([[0.1] * 40, [0.1] * 40], sizes=[10, 10], step_time_s=[0.125] * 40)  # 25 ms all-reduce
+    assert factors_of(steps) == pytest.approx({"balance": 1.0, "jitter": 1.0, "synchronisation": 0.8})
+
+
+def test_the_three_factors_multiply_to_the_efficiency_of_a_messy_run():
+    rng = np.random.default_rng(3)
+    busy = [list(0.1 * (1 + 0.2 * rng.random(60))), list(0.07 * (1 + 0.3 * rng.random(60)))]
+    walls = [max(a, b) + 0.01 * rng.random() for a, b in zip(*busy)]
+    factors = factors_of(step_table(busy, sizes=[30, 20], step_time_s=walls))  # product checked inside
+    assert all(0 < v <= 1 + 1e-12 for v in factors.values())
+    assert factors["balance"] < 0.95 and factors["synchronisation"] < 0.99  # 30:20 for two ranks of nearly one speed
+
+
 def test_steps_to_balance_is_where_throughput_stays_near_steady():
     busy = [0.4] * 30 + [0.1] * 70  # slow until step 30, then balanced
     steps = step_table([busy], sizes=[10])
@@ -82,11 +121,16 @@ def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
                                "--steps", "40", "--rebalance-interval", "10", "--policies", "static,optimal",
                                "--output-dir", str(tmp_path / "runs"), "--json", str(out)], capsys)
     assert code == 0, stdout
-    assert "jitter ceiling" in stdout and "efficiency" in stdout
+    assert "jitter ceiling" in stdout and "efficiency" in stdout and "synchronisation" in stdout
     result = json.loads(out.read_text())
     assert [r["policy"] for r in result["runs"]] == ["static", "optimal"]
     for r in result["runs"]:
         assert {"samples_per_s", "ideal_samples_per_s", "balance_efficiency", "steps_to_balance",
                 "jitter_ceiling"} <= r.keys()
         assert 0 < r["balance_efficiency"] <= 1.2 and 0 < r["jitter_ceiling"] <= 1.0
+        factors = r["efficiency_factors"]
+        assert factors["balance"] * factors["jitter"] * factors["synchronisation"] == pytest.approx(
+            r["balance_efficiency"])
+    assert "split efficiency" in stdout  # the replay of the runs' noise
+    assert {p["policy"] for p in result["replay"]["policies"]} == {"dynamic", "optimal", "mean speeds known"}
     assert (tmp_path / "runs" / "bench.html").exists()

@@ -8,6 +8,10 @@ each ``(step, rank, factor)`` speed change at or before s; 0.5 = half as fast):
 
 A rank listed in ``silent_ranks`` from some step on keeps training (its busy time still
 counts) but its records stop arriving, as when its metrics connection is lost.
+
+With a ``noise_trace`` (steps × ranks factors measured on a real machine, see
+:mod:`hetero_ray.bench.replay`) the factor of step s is row ``s mod len(trace)`` instead
+of ``1 + noise·z``: the policies meet the machine's own jitter, its slow phases included.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class SimulatedCluster:
             ``factor`` × its previous speed (0.5: busy times double).
         silent_ranks: ``(global_step, rank)``: from that step on, the rank sends no records.
         seed: for the noise.
+        noise_trace: ``(steps, ranks)`` positive factors on the busy times, replayed in
+            place of the Gaussian noise.
     """
 
     def __init__(
@@ -44,6 +50,7 @@ class SimulatedCluster:
         speed_changes: Sequence[tuple[int, int, float]] = (),
         silent_ranks: Sequence[tuple[int, int]] = (),
         seed: int = 0,
+        noise_trace: Optional[np.ndarray] = None,
     ):
         self.alphas = np.asarray(alphas, dtype=np.float64)
         self.betas = np.asarray(betas, dtype=np.float64)
@@ -59,6 +66,14 @@ class SimulatedCluster:
             raise ValueError("speed change factors must be > 0")
         self.silent_ranks = [(int(s), int(r)) for s, r in silent_ranks]
         self._rng = np.random.default_rng(seed)
+        self.noise_trace = None
+        if noise_trace is not None:
+            trace = np.asarray(noise_trace, dtype=np.float64)
+            if trace.ndim != 2 or trace.shape[1] != self.alphas.size or trace.shape[0] == 0:
+                raise ValueError(f"noise_trace must be (steps, {self.alphas.size}), got shape {trace.shape}")
+            if not np.all(np.isfinite(trace) & (trace > 0)):
+                raise ValueError("noise_trace factors must be finite and > 0")
+            self.noise_trace = trace
 
     @property
     def num_workers(self) -> int:
@@ -92,6 +107,8 @@ class SimulatedCluster:
         """One noisy busy time per rank for one step."""
         a, b = self.true_model(global_step)
         t = a + b * np.asarray(sizes, dtype=np.float64)
+        if self.noise_trace is not None:
+            return t * self.noise_trace[global_step % len(self.noise_trace)]
         if self.noise:
             t = t * np.maximum(0.1, 1.0 + self.noise * self._rng.standard_normal(t.size))
         return t

@@ -23,6 +23,20 @@ all-reduce left out): with ``x_i,s = busy_i,s / mean busy_i`` (per rank and batc
 
 On a quiet GPU cluster it is near 1; on a small shared machine it is what caps everyone.
 
+Where the rest of the ideal goes — three factors whose product is the efficiency, each
+measured in the run (steady half; ``μ_i`` = rank i's mean busy time per step, ``B`` the
+global batch, ``W`` the wall time per step):
+
+    balance         = (B / ideal) / max_i μ_i         the split: 1 when every rank is
+                                                       busy as long as the ideal step
+    jitter          = max_i μ_i / mean_s max_i busy_i,s   each step waits for its
+                                                       unluckiest rank
+    synchronisation = mean_s max_i busy_i,s / W         the all-reduce, optimizer and
+                                                       loop: time no rank is busy
+
+Only the first is the balancer's to win; the run with identical workers
+(``--homogeneous-check``) shows what the other two cost on the machine at hand.
+
 Steps to balance: the first step from which the cluster's throughput (rolling median over
 20 steps) never falls more than 10 % below its steady value (the second half's).
 """
@@ -45,6 +59,7 @@ from hetero_ray.metrics.summary import per_step
 
 ROLLING_STEPS = 20
 BALANCED_WITHIN = 0.10
+FACTORS = ("balance", "jitter", "synchronisation")
 
 
 @dataclass
@@ -115,6 +130,21 @@ def jitter_ceiling(steps: pd.DataFrame, since_step: int) -> float:
     return float(1.0 / relative.groupby(rows["global_step"]).max().mean())
 
 
+def efficiency_factors(steps: pd.DataFrame, since_step: int, samples_per_s: float,
+                       ideal_samples_per_s: float) -> dict[str, float]:
+    """``balance × jitter × synchronisation = samples_per_s / ideal`` (module docstring)."""
+    rows = steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+    by_step = rows.groupby("global_step")
+    batch = float(by_step["local_batch_size"].sum().mean())
+    ideal_step_s = batch / ideal_samples_per_s
+    slowest_mean_busy_s = float(rows.groupby("rank")["busy_time_s"].mean().max())
+    mean_max_busy_s = float(by_step["busy_time_s"].max().mean())
+    wall_step_s = batch / samples_per_s
+    return {"balance": ideal_step_s / slowest_mean_busy_s,
+            "jitter": slowest_mean_busy_s / mean_max_busy_s,
+            "synchronisation": mean_max_busy_s / wall_step_s}
+
+
 def steady_start(steps: pd.DataFrame) -> int:
     """The first step of the second half (where steady figures are taken)."""
     table = per_step(steps)
@@ -165,11 +195,16 @@ def run_bench(args) -> dict:
         result["adaptation"] = _adaptation(args, output_dir, speeds)
     if args.homogeneous_check:
         homogeneous = _run(args, output_dir, "optimal-homogeneous", "optimal", None)
+        analyse(homogeneous)
         result["homogeneous"] = {"plan_changes": homogeneous.plan_changes,
                                  "final_plan": homogeneous.summary["final_plan"],
+                                 "balance_efficiency": homogeneous.balance_efficiency,
+                                 "jitter_ceiling": homogeneous.extra["jitter_ceiling"],
+                                 "efficiency_factors": homogeneous.extra["efficiency_factors"],
                                  "run_dir": homogeneous.run_dir}
     if connection.started_local:  # a Ray this process joined (a cluster, a test session) stays up
         ray.shutdown()
+    result["replay"] = _replay(args, runs, extra_traces=[homogeneous.steps] if args.homogeneous_check else [])
     result["report"] = _write_report(output_dir, runs, result)
     return result
 
@@ -185,6 +220,19 @@ def analyse(run: PolicyRun) -> None:
     run.extra["own_samples_per_s"] = [float(v) for v in own.to_numpy()]
     run.extra["equal_split_efficiency_bound"] = float(len(own) * own.min() / own.sum())
     run.extra["jitter_ceiling"] = jitter_ceiling(run.steps, since)
+    run.extra["efficiency_factors"] = efficiency_factors(run.steps, since, run.samples_per_s,
+                                                         run.ideal_samples_per_s)
+
+
+def _replay(args, runs: list[PolicyRun], extra_traces: list[pd.DataFrame]) -> Optional[dict]:
+    """The split alone: the policies on these runs' noise, against the best fixed split."""
+    from hetero_ray.bench.replay import replay
+
+    if args.num_workers < 2 or not runs:
+        return None
+    result = replay([r.steps for r in runs], [r.steps for r in runs] + extra_traces,
+                    args.batch_size, args.rebalance_interval)
+    return result.to_dict() if result.num_traces else None
 
 
 def _adaptation(args, output_dir: str, speeds) -> dict:
@@ -218,15 +266,21 @@ def _write_report(output_dir: str, runs: list[PolicyRun], result: dict) -> str:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    figure = make_subplots(rows=1, cols=2, column_widths=[0.65, 0.35],
-                           subplot_titles=("cluster samples/s (rolling median)", "balance efficiency"))
+    figure = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.2, 0.3],
+                           subplot_titles=("cluster samples/s (rolling median)", "balance efficiency",
+                                           "efficiency = balance × jitter × synchronisation"))
     for run in runs:
         series = cluster_throughput(run.steps).rolling(ROLLING_STEPS, min_periods=1).median()
         figure.add_trace(go.Scatter(x=series.index, y=series.to_numpy(), mode="lines", name=run.label), 1, 1)
     figure.add_trace(go.Bar(x=[r.label for r in runs], y=[r.balance_efficiency for r in runs],
                             showlegend=False, text=[f"{r.balance_efficiency:.2f}" for r in runs]), 1, 2)
     figure.update_xaxes(title_text="global step", row=1, col=1)
+    for factor in FACTORS:
+        figure.add_trace(go.Bar(x=[r.label for r in runs], y=[r.extra["efficiency_factors"][factor] for r in runs],
+                                name=factor, text=[f"{r.extra['efficiency_factors'][factor]:.2f}" for r in runs]),
+                         1, 3)
     figure.update_yaxes(range=[0, 1.05], row=1, col=2)
+    figure.update_yaxes(range=[0, 1.05], row=1, col=3)
     figure.update_layout(title="hetero_ray bench: policies against the ideal", height=460)
     path = os.path.join(output_dir, "bench.html")
     figure.write_html(path, include_plotlyjs=True)
@@ -243,14 +297,14 @@ def print_result(result: dict) -> None:
     for r in result["runs"]:
         ratio = f"{r['samples_per_s'] / static['samples_per_s']:.2f}" if static else "-"
         rows.append([r["label"], f"{r['samples_per_s']:.0f}", ratio, f"{r['ideal_samples_per_s']:.0f}",
-                     f"{r['balance_efficiency']:.3f}", f"{r['jitter_ceiling']:.3f}",
-                     f"{r['equal_split_efficiency_bound']:.2f}",
+                     f"{r['balance_efficiency']:.3f}", f"{r['equal_split_efficiency_bound']:.2f}",
                      "-" if r["steps_to_balance"] is None else r["steps_to_balance"], r["plan_changes"],
                      "/".join(map(str, r["final_plan"] or [])),
                      "/".join(f"{v:.0f}" for v in r["own_samples_per_s"])])
-    print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "jitter ceiling", "n·min/Σ",
+    print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "n·min/Σ",
                         "steps to balance",
                         "plan changes", "final plan", "own samples/s per rank"], rows))
+    _print_factors(result)
     if "adaptation" in result:
         a = result["adaptation"]
         c = a["speed_change"]
@@ -267,5 +321,27 @@ def print_result(result: dict) -> None:
     if "homogeneous" in result:
         h = result["homogeneous"]
         print(f"\nhomogeneous workers (no emulation), optimal: {h['plan_changes']} plan change(s), final plan "
-              f"{'/'.join(map(str, h['final_plan'] or []))}")
+              f"{'/'.join(map(str, h['final_plan'] or []))}, efficiency {h['balance_efficiency']:.3f}")
+    if result.get("replay"):
+        r = result["replay"]
+        print(f"\nthe split alone, replayed: each policy from equal shares on simulated devices with these runs' "
+              f"mean speeds and their recorded step-to-step noise ({r['num_traces']} traces, {r['num_steps']} "
+              "steps, each rotated over the ranks); split efficiency = mean step time of the best fixed split "
+              "for that noise / the policy's, from the second rebalance point on")
+        print(format_table(["policy", "split efficiency", "worst 10 %", "plan changes (mean / max)"],
+                           [[p["policy"], f"{p['split_efficiency']:.3f}", f"{p['split_efficiency_p10']:.3f}",
+                             f"{p['plan_changes_mean']:.1f} / {p['plan_changes_max']}"] for p in r["policies"]]))
     print(f"\nplots: {result['report']}")
+
+
+def _print_factors(result: dict) -> None:
+    """Where the rest of the ideal went, per run: efficiency = balance × jitter × sync."""
+    runs = [(r["label"], r) for r in result["runs"]]
+    if "homogeneous" in result:
+        runs.append(("identical workers (optimal)", result["homogeneous"]))
+    rows = [[label, f"{r['balance_efficiency']:.3f}",
+             *(f"{r['efficiency_factors'][k]:.3f}" for k in FACTORS), f"{r['jitter_ceiling']:.3f}"]
+            for label, r in runs]
+    print("\nwhere the rest went: efficiency = balance (the split: the balancer's part) × jitter (each step "
+          "waits for its unluckiest rank) × synchronisation (all-reduce, optimizer, loop)")
+    print(format_table(["policy", "efficiency", "balance", "jitter", "synchronisation", "jitter ceiling"], rows))
