@@ -205,6 +205,58 @@ def test_noise_alone_raises_no_speed_change_alarm_over_many_seeds():
     assert alarms <= 1  # out of ~30,000 checks at 6 SE
 
 
+def machine_with_a_slow_phase(remove_shared_noise, own_slowdown=None, spike=None, seed=1):
+    """4 equal ranks over 32 steps; from step 14 every rank runs 1.4× slower (the machine);
+    ranks 2 and 3 have not reported steps 26-31 yet (records arrive in batches)."""
+    rng = np.random.default_rng(seed)
+    est = ClusterEstimates(4, remove_shared_noise=remove_shared_noise)
+    for step in range(32):
+        for rank in range(4):
+            if rank >= 2 and step >= 26:
+                continue
+            t = 0.1 * (1.4 if step >= 14 else 1.0) * (1 + 0.03 * rng.standard_normal())
+            if own_slowdown is not None and rank == own_slowdown[0] and step >= own_slowdown[1]:
+                t *= 2
+            if spike == (rank, step):
+                t *= 100
+            feed(est, rank, [10], [t], first_step=step)
+    return est
+
+
+def test_a_slowdown_shared_by_all_ranks_does_not_make_them_look_unequal():
+    est = machine_with_a_slow_phase(remove_shared_noise=True)
+    e = est.estimates()
+    assert e.busy_time_s.max() / e.busy_time_s.min() < 1.02
+    assert est.num_speed_changes == 0 and np.all(e.busy_time_rel_se < 0.02)
+    raw = machine_with_a_slow_phase(remove_shared_noise=False)
+    raw_e = raw.estimates()
+    # without it, the phase reads as a speed change of every rank, and noisier medians
+    assert raw.num_speed_changes > 0 and np.all(raw_e.busy_time_rel_se > e.busy_time_rel_se)
+
+
+def test_one_ranks_own_slowdown_is_not_divided_out():
+    est = machine_with_a_slow_phase(remove_shared_noise=True, own_slowdown=(1, 16))
+    e = est.estimates()
+    others = np.median(e.busy_time_s[[0, 2, 3]])
+    assert e.busy_time_s[1] / others == pytest.approx(2.0, rel=0.1)
+
+
+def test_a_spike_on_one_rank_is_not_shared_with_the_others():
+    clean = machine_with_a_slow_phase(remove_shared_noise=True).estimates()
+    spiked = machine_with_a_slow_phase(remove_shared_noise=True, spike=(1, 20)).estimates()
+    assert spiked.busy_time_s == pytest.approx(clean.busy_time_s, rel=0.01)
+
+
+def test_two_ranks_keep_their_times_as_measured():
+    rng = np.random.default_rng(2)
+    ests = [ClusterEstimates(2, remove_shared_noise=flag) for flag in (True, False)]
+    times = 0.1 * (1 + 0.2 * rng.random((2, 32)))
+    for est in ests:
+        for rank in (0, 1):
+            feed(est, rank, [10] * 32, times[rank])
+    assert ests[0].estimates().busy_time_s == pytest.approx(ests[1].estimates().busy_time_s)
+
+
 def test_freshness_and_ranks_without_records():
     est = ClusterEstimates(3, stale_after_steps=10)
     feed(est, 0, [8] * 50, [0.1] * 50)
@@ -298,7 +350,7 @@ def test_estimates_for_1024_ranks_take_a_few_ms():
         est.add_arrays(np.arange(n), np.full(n, 24 if step < 12 else 32), rng.uniform(0.1, 0.2, n), np.full(n, step))
     est.estimates()
     best = min(_timed(est.estimates) for _ in range(5))
-    assert best < 0.05  # ~4 ms here; generous for a loaded CI machine
+    assert best < 0.1  # ~13 ms here (shared factors included); generous for a loaded CI machine
 
 
 def _timed(fn):

@@ -107,11 +107,17 @@ def test_the_three_factors_multiply_to_the_efficiency_of_a_messy_run():
     assert factors["balance"] < 0.95 and factors["synchronisation"] < 0.99  # 30:20 for two ranks of nearly one speed
 
 
-def test_steps_to_balance_is_where_throughput_stays_near_steady():
-    busy = [0.4] * 30 + [0.1] * 70  # slow until step 30, then balanced
-    steps = step_table([busy], sizes=[10])
+def test_steps_to_balance_is_where_the_split_stays_near_its_steady_efficiency():
+    # rank 1 has 4× too much work until step 30, then the split is right
+    steps = step_table([[0.1] * 100, [0.4] * 30 + [0.1] * 70], sizes=[10, 10])
     # the rolling median over 20 steps turns at the 11th balanced step (step 40)
-    assert 35 <= steps_to_balance(steps, steady=100.0) <= 45
+    assert 35 <= steps_to_balance(steps) <= 45
+
+
+def test_a_slowdown_of_the_whole_machine_is_not_imbalance():
+    phase = [0.1] * 60 + [0.15] * 25 + [0.1] * 15  # every rank 1.5× slower at steps 60-84
+    steps = step_table([[0.4] * 10 + phase[10:], phase], sizes=[10, 10])
+    assert 15 <= steps_to_balance(steps) <= 25  # balanced from step ~20; the phase changes nothing
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -16,6 +16,9 @@ ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
   hold a single batch size keeps its shape, and a speed change (both α and β scale) is
   tracked by the level alone. Until a slope was ever trusted, the shape is ``α = 0``:
   throughput-proportional, ``β_i = m_L/b_L``.
+* shared slowdowns: each time is first divided by its step's shared factor, the median
+  over the ranks of ``t_i,s / m_i`` (:meth:`ClusterEstimates._times_without_shared_noise`),
+  so a slow phase of the whole machine does not make ranks look unequal;
 * speed changes: when the median of a rank's last few records departs from its window
   median by far more than the noise, the records from before the change are forgotten,
   so a slowdown shows after ~5 steps instead of half a window
@@ -24,9 +27,9 @@ ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
   ``stale_after_steps`` behind the reference step.
 
 Everything but :meth:`ClusterEstimates.add` is vectorised over ranks, so a snapshot of
-1,024 ranks takes a few milliseconds. ``add`` only appends to a pending list (O(1)); the
-pending records are folded into the windows, vectorised, at the next snapshot (or when
-the list grows long).
+1,024 ranks takes ~13 ms (9 of them for the shared factors). ``add`` only appends to a
+pending list (O(1)); the pending records are folded into the windows, vectorised, at the
+next snapshot (or when the list grows long).
 
 Runs inside the balancer actor; plain Python, no Ray.
 """
@@ -52,6 +55,9 @@ DEFAULT_MIN_POINTS_PER_SIZE = 3  # a median of 3 already ignores one spike
 DEFAULT_CHANGE_DETECT_STEPS = 8  # a speed change is seen after ~5 steps, not ~W/2
 CHANGE_MIN_REL = 0.10  # smaller speed changes wait for the window median to move
 CHANGE_SIGMAS = 6.0  # noise alone: ~1 false alarm in 10⁵ checks (σ itself is estimated)
+# A step's shared factor needs this many of its ranks: with two, a shared slowdown cannot
+# be told from one rank's own; from three on, one rank's own moves the median little.
+MIN_RANKS_FOR_SHARED_FACTOR = 3
 _MAX_PENDING_PER_RANK = 4  # × window: fold pending records in before the list grows further
 
 
@@ -159,6 +165,8 @@ class ClusterEstimates:
         stale_after_steps: a rank whose last record is more than this many steps behind
             the reference step is stale; default: ``window_steps``.
         max_slope_rel_se: see :func:`cost_model.fit_linear`.
+        remove_shared_noise: divide each step's shared slowdown out of its times (see
+            :meth:`_times_without_shared_noise`).
     """
 
     def __init__(
@@ -169,6 +177,7 @@ class ClusterEstimates:
         stale_after_steps: Optional[int] = None,
         max_slope_rel_se: float = DEFAULT_MAX_SLOPE_REL_SE,
         change_detect_steps: int = DEFAULT_CHANGE_DETECT_STEPS,
+        remove_shared_noise: bool = True,
     ):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
@@ -195,6 +204,7 @@ class ClusterEstimates:
         self.stale_after_steps = stale
         self.max_slope_rel_se = float(max_slope_rel_se)
         self.change_detect_steps = change_detect_steps
+        self.remove_shared_noise = bool(remove_shared_noise)
         n, w = num_workers, window_steps
         self._sizes = np.zeros((n, w), np.int64)
         self._times_s = np.full((n, w), np.nan)
@@ -285,9 +295,11 @@ class ClusterEstimates:
         last_step = np.where(self._valid, self._steps, -1).max(axis=1)
         ref_step = int(last_step.max()) if global_step is None else int(global_step)
 
-        window = self._window_stats()
-        if self.change_detect_steps and self._forget_before_speed_changes(window):
-            window = self._window_stats()
+        times_s = self._times_without_shared_noise()
+        window = self._window_stats(times_s)
+        if self.change_detect_steps and self._forget_before_speed_changes(window, times_s):
+            times_s = self._times_without_shared_noise()
+            window = self._window_stats(times_s)
         groups, num_rejected, local_batch_size, busy_time_s, sigma_s, count = window
         with np.errstate(invalid="ignore", divide="ignore"):
             # relative SE of a median: sqrt(π/2)·σ/(m·sqrt(n))
@@ -328,11 +340,58 @@ class ClusterEstimates:
             global_step=ref_step,
         )
 
-    def _window_stats(self):
+    def _times_without_shared_noise(self) -> np.ndarray:
+        """The windows' busy times, each divided by its step's shared slowdown.
+
+        When the machine slows down (a co-tenant, host contention, clock frequency), the
+        ranks it hosts slow down at the same steps: on the development VM, phases of ~20
+        steps at ~1.4× on every rank at once. They do not change which split is best, but
+        a window's median lands in the slow or the fast phase depending on how much of it
+        the window holds, so for a while ranks look unequal by up to the whole phase and
+        a policy would chase that. Each time is divided by
+
+            c_s = median over the ranks that reported step s of  t_i,s / m_i(b_i,s)
+
+        with ``m_i(b)`` the rank's median at that batch size, when at least
+        max(:data:`MIN_RANKS_FOR_SHARED_FACTOR`, n/2) ranks reported the step; a step
+        fewer have reported yet takes the latest such step's factor (1 before any). A
+        rank's own slowdown (or spike) moves the median over ranks little, so it stays in
+        that rank's times.
+        """
+        times = self._times_s
+        if not self.remove_shared_noise or self.num_workers < MIN_RANKS_FOR_SHARED_FACTOR:
+            return times
+        valid = self._valid & np.isfinite(times) & (times > 0) & (self._sizes >= 1)
+        if not valid.any():
+            return times
+        groups = group_stats_rows(self._sizes, times, self._steps, valid)
+        rows, cols = np.nonzero(valid)
+        sizes, entry_times, steps = self._sizes[rows, cols], times[rows, cols], self._steps[rows, cols]
+        # each entry's group: groups are ordered by (rank, batch size), so by this key
+        span = int(sizes.max()) + 1
+        group = np.searchsorted(groups.segment * span + groups.batch_size, rows * span + sizes)
+        ratio = entry_times / groups.median_s[group]
+        order = np.lexsort((ratio, steps))  # by step, then ratio
+        sorted_steps, sorted_ratio = steps[order], ratio[order]
+        starts = np.flatnonzero(np.append(True, sorted_steps[1:] != sorted_steps[:-1]))
+        count = np.diff(np.append(starts, order.size))
+        median = 0.5 * (sorted_ratio[starts + (count - 1) // 2] + sorted_ratio[starts + count // 2])
+        # A step not yet reported by enough ranks (records arrive in batches) takes the
+        # factor of the latest step that was: slow phases last many steps.
+        enough = count >= max(MIN_RANKS_FOR_SHARED_FACTOR, self.num_workers // 2)
+        latest_enough = np.maximum.accumulate(np.where(enough, np.arange(count.size), -1))
+        factor = np.where(latest_enough >= 0, median[np.maximum(latest_enough, 0)], 1.0)
+        entry_factor = np.empty(order.size)
+        entry_factor[order] = np.repeat(factor, count)
+        out = times.copy()
+        out[rows, cols] = entry_times / entry_factor
+        return out
+
+    def _window_stats(self, times_s: np.ndarray):
         """Group statistics of the windows, and per rank the most recent counted batch size
         ``b_L`` (the group with the latest step) with its median, spread and count."""
         n = self.num_workers
-        groups = group_stats_rows(self._sizes, self._times_s, self._steps, self._valid)
+        groups = group_stats_rows(self._sizes, times_s, self._steps, self._valid)
         num_rejected = np.bincount(groups.segment, weights=groups.num_rejected, minlength=n).astype(np.int64)
         groups = groups.select(groups.num_kept >= self.min_points_per_size)
         local_batch_size = np.zeros(n, np.int64)
@@ -348,7 +407,7 @@ class ClusterEstimates:
             count[r] = groups.num_kept[latest]
         return groups, num_rejected, local_batch_size, median_s, sigma_s, count
 
-    def _forget_before_speed_changes(self, window) -> bool:
+    def _forget_before_speed_changes(self, window, times_s: np.ndarray) -> bool:
         """Drops a rank's records from before a speed change; True if any rank changed.
 
         The median ``m_recent`` of the rank's last ``k = change_detect_steps`` records at
@@ -366,32 +425,32 @@ class ClusterEstimates:
         k, w = self.change_detect_steps, self.window_steps
         idx = (self._write_pos[:, None] - 1 - np.arange(k)[None, :]) % w  # last k slots, newest first
         take = lambda a: np.take_along_axis(a, idx, axis=1)  # noqa: E731
-        times_s, steps = take(self._times_s), take(self._steps)
+        recent_times_s, steps = take(times_s), take(self._steps)
         match = take(self._valid) & (take(self._sizes) == b_l[:, None]) & (b_l[:, None] > 0)
         count = match.sum(axis=1)
         rows = np.flatnonzero(count > k // 2)
         if rows.size == 0:
             return False
-        recent = np.sort(np.where(match[rows], times_s[rows], np.inf), axis=1)  # matches first
+        recent = np.sort(np.where(match[rows], recent_times_s[rows], np.inf), axis=1)  # matches first
         c, at = count[rows], np.arange(rows.size)
         m_recent = 0.5 * (recent[at, (c - 1) // 2] + recent[at, c // 2])
         big = np.abs(m_recent - m_l[rows]) > CHANGE_MIN_REL * m_l[rows]  # cheap test first
         rows, m_recent, c = rows[big], m_recent[big], c[big]
         if rows.size == 0:
             return False
-        se = np.sqrt(MEDIAN_VAR_FACTOR / c) * self._step_noise_s(rows, b_l, m_l, sigma_l)
+        se = np.sqrt(MEDIAN_VAR_FACTOR / c) * self._step_noise_s(rows, b_l, m_l, sigma_l, times_s)
         changed = np.abs(m_recent - m_l[rows]) > CHANGE_SIGMAS * se
         if not changed.any():
             return False
         rows, m_recent = rows[changed], m_recent[changed]
-        t = times_s[rows]
+        t = recent_times_s[rows]
         new_side = match[rows] & (np.abs(t - m_recent[:, None]) < np.abs(t - m_l[rows, None]))
         since = np.where(new_side, steps[rows], np.iinfo(np.int64).max).min(axis=1)
         self._valid[rows] &= self._steps[rows] >= since[:, None]
         self.num_speed_changes += int(rows.size)
         return True
 
-    def _step_noise_s(self, rows, b_l, m_l, sigma_l) -> np.ndarray:
+    def _step_noise_s(self, rows, b_l, m_l, sigma_l, times_s: np.ndarray) -> np.ndarray:
         """Per-record noise σ at ``b_L`` from successive differences, for ``rows``.
 
         A window that straddles a speed change has an inflated spread, but only one of its
@@ -403,7 +462,7 @@ class ClusterEstimates:
         take = lambda a: np.take_along_axis(a[rows], idx, axis=1)  # noqa: E731
         ok = take(self._valid) & (take(self._sizes) == b_l[rows, None])
         pairs = ok[:, 1:] & ok[:, :-1]
-        diffs = np.where(pairs, np.abs(np.diff(take(self._times_s), axis=1)), np.nan)
+        diffs = np.where(pairs, np.abs(np.diff(take(times_s), axis=1)), np.nan)
         usable = pairs.sum(axis=1) >= 4
         sigma = sigma_l[rows].copy()
         if usable.any():
@@ -437,7 +496,8 @@ class ClusterEstimates:
                 f"estimator state is for {state['num_workers']} ranks, this one has {self.num_workers}"
             )
         self.__init__(self.num_workers, self.window_steps, self.min_points_per_size,
-                      self.stale_after_steps, self.max_slope_rel_se, self.change_detect_steps)
+                      self.stale_after_steps, self.max_slope_rel_se, self.change_detect_steps,
+                      self.remove_shared_noise)
         for rank, window in enumerate(state["windows"]):
             for step, size, time_s in window:
                 for pending, value in zip(self._pending, (rank, size, time_s, step)):

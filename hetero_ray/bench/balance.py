@@ -37,8 +37,10 @@ global batch, ``W`` the wall time per step):
 Only the first is the balancer's to win; the run with identical workers
 (``--homogeneous-check``) shows what the other two cost on the machine at hand.
 
-Steps to balance: the first step from which the cluster's throughput (rolling median over
-20 steps) never falls more than 10 % below its steady value (the second half's).
+Steps to balance: the first step from which the run's per-step efficiency (the step's
+samples/s over the sum of its ranks' own samples/s in that step; rolling median over 20
+steps) never falls more than 10 % below its steady value (the second half's median). A
+slowdown of the whole machine slows both alike, so it does not count as imbalance.
 """
 
 from __future__ import annotations
@@ -102,9 +104,21 @@ def steady_samples_per_s(steps: pd.DataFrame, since_step: int = 0) -> float:
     return float(half["samples"].iloc[1:].sum() / span) if span > 0 else float("nan")
 
 
-def steps_to_balance(steps: pd.DataFrame, steady: float) -> Optional[int]:
-    """First step from which the rolling throughput never falls 10 % below ``steady``."""
-    rolling = cluster_throughput(steps).rolling(ROLLING_STEPS, min_periods=ROLLING_STEPS).median().dropna()
+def step_efficiency(steps: pd.DataFrame) -> pd.Series:
+    """Per global step: its samples/s over the sum of its ranks' own samples/s (b_i / busy_i)."""
+    rows = steps[steps["local_batch_size"] > 0]
+    own = (rows["local_batch_size"] / rows["busy_time_s"]).groupby(rows["global_step"]).sum()
+    throughput = cluster_throughput(steps)
+    return (throughput / own.reindex(throughput.index)).dropna()
+
+
+def steps_to_balance(steps: pd.DataFrame) -> Optional[int]:
+    """First step from which the rolling step efficiency never falls 10 % below its steady value."""
+    efficiency = step_efficiency(steps)
+    rolling = efficiency.rolling(ROLLING_STEPS, min_periods=ROLLING_STEPS).median().dropna()
+    if rolling.empty:
+        return None
+    steady = float(efficiency.iloc[len(efficiency) // 2:].median())
     off = rolling < (1 - BALANCED_WITHIN) * steady
     if not off.any():
         return int(rolling.index[0]) if len(rolling) else None
@@ -216,7 +230,7 @@ def analyse(run: PolicyRun) -> None:
     run.samples_per_s = steady_samples_per_s(run.steps)
     run.ideal_samples_per_s = float(own.sum())
     run.balance_efficiency = run.samples_per_s / run.ideal_samples_per_s
-    run.steps_to_balance = steps_to_balance(run.steps, run.samples_per_s)
+    run.steps_to_balance = steps_to_balance(run.steps)
     run.extra["own_samples_per_s"] = [float(v) for v in own.to_numpy()]
     run.extra["equal_split_efficiency_bound"] = float(len(own) * own.min() / own.sum())
     run.extra["jitter_ceiling"] = jitter_ceiling(run.steps, since)
