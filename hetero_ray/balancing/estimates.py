@@ -73,7 +73,7 @@ class RankEstimate:
         last_step: the latest ``global_step`` seen for the rank (-1: never).
         fresh: the estimate may be acted on (it exists and is recent).
         local_batch_size: ``b_L``, the most recent batch size with enough timings.
-        busy_time_s: ``m_L``, the median busy time at ``b_L``.
+        busy_time_s: ``m_L``, the median busy time at ``b_L`` (shared slowdowns divided out).
         busy_time_rel_se: standard error of ``m_L`` relative to it.
         num_batch_sizes: distinct batch sizes in the window with enough timings.
         num_rejected: outliers rejected in the window.
