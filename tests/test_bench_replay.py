@@ -61,3 +61,9 @@ def test_replayed_policies_come_close_to_the_best_split_for_the_noise():
         assert 0.9 < rows[name]["split_efficiency"] <= 1.02
         assert rows[name]["plan_changes_max"] <= 3
     assert result.to_dict()["policies"] == result.rows
+
+
+def test_runs_too_short_to_score_replay_nothing():
+    short = recorded_run([1e-3, 2e-3], [10, 10], np.ones((40, 2)))  # 35 steps after warm-up < 3 intervals
+    result = replay([short], [short], global_batch_size=20, rebalance_interval=20)
+    assert result.num_traces == 0 and result.rows == []

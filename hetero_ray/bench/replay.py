@@ -76,10 +76,15 @@ def noise_trace(steps: pd.DataFrame) -> np.ndarray:
     return table.dropna().to_numpy()  # steps where a rank ran no sample are left out
 
 
+def mean_step_time_s(alphas: np.ndarray, betas: np.ndarray, sizes: Sequence[int], trace: np.ndarray) -> float:
+    """The mean over the trace's steps of each step's slowest rank, for a fixed split."""
+    return float(((alphas + betas * np.asarray(sizes, np.float64)) * trace).max(axis=1).mean())
+
+
 def best_fixed_split(alphas: np.ndarray, betas: np.ndarray, trace: np.ndarray, start: Sequence[int]) -> list[int]:
     """Local search: move 4, 2 or 1 samples between ranks while the mean noisy step time drops."""
-    def cost(sizes) -> float:  # the mean over steps of each step's slowest rank
-        return float(((alphas + betas * np.asarray(sizes, np.float64)) * trace).max(axis=1).mean())
+    def cost(sizes) -> float:
+        return mean_step_time_s(alphas, betas, sizes, trace)
 
     best, best_cost = list(start), cost(start)
     improved = True
@@ -106,18 +111,17 @@ def replay(runs: Sequence[pd.DataFrame], traces_from: Sequence[pd.DataFrame], gl
     alphas = np.array([d.alpha_s for d in devices])
     betas = np.array([d.beta_s_per_sample for d in devices])
     n = len(devices)
-    traces = [t for t in (noise_trace(steps) for steps in traces_from) if t.shape[1] == n and len(t) > 3 * rebalance_interval]
-    model_best = solve_split(alphas, betas, global_batch_size, config.min_local_batch_size)
     scored_from = 2 * rebalance_interval
+    traces = [t for t in map(noise_trace, traces_from) if t.shape[1] == n and len(t) > scored_from + rebalance_interval]
+    if not traces:  # runs too short to score (or of another rank count)
+        return ReplayResult(devices, 0, 0, [])
+    model_best = solve_split(alphas, betas, global_batch_size, config.min_local_batch_size)
     results: dict[str, list[tuple[float, int]]] = {p: [] for p in (*policies, KNOWN_SPEEDS)}
     for trace, rotation in itertools.product(traces, range(n)):
         rotated = np.roll(trace, rotation, axis=1)
         scored = rotated[scored_from:]
-        def mean_step_s(sizes) -> float:
-            return float(((alphas + betas * np.asarray(sizes, np.float64)) * scored).max(axis=1).mean())
-
-        best_s = mean_step_s(best_fixed_split(alphas, betas, scored, model_best))
-        results[KNOWN_SPEEDS].append((best_s / mean_step_s(model_best), 0))
+        best_s = mean_step_time_s(alphas, betas, best_fixed_split(alphas, betas, scored, model_best), scored)
+        results[KNOWN_SPEEDS].append((best_s / mean_step_time_s(alphas, betas, model_best, scored), 0))
         for name in policies:
             policy = make_policy(name, config)
             cluster = SimulatedCluster(alphas, betas, noise_trace=rotated)
