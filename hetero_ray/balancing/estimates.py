@@ -361,7 +361,7 @@ class ClusterEstimates:
         times = self._times_s
         if not self.remove_shared_noise or self.num_workers < MIN_RANKS_FOR_SHARED_FACTOR:
             return times
-        valid = self._valid & np.isfinite(times) & (times > 0) & (self._sizes >= 1)
+        valid = self._valid  # a record enters a window only with a usable time and size
         if not valid.any():
             return times
         groups = group_stats_rows(self._sizes, times, self._steps, valid)

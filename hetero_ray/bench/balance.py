@@ -89,6 +89,11 @@ class PolicyRun:
 
 # ---------------------------------------------------------------------- pure analysis
 
+def working_rows(steps: pd.DataFrame, since_step: int = 0) -> pd.DataFrame:
+    """The records from ``since_step`` on of ranks that ran samples (an empty share times nothing)."""
+    return steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+
+
 def cluster_throughput(steps: pd.DataFrame) -> pd.Series:
     """Samples/s of each global step, from the wall clock between step ends."""
     table = per_step(steps)
@@ -106,7 +111,7 @@ def steady_samples_per_s(steps: pd.DataFrame, since_step: int = 0) -> float:
 
 def step_efficiency(steps: pd.DataFrame) -> pd.Series:
     """Per global step: its samples/s over the sum of its ranks' own samples/s (b_i / busy_i)."""
-    rows = steps[steps["local_batch_size"] > 0]
+    rows = working_rows(steps)
     own = (rows["local_batch_size"] / rows["busy_time_s"]).groupby(rows["global_step"]).sum()
     throughput = cluster_throughput(steps)
     return (throughput / own.reindex(throughput.index)).dropna()
@@ -129,14 +134,14 @@ def steps_to_balance(steps: pd.DataFrame) -> Optional[int]:
 
 def own_throughputs(steps: pd.DataFrame, since_step: int) -> pd.Series:
     """Each rank's own samples/s over the steps from ``since_step`` on: Σ b / Σ busy."""
-    rows = steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+    rows = working_rows(steps, since_step)
     sums = rows.groupby("rank")[["local_batch_size", "busy_time_s"]].sum()
     return sums["local_batch_size"] / sums["busy_time_s"]
 
 
 def jitter_ceiling(steps: pd.DataFrame, since_step: int) -> float:
     """The efficiency a perfect split would reach given each rank's step-to-step jitter."""
-    rows = steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+    rows = working_rows(steps, since_step)
     if rows.empty:
         return float("nan")
     mean_busy = rows.groupby(["rank", "local_batch_size"])["busy_time_s"].transform("mean")
@@ -147,7 +152,7 @@ def jitter_ceiling(steps: pd.DataFrame, since_step: int) -> float:
 def efficiency_factors(steps: pd.DataFrame, since_step: int, samples_per_s: float,
                        ideal_samples_per_s: float) -> dict[str, float]:
     """``balance × jitter × synchronisation = samples_per_s / ideal`` (module docstring)."""
-    rows = steps[(steps["global_step"] >= since_step) & (steps["local_batch_size"] > 0)]
+    rows = working_rows(steps, since_step)
     by_step = rows.groupby("global_step")
     batch = float(by_step["local_batch_size"].sum().mean())
     ideal_step_s = batch / ideal_samples_per_s

@@ -36,6 +36,7 @@ from hetero_ray.balancing.cost_model import LinearFit
 from hetero_ray.balancing.policies import PolicyConfig, make_policy
 from hetero_ray.balancing.simulation import SimulatedCluster, run_policy
 from hetero_ray.balancing.solver import solve_split
+from hetero_ray.bench.balance import working_rows
 
 WARMUP_STEPS = 5  # first steps: allocation, caches, thread start-up; not the machine's steady noise
 REPLAYED_POLICIES = ("dynamic", "optimal")
@@ -60,15 +61,15 @@ def fit_devices(runs: Sequence[pd.DataFrame]) -> list[LinearFit]:
     A line fitted across runs would read the machine's drift between runs (minutes apart,
     each at other batch sizes) as a slope; the noise, not the line, is what is replayed.
     """
-    rows = pd.concat([steps[steps["global_step"] >= WARMUP_STEPS] for steps in runs])
-    sums = rows[rows["local_batch_size"] > 0].groupby("rank", sort=True)[["busy_time_s", "local_batch_size"]].sum()
+    rows = pd.concat([working_rows(steps, WARMUP_STEPS) for steps in runs])
+    sums = rows.groupby("rank", sort=True)[["busy_time_s", "local_batch_size"]].sum()
     return [LinearFit(0.0, float(busy / samples), float("nan"), 0)
             for busy, samples in zip(sums["busy_time_s"], sums["local_batch_size"])]
 
 
 def noise_trace(steps: pd.DataFrame) -> np.ndarray:
     """``(steps, ranks)`` factors: busy time over the rank's median at that batch size."""
-    rows = steps[(steps["global_step"] >= WARMUP_STEPS) & (steps["local_batch_size"] > 0)]
+    rows = working_rows(steps, WARMUP_STEPS)
     usual = rows.groupby(["rank", "local_batch_size"])["busy_time_s"].transform("median")
     factors = (rows["busy_time_s"] / usual).to_numpy()
     table = pd.DataFrame({"global_step": rows["global_step"].to_numpy(), "rank": rows["rank"].to_numpy(),

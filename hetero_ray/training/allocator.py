@@ -8,8 +8,9 @@ every step maps, faults in and zeroes its activations again: for ``simple_cnn`` 
 ~40,000 faults and 20–25 % at batch 280 (``jobs/bench_allocator.py``). Raising glibc's
 mmap and trim thresholds keeps the freed blocks in the heap for the next step; the price
 is that the peak of a step stays resident — which it is again a step later anyway. (It
-did not measurably lower the step-to-step jitter there: that is the machine's.) (Intel's PyTorch CPU tuning guide gets the same from
-jemalloc/tcmalloc; this needs no extra library.)
+did not measurably lower the step-to-step jitter there: that is the machine's.) (Intel's
+PyTorch CPU tuning guide gets the same from jemalloc/tcmalloc; this needs no extra
+library.)
 """
 
 from __future__ import annotations
