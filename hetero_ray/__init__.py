@@ -2,14 +2,28 @@
 
 Each rank trains on a share of the global batch that matches its measured speed; the
 gradient is weighted so that training follows the same mathematics as one device on the
-whole batch. Start with ``hetero-ray train --help`` or :func:`hetero_ray.train`.
+whole batch.
+
+Bring your own loop, in Ray Train's shape: :class:`HeteroTrainer` (driver side, like
+``TorchTrainer``) with :class:`HeteroConfig`, and :mod:`hetero_ray.train` inside the loop
+(``prepare_model``, ``prepare_data_loader``, ``report``). Or the built-in models and
+datasets: ``hetero-ray train --help``.
 """
 
 __version__ = "0.1.0"
 
+__all__ = ["HeteroConfig", "HeteroTrainer"]
 
-def train(config):
-    """Runs a training job from a :class:`hetero_ray.config.TrainConfig`; returns its RunResult."""
-    from hetero_ray.runtime.driver import run_training
 
-    return run_training(config)
+def __getattr__(name):
+    # Lazy: importing hetero_ray (e.g. for hetero_ray.train inside a worker) must not pull
+    # in the driver side.
+    if name == "HeteroTrainer":
+        from hetero_ray.trainer import HeteroTrainer
+
+        return HeteroTrainer
+    if name == "HeteroConfig":
+        from hetero_ray.hetero_config import HeteroConfig
+
+        return HeteroConfig
+    raise AttributeError(f"module 'hetero_ray' has no attribute {name!r}")

@@ -46,9 +46,12 @@ class GlobalSampler:
         seed: with the epoch number, fixes the permutation.
         drop_last: drop the last window of an epoch when it is shorter than ``B``;
             otherwise it is cut by the same rule, scaled (:meth:`Plan.cut`).
+        shuffle: a new seeded order every epoch; False keeps the dataset's order (the
+            windows and their cut are the same rule either way).
     """
 
-    def __init__(self, num_samples: int, global_batch_size: int, seed: int, drop_last: bool = False):
+    def __init__(self, num_samples: int, global_batch_size: int, seed: int, drop_last: bool = False,
+                 shuffle: bool = True):
         if num_samples < 1:
             raise ValueError(f"num_samples must be ≥ 1, got {num_samples}")
         if global_batch_size < 1:
@@ -61,6 +64,7 @@ class GlobalSampler:
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.drop_last = drop_last
+        self.shuffle = shuffle
         self._cached_epoch: int | None = None
         self._cached_permutation: torch.Tensor | None = None
 
@@ -77,8 +81,11 @@ class GlobalSampler:
     def permutation(self, epoch: int) -> torch.Tensor:
         """The epoch's order of sample indices; identical on every rank and every restart."""
         if self._cached_epoch != epoch:
-            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
-            self._cached_permutation = torch.randperm(self.num_samples, generator=generator)
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+                self._cached_permutation = torch.randperm(self.num_samples, generator=generator)
+            else:
+                self._cached_permutation = torch.arange(self.num_samples)
             self._cached_epoch = epoch
         return self._cached_permutation
 
@@ -110,6 +117,11 @@ class GlobalSampler:
         """Sample indices of ``rank``'s local batch at ``(epoch, step)`` under ``plan``."""
         start, stop = self.piece(step, plan, rank)
         return self.permutation(epoch)[start:stop]
+
+    def position_of(self, global_step: int) -> Position:
+        """The position of a global step (every epoch has the same number of steps)."""
+        epoch, step = divmod(global_step, self.steps_per_epoch)
+        return Position(epoch, step, global_step)
 
     def next_position(self, position: Position) -> Position:
         """The position after running ``position``'s step."""

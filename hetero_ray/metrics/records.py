@@ -14,11 +14,12 @@ PLANS = "plans"
 EPOCHS = "epochs"
 SAMPLE_IDS = "sample_ids"
 DECISIONS = "decisions"
-TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, DECISIONS)
+REPORTS = "reports"  # what train loops reported (hetero_ray.train.report), rank 0's copy
+TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, DECISIONS, REPORTS)
 
 # Tables whose rows belong to a global step, and so to the run's effective trajectory:
 # rows of steps that were redone after a restart are replaced by the redone ones.
-TRAJECTORY_TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS)
+TRAJECTORY_TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, REPORTS)
 STEP_COLUMN = {PLANS: "first_global_step"}
 
 # What identifies a row: a row received twice (a retried call, a replayed log) is one row.
@@ -28,6 +29,7 @@ KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     PLANS: ("attempt", "plan_version", "first_global_step"),
     EPOCHS: ("attempt", "epoch", "global_step"),
     DECISIONS: ("global_step", "policy", "wall_time"),
+    REPORTS: ("attempt", "global_step", "wall_time"),
 }  # the global-step column, where not "global_step"
 
 _f64 = pa.float64()
@@ -66,6 +68,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reason", pa.string()), ("plan_version", _i64), ("local_batch_sizes", pa.list_(_i64)),
         ("predicted_step_time_s", _f64), ("current_predicted_step_time_s", _f64),
         ("predicted_gain", _f64), ("achieved_step_time_s", _f64), ("wall_time", _f64),
+    ]),
+    # global_step: the last step completed when the report was made (-1 before the first),
+    # so a report that carried a checkpoint stays on the trajectory of a restarted run.
+    # metrics: the reported dict as JSON (its keys are the user's).
+    REPORTS: pa.schema([
+        ("global_step", _i64), ("epoch", _i64), ("attempt", _i64), ("wall_time", _f64),
+        ("metrics", pa.string()),
     ]),
 }
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import (
-    DECISIONS, EPOCHS, PLANS, SAMPLE_IDS, STEPS, TABLES, to_table,
+    DECISIONS, EPOCHS, PLANS, REPORTS, SAMPLE_IDS, STEPS, TABLES, to_table,
 )
 
 WAL_FILE = "pending.jsonl"  # in <run_dir>/parts/: rows received but not yet in a Parquet part
@@ -125,6 +125,10 @@ class MetricsStore:
     def add_decision(self, row: dict) -> None:
         self._decisions.append(row)
         self._queue(DECISIONS, [row])
+        self._maybe_flush()
+
+    def add_report(self, row: dict) -> None:
+        self._queue(REPORTS, [row])
         self._maybe_flush()
 
     def set_nodes(self, nodes: list[dict]) -> None:

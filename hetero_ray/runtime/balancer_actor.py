@@ -80,9 +80,14 @@ class BalancerActor:
         from hetero_ray.metrics.run_files import ATTEMPTS_FILE, read_json
         from hetero_ray.preflight import latest_checkpoint_dir
 
+        from hetero_ray.training.reporting import BALANCER_STATE_FILE as API_STATE_FILE, STATE_DIR
+
         directory = latest_checkpoint_dir(self._run_dir)
-        path = directory and os.path.join(directory, BALANCER_STATE_FILE)
-        if path and os.path.exists(path):
+        # Built-in runs keep it at the checkpoint's top level; user loops beside their files.
+        candidates = [os.path.join(directory, BALANCER_STATE_FILE),
+                      os.path.join(directory, STATE_DIR, API_STATE_FILE)] if directory else []
+        path = next((p for p in candidates if os.path.exists(p)), None)
+        if path:
             try:
                 with open(path) as f:
                     self.balancer.load_state_dict(json.load(f))

@@ -107,7 +107,8 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         error = e
     finally:
         wall_time_s = time.time() - started
-        summary, failure = _finish(config, run_dir, store, balancer, result, wall_time_s, error, caps, emit)
+        summary, failure = finish_run(run_dir, store, balancer, result, wall_time_s, error, _summary_base(config),
+                                      caps, emit, write_final_model=True)
         for actor in (balancer, scheduler, store):
             actors.kill_actor(actor)
     if failure is not None:
@@ -196,10 +197,24 @@ def _profile_nodes(config: TrainConfig, run_dir: str, store, scheduler, emit) ->
     return {n.node_id: (n.device("cpu").max_batch_size if n.device("cpu") else None) for n in nodes if n.ok}
 
 
-def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_time_s: float,
-            error: Optional[BaseException], node_caps: Optional[dict] = None,
-            emit: Callable[[str], None] = print) -> tuple[dict[str, Any], Optional[Exception]]:
-    """Merges the tables, writes the final model and summary.json; never raises.
+def _summary_base(config: TrainConfig) -> dict[str, Any]:
+    return {
+        "experiment_name": config.experiment_name,
+        "model": config.model,
+        "dataset": config.dataset,
+        "policy": config.policy,
+        "num_workers": config.num_workers,
+        "global_batch_size": config.batch_size,
+        "emulate_speeds": config.emulate_speeds,
+    }
+
+
+def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error: Optional[BaseException],
+               summary_base: dict[str, Any], node_caps: Optional[dict] = None,
+               emit: Callable[[str], None] = print, *,
+               write_final_model: bool = False) -> tuple[dict[str, Any], Optional[Exception]]:
+    """Merges the tables, writes summary.json (and, for built-in runs, the final model);
+    never raises.
 
     Returns the summary and, for a failed run, the exception to raise (see
     :func:`failure_for_user`). A store that stopped writing fails the run even when
@@ -217,7 +232,7 @@ def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_tim
     except Exception as e:  # noqa: BLE001 - still summarise what is on disk
         print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
     _remove_unregistered_checkpoints(run_dir)
-    if error is None and result is not None and result.checkpoint is not None:
+    if write_final_model and error is None and result is not None and result.checkpoint is not None:
         try:
             _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
         except OSError as e:
@@ -227,13 +242,7 @@ def _finish(config: TrainConfig, run_dir: str, store, balancer, result, wall_tim
     plans = run_files.read_table(run_dir, "plans")
     attempts = run_files.read_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
     summary = build_summary(steps, epochs, plans, attempts, base={
-        "experiment_name": config.experiment_name,
-        "model": config.model,
-        "dataset": config.dataset,
-        "policy": config.policy,
-        "num_workers": config.num_workers,
-        "global_batch_size": config.batch_size,
-        "emulate_speeds": config.emulate_speeds,
+        **summary_base,
         "wall_time_s": wall_time_s,
         "status": "failed" if error is not None else "finished",
         "error": None,
@@ -259,7 +268,7 @@ def _remove_unregistered_checkpoints(run_dir: str) -> None:
     checkpoint must not look like a good one to a person or a later tool."""
     import shutil
 
-    train_dir = os.path.join(run_dir, RAY_TRAIN_SUBDIR)
+    train_dir = preflight.ray_train_dir(run_dir)
     try:
         registered = preflight.registered_checkpoint_names(run_dir)
         names = [n for n in os.listdir(train_dir) if n.startswith("checkpoint_") and n not in registered
@@ -340,6 +349,7 @@ def _total_steps(config: TrainConfig) -> int:
     if config.dataset in FILE_DATASETS:  # the files decide; loading them here takes ~1 s
         from hetero_ray.training.data import load_dataset
 
-        num_samples = len(load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed).train)
+        num_samples = len(load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed,
+                                       verify_checksums=config.verify_checksums).train)
     sampler = GlobalSampler(num_samples, config.batch_size, config.seed, config.drop_last)
     return total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)

@@ -11,23 +11,27 @@ import ray
 from hetero_ray.formatting import format_duration
 
 
-def format_progress(progress: dict, total_steps: int) -> Optional[str]:
-    """One line from :meth:`MetricsStore.progress`; None before the first step."""
+def format_progress(progress: dict, total_steps: Optional[int]) -> Optional[str]:
+    """One line from :meth:`MetricsStore.progress`; None before the first step.
+
+    ``total_steps`` is None where the run's length is the user loop's business.
+    """
     if progress.get("global_step") is None:
         return None
     done = progress["global_step"] + 1
-    parts = [f"step {done}/{total_steps} (epoch {progress['epoch']})"]
+    parts = [f"step {done}{f'/{total_steps}' if total_steps else ''} (epoch {progress['epoch']})"]
     rate = progress.get("samples_per_s")
     if rate:
         parts.append(f"{rate:,.0f} samples/s")
-    parts.append(f"loss {progress['loss']:.4f}")
+    if progress.get("loss") is not None:
+        parts.append(f"loss {progress['loss']:.4f}")
     ranks = progress.get("ranks", {})
     shares = "/".join(str(r["local_batch_size"]) for r in ranks.values())
     busy = "/".join(f"{r['busy_time_s'] * 1000:.0f}" for r in ranks.values())
     parts.append(f"plan v{progress['plan_version']} shares {shares}")
     parts.append(f"busy ms {busy}")
     global_batch_size = sum(r["local_batch_size"] for r in ranks.values())
-    if done < total_steps and rate:
+    if total_steps and done < total_steps and rate:
         parts.append(f"ETA {format_duration((total_steps - done) * global_batch_size / rate)}")
     return " | ".join(parts)
 
@@ -54,7 +58,7 @@ def restart_message(previous: dict, current: dict, previous_nodes: set, current_
 class ProgressPrinter:
     """Polls the metrics store in a background thread and prints a line every interval."""
 
-    def __init__(self, store, total_steps: int, interval_s: float,
+    def __init__(self, store, total_steps: Optional[int], interval_s: float,
                  emit: Callable[[str], None] = print):
         self._store = store
         self._total_steps = total_steps

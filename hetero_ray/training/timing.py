@@ -48,12 +48,23 @@ class StepTimeline:
             event.record()
             self._events[name] = event
 
+    def mark_wall_latest(self, name: str) -> None:
+        """A wall-clock mark that only moves forward; safe from another thread.
+
+        For moments seen outside the training thread, such as the completion of a gradient
+        all-reduce (a gloo or NCCL thread); with several, the latest one counts.
+        """
+        now = time.perf_counter()
+        if now > self._wall.get(name, float("-inf")):
+            self._wall[name] = now
+
     def wall_s(self, start: str, stop: str) -> float:
         return self._wall[stop] - self._wall[start]
 
     def device_s(self, start: str, stop: str) -> float:
-        """Device time between two marks (wall time on CPU). Call :meth:`synchronize` first."""
-        if self._cuda:
+        """Device time between two marks (wall time on CPU, or where a mark is wall-only).
+        Call :meth:`synchronize` first."""
+        if self._cuda and start in self._events and stop in self._events:
             return self._events[start].elapsed_time(self._events[stop]) / 1000.0
         return self.wall_s(start, stop)
 
@@ -106,8 +117,18 @@ class BucketClock:
         self.emulator = emulator
 
     def __call__(self, is_last: bool) -> None:
+        timeline = self._timeline_getter()
+        if timeline is None:  # a backward pass outside a training step (nothing to time)
+            return
         if self.emulator is not None:
             self.emulator.pad()
         if is_last:
-            self._timeline_getter().mark(LAST_BUCKET_READY)
+            timeline.mark(LAST_BUCKET_READY)
+
+    def reduced(self) -> None:
+        """A bucket's all-reduce completed (called from the communication thread): the
+        latest such moment ends the rank's backward pass, waiting for others included."""
+        timeline = self._timeline_getter()
+        if timeline is not None:
+            timeline.mark_wall_latest(BACKWARD_DONE)
 

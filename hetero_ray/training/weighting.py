@@ -33,11 +33,14 @@ class WeightedAllReduceState:
         weight: ``b_i / B`` of this rank for the current step.
         on_bucket_ready: called with ``is_last`` before each bucket is reduced; used for
             timing and for emulated slow devices (which delay here, before communicating).
+        on_bucket_reduced: called when a bucket's all-reduce has completed, from the
+            communication thread; used for timing.
     """
 
     process_group: Optional[dist.ProcessGroup] = None
     weight: float = 1.0
     on_bucket_ready: Optional[Callable[[bool], None]] = None
+    on_bucket_reduced: Optional[Callable[[], None]] = None
 
 
 def weighted_allreduce_hook(
@@ -49,7 +52,14 @@ def weighted_allreduce_hook(
     tensor = bucket.buffer()
     tensor.mul_(state.weight)
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.process_group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    on_reduced = state.on_bucket_reduced
+
+    def reduced(fut):
+        if on_reduced is not None:
+            on_reduced()
+        return fut.value()[0]
+
+    return work.get_future().then(reduced)
 
 
 def rank_weight(local_batch_size: int, window_size: int) -> float:

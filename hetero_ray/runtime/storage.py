@@ -1,0 +1,69 @@
+"""Where a HeteroTrainer run keeps its files: Ray Train's and hetero_ray's.
+
+Ray Train writes checkpoints to ``RunConfig.storage_path / RunConfig.name``: a local or
+shared-filesystem path, or any URI ``pyarrow.fs`` understands (``s3://``, ``gs://``,
+``file://``). hetero_ray's tables (steps, plans, decisions, … as Parquet, summary.json)
+are written while the run goes by a metrics store on the driver's node, so they need a
+local folder:
+
+- a plain path: the same folder as Ray Train's (``<storage>/<name>``), checkpoints beside
+  the tables;
+- a URI: a local folder ``<output_dir>/<name>`` during the run, copied to
+  ``<storage>/<name>`` at the end with ``pyarrow.fs`` (every URI takes this path, so a
+  ``file://`` URI tests what ``s3://`` does).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from hetero_ray.errors import UserError
+from hetero_ray.preflight import RAY_CHECKPOINT_SNAPSHOT
+
+RAY_DEFAULT_STORAGE = "~/ray_results"  # Ray Train's own default
+DEFAULT_URI_OUTPUT_DIR = "~/hetero_ray/runs"
+
+
+@dataclass(frozen=True)
+class RunStorage:
+    name: str
+    storage_path: str  # what Ray Train is given
+    run_dir: str  # local folder of hetero_ray's tables
+    remote_run_uri: Optional[str] = None  # where the tables are copied at the end (URI storage)
+
+    def has_ray_snapshot(self) -> bool:
+        """Ray Train restores a run with this name from its snapshot (a resume)."""
+        if self.remote_run_uri is None:
+            return os.path.exists(os.path.join(self.run_dir, RAY_CHECKPOINT_SNAPSHOT))
+        import pyarrow.fs
+
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(self.remote_run_uri)
+        info = filesystem.get_file_info(f"{path}/{RAY_CHECKPOINT_SNAPSHOT}")
+        return info.type != pyarrow.fs.FileType.NotFound
+
+    def upload(self) -> None:
+        """Copies the run's tables next to Ray Train's files (URI storage only)."""
+        if self.remote_run_uri is None:
+            return
+        import pyarrow.fs
+
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(self.remote_run_uri)
+        pyarrow.fs.copy_files(self.run_dir, path, destination_filesystem=filesystem)
+
+
+def resolve(storage_path: Optional[str], name: str, output_dir: Optional[str]) -> RunStorage:
+    storage_path = storage_path or os.path.expanduser(RAY_DEFAULT_STORAGE)
+    if "://" not in storage_path:
+        storage_path = os.path.abspath(os.path.expanduser(storage_path))
+        return RunStorage(name, storage_path, os.path.join(storage_path, name))
+    import pyarrow.fs
+
+    try:
+        pyarrow.fs.FileSystem.from_uri(storage_path)
+    except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, OSError) as e:
+        raise UserError(f"RunConfig(storage_path={storage_path!r}) is not a URI pyarrow.fs can open ({e}); "
+                        "use a local or shared path, or a URI such as s3://bucket/prefix") from None
+    local = os.path.abspath(os.path.expanduser(output_dir or DEFAULT_URI_OUTPUT_DIR))
+    return RunStorage(name, storage_path, os.path.join(local, name), storage_path.rstrip("/") + "/" + name)

@@ -1,0 +1,126 @@
+"""The worker-side API: what a ``train_loop_per_worker`` calls, in Ray Train's shape.
+
+    def train_loop_per_worker(config):
+        model = hetero_ray.train.prepare_model(MyModel())
+        loader = hetero_ray.train.prepare_data_loader(my_dataset, num_workers=2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+        for epoch in range(loader.epoch, config["epochs"]):
+            for x, y in loader:                    # this rank's piece of each global step
+                loss = loss_fn(model(x), y)        # the MEAN over the local batch
+                loss.backward(); optimizer.step(); optimizer.zero_grad()
+            hetero_ray.train.report({"loss": loss.item()}, checkpoint=...)
+
+The loss contract: each rank's loss is the mean over its own local batch (as with one
+device). The gradient hook weights rank ``i`` by ``b_i / B``, so the step is the gradient
+of the mean over the whole global batch; a sum, or a mean over anything else, would
+weight ranks wrongly. For per-token losses whose token counts differ between samples,
+use :func:`token_weighted_loss`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import ray.train
+import torch
+
+from hetero_ray.training import session as _session
+
+
+def prepare_model(model: torch.nn.Module, *, sync_batchnorm: bool = True,
+                  ddp_kwargs: Optional[dict[str, Any]] = None) -> torch.nn.Module:
+    """Moves ``model`` to this rank's device and wraps it in DDP with the ``b_i / B``
+    gradient weighting and the busy-time clock (call once per worker).
+
+    Args:
+        sync_batchnorm: BatchNorm layers normalise with the statistics of the whole global
+            batch, exactly as one device would (unequal local batches included), and keep
+            identical running statistics on every rank. False keeps each rank's own
+            statistics (and logs that the one-device promise no longer holds).
+        ddp_kwargs: passed to ``DistributedDataParallel`` (e.g. ``find_unused_parameters``).
+
+    Raises:
+        UserError: not an ``nn.Module``, nothing to train, or called twice.
+    """
+    from hetero_ray.training.model_prep import prepare_model as prepare
+
+    return prepare(_session.current("prepare_model"), model, sync_batchnorm=sync_batchnorm, ddp_kwargs=ddp_kwargs)
+
+
+def prepare_data_loader(dataset, *, collate_fn=None, num_workers: int = 0, pin_memory: bool = False,
+                        prefetch_factor: Optional[int] = None, shuffle: bool = True, drop_last: bool = False,
+                        move_to_device: bool = True, worker_init_fn=None):
+    """This rank's piece of every global step of ``dataset`` under the plan in force.
+
+    ``dataset`` is any map-style dataset (``__len__`` and ``__getitem__``: a torchvision
+    dataset, a Hugging Face ``datasets.Dataset``, your own). Each ``iter()`` runs the rest
+    of one epoch; every sample is used exactly once per epoch across all ranks, also when
+    the plan changes mid-epoch or the run restarts from a checkpoint (then the first
+    ``iter()`` continues the checkpoint's epoch at its step: start your epoch loop at
+    ``loader.epoch``). Batches come from a torch ``DataLoader`` with ``num_workers``
+    worker processes that prefetch while the model computes.
+
+    Args:
+        collate_fn, num_workers, pin_memory, prefetch_factor, worker_init_fn: as for
+            ``torch.utils.data.DataLoader``.
+        shuffle: a new seeded order every epoch (``HeteroConfig.seed``).
+        drop_last: drop each epoch's last global batch when it is short.
+        move_to_device: move the tensors of each batch to this rank's device.
+
+    Raises:
+        UserError: an iterable-style dataset, one without ``__len__``, one too small for a
+            global batch, bad arguments, or a second call on this worker.
+    """
+    from hetero_ray.training.loader import make_loader
+
+    return make_loader(_session.current("prepare_data_loader"), dataset, collate_fn=collate_fn,
+                       num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                       shuffle=shuffle, drop_last=drop_last, move_to_device=move_to_device,
+                       worker_init_fn=worker_init_fn)
+
+
+def report(metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:
+    """``ray.train.report`` for hetero_ray: the metrics reach Ray Train's ``Result`` and the
+    run's ``reports`` table; a checkpoint also carries the sampler position, the plan and
+    the balancer's state (in its ``hetero_ray/`` folder), and the step records it covers
+    are stored first. Every rank calls it the same number of times; pass the checkpoint
+    from rank 0 (or from every rank)."""
+    from hetero_ray.training.reporting import report as report_
+
+    report_(_session.current("report"), metrics, checkpoint)
+
+
+def get_checkpoint() -> Optional[ray.train.Checkpoint]:
+    """The checkpoint this worker group resumes from (None on a fresh start): your files
+    as you saved them, beside hetero_ray's ``hetero_ray/`` folder."""
+    _session.current("get_checkpoint")
+    return ray.train.get_checkpoint()
+
+
+def get_context():
+    """Ray Train's context (world rank, world size, local rank, …)."""
+    return ray.train.get_context()
+
+
+def get_device() -> torch.device:
+    """The device this rank trains on."""
+    return _session.current("get_device").device
+
+
+def token_weighted_loss(loss_sum: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
+    """A per-token loss whose step is the mean over all tokens of the global batch.
+
+    With sequences of different lengths, "the mean over the global batch" should count
+    tokens, not samples. Given this rank's SUM of token losses and its token count ``t_i``,
+    this returns ``loss_sum · B / (b_i · T)`` with ``T = Σ_j t_j`` (one all-reduce): after
+    the gradient hook multiplies by ``b_i / B``, every rank contributes ``loss_sum / T``,
+    and the step is the gradient of (Σ token losses) / T, as on one device. Every rank
+    must call it at every step.
+    """
+    from hetero_ray.training.token_loss import token_weighted_loss as weighted
+
+    return weighted(_session.current("token_weighted_loss"), loss_sum, num_tokens)
+
+
+__all__ = ["prepare_model", "prepare_data_loader", "report", "get_checkpoint", "get_context", "get_device",
+           "token_weighted_loss"]

@@ -1,0 +1,191 @@
+"""``HeteroTrainer``: Ray Train's ``TorchTrainer`` with shares of the global batch that
+follow each device's speed.
+
+    trainer = HeteroTrainer(train_loop_per_worker, train_loop_config={"lr": 0.1},
+                            scaling_config=ScalingConfig(num_workers=4),
+                            run_config=RunConfig(name="my-run", storage_path="/shared/runs"),
+                            hetero_config=HeteroConfig(global_batch_size=256))
+    result = trainer.fit()          # a ray.train.Result
+
+``fit()`` checks everything it can before anything is written, starts the run's actors
+(metrics store, scheduler, balancer) on the driver's node, runs a ``TorchTrainer`` whose
+workers run the user's loop inside a hetero_ray session (:mod:`hetero_ray.training.entry`),
+and writes the run's tables and ``summary.json`` — also when training fails — where the
+dashboard and ``hetero-ray report`` read them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+import ray
+from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig
+
+from hetero_ray.config import _EXPERIMENT_NAME, default_experiment_name
+from hetero_ray.constants import (
+    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S,
+    PROGRESS_INTERVAL_S_ENV_VAR, env_float,
+)
+from hetero_ray.errors import ConfigError, UserError
+from hetero_ray.hetero_config import HeteroConfig
+from hetero_ray.metrics import run_files
+from hetero_ray.runtime import actors, cluster, storage
+from hetero_ray.runtime.driver import finish_run
+from hetero_ray.runtime.failures import RunGuard
+from hetero_ray.runtime.progress import ProgressPrinter
+from hetero_ray.training.entry import call_for, takes_config
+from hetero_ray.training.session import WorkerSettings
+
+
+class HeteroTrainer:
+    """Data-parallel training of the user's loop on a heterogeneous Ray cluster.
+
+    Args:
+        train_loop_per_worker: the user's loop, run on every worker; takes the config dict
+            or nothing. Inside it, use :mod:`hetero_ray.train`.
+        train_loop_config: passed to the loop as is.
+        scaling_config: the workers (``num_workers`` or ``(min, max)``, ``use_gpu``,
+            ``resources_per_worker``), as for ``TorchTrainer``.
+        run_config: the run's name (the experiment's name everywhere: Ray Train, actors,
+            files), its storage, failure and checkpoint settings, callbacks.
+        hetero_config: the global batch and how it is shared out.
+
+    Raises:
+        UserError (ConfigError): a bad argument, said before anything starts.
+    """
+
+    def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
+                 scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
+                 hetero_config: Optional[HeteroConfig] = None, emit: Callable[[str], None] = print):
+        if not callable(train_loop_per_worker):
+            raise ConfigError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
+        takes_config(train_loop_per_worker)  # raises for a loop with more than one argument
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise ConfigError(f"train_loop_config must be a dict, got {type(train_loop_config).__name__}")
+        if not isinstance(hetero_config, HeteroConfig):
+            raise ConfigError("HeteroTrainer needs hetero_config=HeteroConfig(global_batch_size=...): the global "
+                              "batch is what the workers' shares add up to")
+        scaling_config = scaling_config or ScalingConfig(num_workers=1)
+        run_config = run_config or RunConfig()
+        if not isinstance(scaling_config, ScalingConfig) or not isinstance(run_config, RunConfig):
+            raise ConfigError("scaling_config and run_config must be ray.train.ScalingConfig and ray.train.RunConfig")
+        self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
+        hetero_config.check_workers(self._max_workers)
+        name = run_config.name or default_experiment_name()
+        if not _EXPERIMENT_NAME.match(name):
+            raise ConfigError(f"RunConfig(name={name!r}) must be 1-100 characters of letters, digits, '.', '_' "
+                              "or '-', starting with a letter or digit (it names the run's folder and actors)")
+        self._loop = train_loop_per_worker
+        self._loop_config = train_loop_config or {}
+        self._scaling = scaling_config
+        self._run_config = run_config
+        self._hetero = hetero_config
+        self._name = name
+        self._emit = emit
+
+    def fit(self) -> Result:
+        """Trains; returns Ray Train's ``Result`` (metrics, checkpoint, path).
+
+        Raises:
+            UserError: bad input met before or during training (nothing retried).
+            TrainingFailed: training failed; the run's files say how far it got.
+        """
+        hetero = self._hetero
+        run = storage.resolve(self._run_config.storage_path, self._name, hetero.output_dir)
+        resuming = run.has_ray_snapshot()
+        if not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
+            raise UserError(f"{run.run_dir} already holds a run without a checkpoint to continue from; choose "
+                            "another RunConfig(name=...) (nothing was overwritten)")
+        cpus_per_worker = float((self._scaling.resources_per_worker or {}).get("CPU", 1))
+        connection = cluster.connect(None, local_num_cpus=max(os.cpu_count() or 1, int(self._max_workers * cpus_per_worker + 0.999)),
+                                     timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
+        use_gpu = bool(self._scaling.use_gpu)
+        cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, None)
+        os.makedirs(run.run_dir, exist_ok=True)
+        run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
+                             {"hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path})
+        self._emit(f"[hetero_ray] run {self._name}: {'resuming; ' if resuming else ''}files in {run.run_dir}"
+                   + (f", copied to {run.remote_run_uri} at the end" if run.remote_run_uri else ""))
+        self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
+                   + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
+
+        node_id = ray.get_runtime_context().get_node_id()
+        store = actors.start_metrics_store(self._name, run.run_dir, node_id)
+        scheduler = actors.start_scheduler(
+            self._name, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
+            batch_split=hetero.batch_split, weights=hetero.emulate_speeds, plan_changes=hetero.plan_changes,
+            policy_config=hetero.policy_config(),
+        )
+        balancer = actors.start_balancer(
+            self._name, run.run_dir, node_id, policy=hetero.policy, policy_config=hetero.policy_config(),
+            rebalance_interval=hetero.rebalance_interval, weights=hetero.emulate_speeds,
+        )
+        started = time.time()
+        error: Optional[BaseException] = None
+        result = None
+        try:
+            trainer = self._torch_trainer(run, "gpu" if use_gpu else "cpu")
+            with ProgressPrinter(store, None, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S),
+                                 self._emit):
+                result = trainer.fit()
+        except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
+            error = e
+        finally:
+            summary, failure = finish_run(run.run_dir, store, balancer, result, time.time() - started, error,
+                                          self._summary_base(), emit=self._emit)
+            for actor in (balancer, scheduler, store):
+                actors.kill_actor(actor)
+            try:
+                run.upload()
+            except OSError as e:
+                self._emit(f"[hetero_ray] warning: the run's tables could not be copied to {run.remote_run_uri} "
+                           f"({e}); they are in {run.run_dir}")
+        if failure is not None:
+            raise failure from error
+        self._emit(f"[hetero_ray] finished: {summary['global_steps']} global steps; files in {run.run_dir}")
+        return result
+
+    def _torch_trainer(self, run: storage.RunStorage, device_mode: str):
+        from ray.train.torch import TorchTrainer
+
+        hetero = self._hetero
+        settings = WorkerSettings(
+            experiment_name=self._name, global_batch_size=hetero.global_batch_size, seed=hetero.seed,
+            rebalance_interval=hetero.rebalance_interval, device_mode=device_mode,
+            record_sample_ids=hetero.record_sample_ids, profile_interval=hetero.profile_interval,
+            emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
+            speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
+        )
+        user = self._run_config
+        run_config = RunConfig(
+            name=self._name,
+            storage_path=run.storage_path,
+            failure_config=user.failure_config or FailureConfig(),
+            checkpoint_config=user.checkpoint_config or CheckpointConfig(num_to_keep=CHECKPOINTS_TO_KEEP),
+            callbacks=[*(user.callbacks or []), RunGuard(self._name)],
+            logging_config=user.logging_config or ray.LoggingConfig(log_level="WARNING"),
+            worker_runtime_env=user.worker_runtime_env,
+        )
+        return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
+                            scaling_config=self._scaling, run_config=run_config)
+
+    def _summary_base(self) -> dict[str, Any]:
+        hetero = self._hetero
+        return {"experiment_name": self._name, "model": None, "dataset": None, "policy": hetero.policy,
+                "num_workers": self._max_workers, "global_batch_size": hetero.global_batch_size,
+                "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None}
+
+
+def _worker_range(num_workers) -> tuple[int, int]:
+    if isinstance(num_workers, (tuple, list)) and len(num_workers) == 2:
+        low, high = num_workers
+    else:
+        low = high = num_workers
+    for value in (low, high):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"ScalingConfig(num_workers={num_workers!r}) must be a positive integer or (min, max)")
+    if low > high:
+        raise ConfigError(f"ScalingConfig(num_workers={num_workers!r}): the minimum exceeds the maximum")
+    return low, high

@@ -1,0 +1,284 @@
+"""The data loader behind ``hetero_ray.train.prepare_data_loader``: this rank's piece of every
+global step, under the plan in force, loaded by real DataLoader worker processes.
+
+Each ``iter(loader)`` runs the rest of one epoch of the global sampler
+(:mod:`hetero_ray.sampler`): step ``s`` yields the samples at this rank's piece of the
+window ``[s·B, (s+1)·B)``. A torch ``DataLoader`` does the loading; its batch sampler is
+:meth:`PlanFollowingLoader._index_batches`, so its worker processes prefetch and collate
+while the model computes, and "which samples did rank i see at step s" is still exactly
+the sampler's answer.
+
+Plans and prefetching. The DataLoader asks for step ``s + L``'s indices while step ``s``
+is being handed out (``L = num_workers × prefetch_factor`` batches in flight; 0 without
+worker processes). So the plan that takes effect at a rebalance point ``R`` is agreed on
+by all ranks at step ``R − L`` (one broadcast, entered by every rank at the same step) and
+applied from ``R`` on: every rank switches at the same step, and no index is ever cut by
+a plan that was not yet agreed.
+
+Each step also runs the machinery the user never calls: the step clock (data wait here,
+forward and backward through the prepared model's hooks), the weight ``b_i / B`` of the
+gradient hook, emulated device speed, in-training resource readings, and the step row
+sent to the metrics store when the next step starts (the optimiser step in between is
+part of the step).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Optional
+
+import torch
+
+from hetero_ray.errors import UserError
+from hetero_ray.plan import Plan
+from hetero_ray.sampler import GlobalSampler, Position
+from hetero_ray.training import timing
+from hetero_ray.training.reporting import check_data_matches
+from hetero_ray.training.session import WorkerSession
+from hetero_ray.training.weighting import rank_weight
+
+DEFAULT_PREFETCH_FACTOR = 2  # torch's default: batches each DataLoader worker keeps ready
+
+
+class PlanFollowingLoader:
+    """Iterable over this rank's local batches, one epoch per ``iter()``.
+
+    Attributes:
+        epoch: the epoch the next ``iter()`` runs (after a restart, the checkpoint's).
+        position: the next step to run.
+    """
+
+    def __init__(self, session: WorkerSession, dataset, *, collate_fn=None, num_workers: int = 0,
+                 pin_memory: bool = False, prefetch_factor: Optional[int] = None, shuffle: bool = True,
+                 drop_last: bool = False, move_to_device: bool = True, worker_init_fn=None):
+        settings = session.settings
+        self._session = session
+        self.sampler = GlobalSampler(len(dataset), settings.global_batch_size, settings.seed, drop_last, shuffle)
+        check_data_matches(session.restored, self.data_order())
+        self.position = session.restored_position
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = DEFAULT_PREFETCH_FACTOR
+        self.lookahead_steps = num_workers * prefetch_factor if num_workers > 0 else 0
+        self._move_to_device = move_to_device
+        self._plans: list[tuple[int, Plan]] = []  # (first global step, plan), in step order
+        self._next_point: int = self.position.global_step  # the first unagreed rebalance point
+        self._pending: Optional[dict[str, Any]] = None  # the step handed out, not yet recorded
+        self._dataloader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=_StepBatches(self), num_workers=num_workers, collate_fn=collate_fn,
+            pin_memory=pin_memory and session.device.type == "cuda", prefetch_factor=prefetch_factor,
+            persistent_workers=num_workers > 0, worker_init_fn=worker_init_fn,
+        )
+        self._resources = _resource_sampler(session)
+        self._gauges = _gauges(session)
+
+    def data_order(self) -> dict:
+        """What the order of samples depends on; a restored position needs the same."""
+        s = self.sampler
+        return {"num_samples": s.num_samples, "global_batch_size": s.global_batch_size, "seed": s.seed,
+                "shuffle": s.shuffle, "drop_last": s.drop_last}
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    def __len__(self) -> int:
+        """Steps left in the epoch the next ``iter()`` runs."""
+        return self.sampler.steps_per_epoch - self.position.step
+
+    @property
+    def plan(self) -> Optional[Plan]:
+        """The plan of the step handed out last (None before the first step)."""
+        if self._pending is not None:
+            return self._pending["plan"]
+        return self._plans[-1][1] if self._plans else None
+
+    def __iter__(self) -> Iterator[Any]:
+        self.finish_step()
+        start = self.position
+        epoch_end = start.global_step - start.step + self.sampler.steps_per_epoch
+        self._agree_through(start.global_step, epoch_end)
+        batches = iter(self._dataloader)  # primes the workers with the first L steps' indices
+        try:
+            while self.position.epoch == start.epoch:
+                self._agree_through(self.position.global_step, epoch_end)
+                yield self._begin_step(batches)
+                self.finish_step()
+        finally:
+            self.finish_step()  # the user left the loop early (break, exception): the step ran
+            del batches
+
+    # --- one step ------------------------------------------------------------------------
+
+    def _begin_step(self, batches) -> Any:
+        session = self._session
+        position = self.position
+        plan = self._plan_at(position.global_step)
+        timeline = timing.StepTimeline(session.device)
+        session.timeline = timeline
+        timeline.mark(timing.STEP_START)
+        if session.emulator is not None:
+            session.emulator.begin_step(session.speeds.speed(session.rank, position.global_step), time.perf_counter())
+        window_size = self.sampler.window_size(position.step)
+        begin, stop = self.sampler.piece(position.step, plan, session.rank)
+        local_batch_size = stop - begin
+        if session.weight_state is not None:
+            session.weight_state.weight = rank_weight(local_batch_size, window_size)
+        batch = next(batches)
+        if session.device.type == "cuda":
+            timeline.mark(timing.HOST_BATCH_READY)
+        if self._move_to_device:
+            batch = _to_device(batch, session.device)
+        timeline.mark(timing.DATA_READY)
+        self._pending = {"position": position, "plan": plan, "local_batch_size": local_batch_size,
+                         "window_size": window_size, "timeline": timeline}
+        return batch
+
+    def finish_step(self) -> None:
+        """Records the step handed out last (its optimiser step is done) and moves on.
+        Called at the next step, at the end of the loop, and before a checkpoint."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        session = self._session
+        timeline: timing.StepTimeline = pending["timeline"]
+        timeline.mark(timing.STEP_DONE)
+        for missing in (timing.FORWARD_DONE, timing.LAST_BUCKET_READY, timing.BACKWARD_DONE):
+            if not timeline.has(missing):  # no prepared model, or no gradient reached the hook
+                timeline.mark(missing)
+        timeline.synchronize()
+        position, plan, local_batch_size = pending["position"], pending["plan"], pending["local_batch_size"]
+        emulator = session.emulator
+        row = {
+            "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
+            "rank": session.rank, "node_id": session.node_id, "attempt": session.attempt,
+            "local_batch_size": local_batch_size, "global_batch_size": pending["window_size"],
+            "plan_version": plan.version, "loss": session.take_step_loss(), "lr": None, "wall_time": time.time(),
+            **timing.step_durations(timeline, emulator.padded_s if emulator else 0.0),
+        }
+        row.update(self._resources.maybe_sample(position.global_step))
+        self._gauges.update(row)
+        sample_ids = None
+        if session.settings.record_sample_ids:
+            start, stop = self.sampler.piece(position.step, plan, session.rank)
+            sample_ids = {
+                "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
+                "rank": session.rank, "attempt": session.attempt,
+                "sample_indices": self.sampler.permutation(position.epoch)[start:stop].tolist(),
+            }
+        session.recorder.record(row, sample_ids)
+        session.timeline = None
+        self.position = self.sampler.next_position(position)
+
+    def close(self) -> None:
+        self.finish_step()
+        self._resources.close()
+
+    # --- plans ---------------------------------------------------------------------------
+
+    def _agree_through(self, global_step: int, epoch_end: int) -> None:
+        """Collective at ``global_step``: agree on every plan whose rebalance point ``R``
+        lies within this epoch and no more than L steps ahead (``R − L ≤ global_step``)."""
+        # Plans before the one in force at this step are never asked for again.
+        in_force = [i for i, (first, _) in enumerate(self._plans) if first <= global_step]
+        if in_force:
+            del self._plans[:in_force[-1]]
+        end = self._session.settings.end_global_step
+        while self._next_point - self.lookahead_steps <= global_step and self._next_point < epoch_end \
+                and (end is None or self._next_point < end):
+            current = self._plans[-1][1] if self._plans else None
+            point = self._next_point
+            plan = self._session.agree_on_plan(current, self.sampler.position_of(point))
+            self._plans.append((point, plan))
+            interval = self._session.settings.rebalance_interval
+            self._next_point = (point // interval + 1) * interval
+
+    def _plan_at(self, global_step: int) -> Plan:
+        if global_step >= self._next_point:
+            raise RuntimeError(f"no agreed plan for global step {global_step} (agreed up to "
+                               f"{self._next_point - 1}); the plan lookahead is wrong")
+        for first, plan in reversed(self._plans):
+            if first <= global_step:
+                return plan
+        raise RuntimeError(f"no plan in force at global step {global_step}")
+
+    def _index_batches(self) -> Iterator[list[int]]:
+        """The DataLoader's batch sampler: this rank's indices for the rest of the epoch,
+        from the position the iteration started at."""
+        start = self.position
+        permutation = self.sampler.permutation(start.epoch)
+        rank = self._session.rank
+        for step in range(start.step, self.sampler.steps_per_epoch):
+            plan = self._plan_at(start.global_step - start.step + step)
+            begin, stop = self.sampler.piece(step, plan, rank)
+            if stop == begin:
+                # A short last window can leave a rank without samples. It must still enter
+                # the all-reduce; it runs one sample of the window with weight 0.
+                begin, stop = self.sampler.window(step)[0], self.sampler.window(step)[0] + 1
+            yield permutation[begin:stop].tolist()
+
+
+class _StepBatches:
+    """Batch sampler object for the DataLoader: each ``iter()`` starts at the loader's position."""
+
+    def __init__(self, loader: PlanFollowingLoader):
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._loader._index_batches()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors anywhere in tuples, lists and dicts, moved to ``device`` (asynchronously
+    from pinned memory)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [_to_device(b, device) for b in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    if isinstance(batch, dict):
+        return type(batch)({k: _to_device(v, device) for k, v in batch.items()})
+    return batch
+
+
+def _resource_sampler(session: WorkerSession):
+    from hetero_ray.training.resource_sampler import ResourceSampler
+
+    return ResourceSampler(session.device, interval_steps=session.settings.profile_interval)
+
+
+def _gauges(session: WorkerSession):
+    from hetero_ray.metrics.gauges import RankGauges
+
+    return RankGauges(session.settings.experiment_name)
+
+
+def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_factor: Optional[int],
+                **options: Any) -> PlanFollowingLoader:
+    """Checks the arguments a person can get wrong, then makes the worker's one loader."""
+    if session.loader is not None:
+        raise UserError("hetero_ray.train.prepare_data_loader was called twice on this worker: one loader "
+                        "follows the run's plan; make it once and iterate it once per epoch")
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise UserError(f"hetero_ray.train.prepare_data_loader needs a map-style dataset (__len__ and "
+                        f"__getitem__), got the iterable-style {type(dataset).__name__}: each rank's share of a "
+                        "global step is picked by sample index, which a stream cannot do")
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        missing = " and ".join(m for m in ("__len__", "__getitem__") if not hasattr(dataset, m))
+        raise UserError(f"hetero_ray.train.prepare_data_loader needs a map-style dataset; "
+                        f"{type(dataset).__name__} has no {missing}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise UserError(f"prepare_data_loader(num_workers=...) must be a non-negative integer, got {num_workers!r}")
+    if prefetch_factor is not None and (num_workers == 0 or not isinstance(prefetch_factor, int)
+                                        or prefetch_factor < 1):
+        raise UserError(f"prepare_data_loader(prefetch_factor={prefetch_factor!r}) needs num_workers > 0 and a "
+                        "positive integer")
+    size, batch = len(dataset), session.settings.global_batch_size
+    if size < 1 or (options.get("drop_last") and size < batch):
+        raise UserError(f"the dataset has {size} samples, fewer than one global batch of {batch} "
+                        "(HeteroConfig.global_batch_size)" + (" with drop_last" if size else ""))
+    session.loader = PlanFollowingLoader(session, dataset, num_workers=num_workers,
+                                         prefetch_factor=prefetch_factor, **options)
+    return session.loader

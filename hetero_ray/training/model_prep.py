@@ -1,0 +1,74 @@
+"""``hetero_ray.train.prepare_model``: the user's model on this rank's device, in DDP, with
+the gradient weighting, the busy-time clock and (where it has BatchNorm) exact
+statistics of the whole global batch.
+
+- The communication hook (:mod:`hetero_ray.training.weighting`) scales each gradient
+  bucket by ``b_i / B`` and all-reduces with SUM: the gradient of the global batch,
+  whatever the split. The loader sets ``b_i / B`` before each step.
+- The hook's callbacks end this rank's busy time at its last gradient bucket, pad it
+  where speeds are emulated, and note when the all-reduce completed; a forward hook
+  marks the end of the forward pass.
+- BatchNorm layers become :class:`~hetero_ray.training.batchnorm.HeteroSyncBatchNorm`,
+  whose statistics are those of the global batch (unequal local batches included) and
+  whose running statistics are identical on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hetero_ray.errors import UserError
+from hetero_ray.training import timing
+from hetero_ray.training.batchnorm import convert_batchnorm, has_batchnorm
+from hetero_ray.training.session import WorkerSession
+from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
+
+logger = logging.getLogger("hetero_ray.worker")
+
+
+def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: bool = True,
+                  ddp_kwargs: Optional[dict[str, Any]] = None) -> DistributedDataParallel:
+    if not isinstance(model, nn.Module):
+        raise UserError(f"hetero_ray.train.prepare_model takes a torch.nn.Module, got {type(model).__name__}")
+    if session.model_prepared:
+        raise UserError("hetero_ray.train.prepare_model was called twice on this worker: the gradient "
+                        "weighting belongs to one model per run; prepare the model once (wrap several "
+                        "networks in one nn.Module)")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError("hetero_ray.train.prepare_model: the model has no parameter that requires a "
+                        "gradient, so there is nothing to train")
+    state = WeightedAllReduceState()
+    if has_batchnorm(model):
+        if sync_batchnorm:
+            model = convert_batchnorm(model, state)
+        elif session.rank == 0:
+            logger.warning("sync_batchnorm=False: this model's BatchNorm layers normalise each rank's "
+                           "local batch on its own, so with unequal shares training no longer follows "
+                           "the mathematics of one device on the global batch")
+    model = model.to(session.device)
+    ddp_model = DistributedDataParallel(
+        model, device_ids=[session.device.index] if session.device.type == "cuda" else None,
+        **(ddp_kwargs or {}),
+    )
+    ddp_model.register_comm_hook(state, weighted_allreduce_hook)
+    clock = timing.BucketClock(lambda: session.timeline, session.emulator)
+    state.on_bucket_ready = clock
+    state.on_bucket_reduced = clock.reduced
+    ddp_model.register_forward_hook(_forward_clock(session))
+    session.weight_state = state
+    session.model_prepared = True
+    return ddp_model
+
+
+def _forward_clock(session: WorkerSession):
+    def mark_forward_done(module, inputs, output) -> None:
+        timeline = session.timeline
+        if timeline is not None and torch.is_grad_enabled() and not timeline.has(timing.FORWARD_DONE):
+            timeline.mark(timing.FORWARD_DONE)
+
+    return mark_forward_done

@@ -1,0 +1,156 @@
+"""``hetero_ray.train.report`` and what hetero_ray keeps inside the user's checkpoints.
+
+A report is ``ray.train.report`` with three things added:
+
+- hetero_ray's part of every checkpoint: the sampler position (the next step), the plan
+  in force, what the data order depends on, and the balancer's state, in a folder
+  ``hetero_ray/`` beside the user's own files. It is written by the lowest rank that
+  passes a checkpoint (all ranks agree on it with one all-gather), so a checkpoint from
+  rank 0 alone — Ray Train's usual pattern — carries it;
+- the step rows recorded so far are in the metrics store before the checkpoint that
+  covers them is registered, so a crash right after it loses no step;
+- the metrics also go to the run's ``reports`` table (rank 0), next to the step records.
+
+Every rank must call it the same number of times (``ray.train.report`` is a barrier).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Optional
+
+import ray
+import ray.train
+import torch
+import torch.distributed as dist
+
+from hetero_ray.errors import UserError
+from hetero_ray.training.session import WorkerSession
+
+logger = logging.getLogger("hetero_ray.worker")
+
+STATE_DIR = "hetero_ray"  # inside each checkpoint
+STATE_FILE = "state.json"
+BALANCER_STATE_FILE = "balancer_state.json"
+STATE_FORMAT_VERSION = 1
+
+
+def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:
+    if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
+        raise UserError(f"hetero_ray.train.report takes a dict of metrics with string keys, got {metrics!r:.80}")
+    if checkpoint is not None and not isinstance(checkpoint, ray.train.Checkpoint):
+        raise UserError("hetero_ray.train.report: checkpoint must be a ray.train.Checkpoint "
+                        f"(e.g. Checkpoint.from_directory(path)), got {type(checkpoint).__name__}")
+    loader = session.loader
+    if loader is not None:
+        loader.finish_step()  # the step the user just completed belongs before this report
+    position = loader.position if loader is not None else session.restored_position
+    writer = _lowest_rank_with_checkpoint(session, checkpoint is not None)
+    dir_name = None
+    if writer is not None:
+        if session.rank == writer:
+            _write_state(session, checkpoint, position, loader)
+        session.flush_records()
+        dir_name = _checkpoint_dir_name(session, position.global_step)
+    if session.rank == 0:
+        session.store.add_report.remote({
+            "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.attempt,
+            "wall_time": time.time(), "metrics": _json_metrics(metrics),
+        })
+    ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
+
+
+def read_state(checkpoint: ray.train.Checkpoint) -> dict:
+    """hetero_ray's part of a checkpoint; a checkpoint without one is a :class:`UserError`."""
+    with checkpoint.as_directory() as directory:
+        path = os.path.join(directory, STATE_DIR, STATE_FILE)
+        if not os.path.exists(path):
+            raise UserError(
+                f"the checkpoint to resume from ({checkpoint.path}) has no {STATE_DIR}/{STATE_FILE}, so the "
+                "position in the data is unknown and exactly-once cannot hold; report checkpoints with "
+                "hetero_ray.train.report, not ray.train.report"
+            )
+        try:
+            with open(path) as f:
+                state = json.load(f)
+            if state.get("format_version") != STATE_FORMAT_VERSION:
+                raise ValueError(f"unknown format {state.get('format_version')!r}")
+            balancer_path = os.path.join(directory, STATE_DIR, BALANCER_STATE_FILE)
+            if os.path.exists(balancer_path):
+                with open(balancer_path) as f:
+                    state["balancer"] = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path} cannot be read ({e}); the checkpoint is damaged, so the run cannot "
+                            "continue from it; start a new run under another RunConfig(name=...)") from None
+    return state
+
+
+def check_data_matches(restored: Optional[dict], data_order: dict) -> None:
+    """A restored position is only valid for the same data order: same dataset length,
+    global batch, seed, shuffle and drop_last."""
+    if not restored:
+        return
+    saved = restored.get("data_order", {})
+    changed = {k: (saved.get(k), v) for k, v in data_order.items() if saved.get(k) != v}
+    if changed:
+        described = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in changed.items())
+        raise UserError(f"the checkpoint this run resumes from was made with another data order ({described}); "
+                        "the position in the epoch would not mean the same samples. Resume with the original "
+                        "dataset and settings, or start a new run under another RunConfig(name=...)")
+
+
+def _write_state(session: WorkerSession, checkpoint: ray.train.Checkpoint, position, loader) -> None:
+    directory = checkpoint.path
+    if not os.path.isdir(directory):
+        raise UserError(f"hetero_ray.train.report: the checkpoint must be a local directory "
+                        f"(Checkpoint.from_directory), got {directory}")
+    folder = os.path.join(directory, STATE_DIR)
+    os.makedirs(folder, exist_ok=True)
+    plan = loader.plan if loader is not None else session.restored_plan
+    state = {
+        "format_version": STATE_FORMAT_VERSION,
+        "position": position.to_dict(),
+        "plan": plan.to_dict() if plan is not None else None,
+        "data_order": loader.data_order() if loader is not None else (session.restored or {}).get("data_order"),
+    }
+    with open(os.path.join(folder, STATE_FILE), "w") as f:
+        json.dump(state, f)
+    try:
+        balancer_state = ray.get(session.balancer.state_dict.remote(), timeout=5)
+    except Exception as e:  # noqa: BLE001 - the checkpoint matters more than this part of it
+        logger.warning("balancer state not saved with this checkpoint (%s)", type(e).__name__)
+        return
+    with open(os.path.join(folder, BALANCER_STATE_FILE), "w") as f:
+        json.dump(balancer_state, f)
+
+
+def _lowest_rank_with_checkpoint(session: WorkerSession, has_checkpoint: bool) -> Optional[int]:
+    """Collective: the lowest rank that passes a checkpoint, or None when none does."""
+    flags = torch.zeros(session.num_workers, dtype=torch.int64, device=session.collective_device)
+    flags[session.rank] = int(has_checkpoint)
+    dist.all_reduce(flags)
+    ranks = flags.nonzero().flatten().tolist()
+    return ranks[0] if ranks else None
+
+
+def _checkpoint_dir_name(session: WorkerSession, global_step: int) -> str:
+    """``checkpoint_<global step>``, with a suffix when a step is checkpointed again."""
+    name = f"checkpoint_{global_step:09d}"
+    count = session.checkpoints_at.get(global_step, 0)
+    session.checkpoints_at[global_step] = count + 1
+    return name if count == 0 else f"{name}_{count}"
+
+
+def _json_metrics(metrics: dict) -> str:
+    def plain(value):
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return value
+
+    return json.dumps({k: plain(v) for k, v in metrics.items()}, default=str)

@@ -1,0 +1,35 @@
+"""Weighting by tokens instead of samples, under unequal local batches.
+
+The gradient hook gives rank ``i`` the weight ``b_i / B`` (samples). A per-token loss with
+sequences of different lengths wants every token of the global batch to count the same:
+
+    L = (Σ_all ranks Σ token losses) / T,       T = Σ_j t_j  (tokens of the global batch)
+
+Rank ``i`` returns ``ℓ_i = S_i · B / (b_i · T)`` (``S_i`` its sum of token losses), so that
+after the hook's factor ``b_i / B`` its contribution is ``S_i / T`` and the sum over ranks
+is ``L``. A rank whose piece of a short last window is empty has weight 0 and adds nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hetero_ray.errors import UserError
+
+
+def token_weighted_loss(session, loss_sum: torch.Tensor, num_tokens) -> torch.Tensor:
+    if not isinstance(loss_sum, torch.Tensor) or loss_sum.dim() != 0:
+        raise UserError("token_weighted_loss(loss_sum, num_tokens): loss_sum must be a scalar tensor (this "
+                        "rank's SUM of token losses)")
+    tokens = torch.as_tensor(num_tokens, dtype=torch.float64, device=session.collective_device).reshape(1)
+    local_tokens = float(tokens.item())
+    dist.all_reduce(tokens)
+    total_tokens = float(tokens.item())
+    weight = session.weight_state.weight if session.weight_state is not None else 1.0
+    if total_tokens <= 0 or weight == 0:
+        return loss_sum * 0.0
+    if local_tokens < 0:
+        raise UserError(f"token_weighted_loss: num_tokens must be ≥ 0, got {local_tokens:g}")
+    # ℓ_i = S_i · B / (b_i · T) = S_i / (w_i · T), with w_i = b_i / B
+    return loss_sum / (weight * total_tokens)

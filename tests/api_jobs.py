@@ -1,0 +1,128 @@
+"""User-style jobs on the public API, shared by the API tests (importable by Ray workers).
+
+Each is what a person would write: an nn.Module with BatchNorm, a map-style Dataset whose
+``__getitem__`` returns one sample, a loop of plain PyTorch. ``one_device`` trains the
+same model on the same global batches in one process, with torch's own BatchNorm: the
+reference every hetero_ray run must reach.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+
+import ray.train
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hetero_ray.train
+from hetero_ray.sampler import GlobalSampler
+
+LR, MOMENTUM = 0.1, 0.9
+
+
+class PatternDataset(torch.utils.data.Dataset):
+    """Small 3×8×8 images in 4 classes, fixed by the seed."""
+
+    def __init__(self, num_samples: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.targets = torch.randint(0, 4, (num_samples,), generator=generator)
+        self.inputs = torch.randn(num_samples, 3, 8, 8, generator=generator) + self.targets.view(-1, 1, 1, 1) * 0.3
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        return self.inputs[index], self.targets[index]
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(7)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Flatten(),
+        nn.Linear(6 * 6 * 6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4),
+    )
+
+
+def one_device(num_samples: int, global_batch_size: int, epochs: int, seed: int = 0) -> dict:
+    """Weights (and BatchNorm statistics) after training on one device, global batch by global batch."""
+    model, data = make_model(), PatternDataset(num_samples)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    sampler = GlobalSampler(num_samples, global_batch_size, seed)
+    for epoch in range(epochs):
+        permutation = sampler.permutation(epoch)
+        for step in range(sampler.steps_per_epoch):
+            start, stop = sampler.window(step)
+            indices = permutation[start:stop]
+            loss = F.cross_entropy(model(data.inputs[indices]), data.targets[indices])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model.state_dict()
+
+
+def _checkpoint_rank0(model, optimizer, directory: str, **extra):
+    if ray.train.get_context().get_world_rank() != 0:
+        return None
+    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), **extra},
+               os.path.join(directory, "user_state.pt"))
+    return ray.train.Checkpoint.from_directory(directory)
+
+
+def batchnorm_loop(config: dict) -> None:
+    """The user loop of the issue: BatchNorm model, own Dataset, DataLoader worker processes,
+    a report with a checkpoint every epoch (or every ``checkpoint_every`` steps), resume."""
+    model = hetero_ray.train.prepare_model(make_model())
+    loader = hetero_ray.train.prepare_data_loader(PatternDataset(config["num_samples"]),
+                                                  num_workers=config.get("loader_workers", 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    restored_from = -1
+    checkpoint = hetero_ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = torch.load(os.path.join(directory, "user_state.pt"), weights_only=True)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        restored_from = state["global_step"]
+    for epoch in range(loader.epoch, config["epochs"]):
+        for inputs, targets in loader:
+            completed_step = loader.position.global_step  # the step of this batch
+            loss = F.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            _maybe_crash(config, completed_step)
+            every = config.get("checkpoint_every")
+            if every and completed_step % every == 0 and completed_step > 0:
+                with tempfile.TemporaryDirectory() as directory:
+                    hetero_ray.train.report(
+                        {"epoch": epoch, "loss": loss.item(), "restored_from": restored_from},
+                        checkpoint=_checkpoint_rank0(model, optimizer, directory, global_step=completed_step))
+        with tempfile.TemporaryDirectory() as directory:
+            hetero_ray.train.report(
+                {"epoch": epoch, "loss": loss.item(), "restored_from": restored_from},
+                checkpoint=_checkpoint_rank0(model, optimizer, directory,
+                                             global_step=loader.position.global_step - 1))
+
+
+def _maybe_crash(config: dict, completed_step: int) -> None:
+    """Rank 1 SIGKILLs itself once, at ``crash_at_step``, as soon as Ray Train has
+    registered the checkpoint before it (so the restart must resume from that one)."""
+    crash = config.get("crash")
+    if not crash or completed_step != crash["at_step"] or ray.train.get_context().get_world_rank() != 1:
+        return
+    marker = os.path.join(crash["run_dir"], "crashed_once")
+    if os.path.exists(marker):
+        return
+    from hetero_ray.preflight import latest_checkpoint_dir
+
+    deadline = time.monotonic() + 60
+    while not (latest_checkpoint_dir(crash["run_dir"]) or "").endswith(crash["after_checkpoint"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{crash['after_checkpoint']} was never registered")
+        time.sleep(0.05)
+    open(marker, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
