@@ -1,0 +1,120 @@
+"""Bad use of the public API gets a message that says what is wrong and what to do —
+before anything starts where it can be known then, and as a UserError from fit()
+(without Ray Train's retries) where only a worker can see it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hetero_ray import HeteroConfig, HeteroTrainer
+from hetero_ray.errors import ConfigError, UserError
+from hetero_ray.training.loader import make_loader
+
+
+def _loop(config):
+    pass
+
+
+class _NoLen:
+    def __getitem__(self, index):
+        return index
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def _session(global_batch_size=8, loader=None):
+    return SimpleNamespace(loader=loader, settings=SimpleNamespace(global_batch_size=global_batch_size))
+
+
+@pytest.mark.parametrize("dataset, message", [
+    (_NoLen(), "has no __len__"),
+    (_Stream(), "iterable-style _Stream"),
+    (list(range(5)), "5 samples, fewer than one global batch of 8"),
+])
+def test_prepare_data_loader_rejects_datasets_it_cannot_split(dataset, message):
+    with pytest.raises(UserError, match=message):
+        make_loader(_session(), dataset, num_workers=0, prefetch_factor=None, drop_last=True)
+
+
+def test_prepare_data_loader_twice_is_refused():
+    with pytest.raises(UserError, match="called twice"):
+        make_loader(_session(loader=object()), list(range(64)), num_workers=0, prefetch_factor=None)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_workers=-1, prefetch_factor=None), "num_workers"),
+    (dict(num_workers=0, prefetch_factor=2), "prefetch_factor=2"),
+])
+def test_prepare_data_loader_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        make_loader(_session(), list(range(64)), **kwargs)
+
+
+def test_the_api_outside_a_run_says_where_it_belongs():
+    import hetero_ray.train
+
+    with pytest.raises(UserError, match="inside the train_loop_per_worker"):
+        hetero_ray.train.prepare_model(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(global_batch_size=0), "global_batch_size must be a positive integer"),
+    (dict(global_batch_size=8, policy="fastest"), "policy must be one of"),
+    (dict(global_batch_size=8, batch_split=(4, 3)), "sum to global_batch_size 8"),
+    (dict(global_batch_size=8, emulate_speeds=(1.0, 2.0)), r"emulate_speeds values must be in \(0, 1\]"),
+    (dict(global_batch_size=8, rebalance_threshold=1.5), r"rebalance_threshold must be in \[0, 1\)"),
+])
+def test_hetero_config_rejects_bad_values_naming_the_field(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        HeteroConfig(**kwargs)
+
+
+def test_global_batch_smaller_than_the_workers_is_refused():
+    from ray.train import ScalingConfig
+
+    with pytest.raises(ConfigError, match="global_batch_size 2 is smaller than the 3 workers"):
+        HeteroTrainer(_loop, scaling_config=ScalingConfig(num_workers=3), hetero_config=HeteroConfig(global_batch_size=2))
+
+
+def test_trainer_arguments_are_checked_before_anything_starts():
+    with pytest.raises(ConfigError, match="needs hetero_config"):
+        HeteroTrainer(_loop)
+    with pytest.raises(UserError, match="at most one argument"):
+        HeteroTrainer(lambda a, b: None, hetero_config=HeteroConfig(global_batch_size=8))
+    with pytest.raises(ConfigError, match="name"):
+        from ray.train import RunConfig
+
+        HeteroTrainer(_loop, run_config=RunConfig(name="../x"), hetero_config=HeteroConfig(global_batch_size=8))
+
+
+def non_scalar_loss_loop(config):
+    import hetero_ray.train
+
+    model = hetero_ray.train.prepare_model(torch.nn.Linear(4, 2))
+    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(16, 4)))
+    for (inputs,) in loader:
+        model(inputs).backward()  # (b, 2) outputs: not a scalar
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_non_scalar_loss_stops_the_run_with_a_user_error(ray_session, tmp_path):
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+    trainer = HeteroTrainer(non_scalar_loss_loop, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name="bad-loss", storage_path=str(tmp_path),
+                                                 failure_config=FailureConfig(max_failures=3)),
+                            hetero_config=HeteroConfig(global_batch_size=8, policy="static"))
+    with pytest.raises(UserError, match="loss given to backward.. is not a scalar") as raised:
+        trainer.fit()
+    assert "without retrying" in str(raised.value)
+    import json
+
+    with open(tmp_path / "bad-loss" / "attempts.json") as f:
+        assert len(json.load(f)) == 1, "a user error must not be retried"
