@@ -100,3 +100,27 @@ def test_sigkill_in_a_user_loop_resumes_at_the_exact_step(ray_session, tmp_path)
     assert result.metrics["restored_from"] == 3  # the user's own checkpoint contents came back
     _assert_one_device(_final_weights(result))
     _assert_exactly_once(run_dir)
+
+
+def test_uri_storage_keeps_checkpoints_there_and_copies_the_tables(ray_session, tmp_path):
+    """A file:// URI takes the path every pyarrow.fs URI (s3://, gs://) takes: Ray Train
+    checkpoints to the URI, the tables are written locally and copied there at the end;
+    the Ray Train run is named after the experiment."""
+    from ray.train import RunConfig, ScalingConfig
+
+    remote, local = tmp_path / "bucket", tmp_path / "local"
+    trainer = HeteroTrainer(
+        api_jobs.batchnorm_loop, train_loop_config={"num_samples": 64, "epochs": 1, "loader_workers": 0},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="api-uri", storage_path=f"file://{remote}"),
+        hetero_config=HeteroConfig(global_batch_size=16, policy="static", output_dir=str(local)),
+    )
+    result = trainer.fit()
+
+    assert result.path.rstrip("/").endswith("bucket/api-uri")
+    assert result.checkpoint.path.startswith(str(remote / "api-uri" / "checkpoint_"))
+    for name in ("steps.parquet", "plans.parquet", "summary.json"):
+        assert (remote / "api-uri" / name).exists(), name
+        assert (local / "api-uri" / name).exists(), name
+    steps = pd.read_parquet(remote / "api-uri" / "steps.parquet")
+    assert steps["global_step"].nunique() == 4
