@@ -34,6 +34,7 @@ from hetero_ray.runtime.actors import get_actor
 from hetero_ray.sampler import GlobalSampler, Position
 from hetero_ray.training import timing
 from hetero_ray.training.allocator import keep_freed_memory
+from hetero_ray.training.batchnorm import convert_batchnorm, has_batchnorm
 from hetero_ray.training.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
@@ -120,6 +121,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             ctx.epoch_samples = state.extra.get("epoch_samples", 0)
 
     hook_state = WeightedAllReduceState()
+    if has_batchnorm(model):  # statistics of the global batch, as one device computes them
+        model = convert_batchnorm(model, hook_state)
     ddp_model = DistributedDataParallel(
         model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None
     )
