@@ -1,0 +1,105 @@
+"""The examples/ scripts run as a user runs them, only tiny: each example's ``main(argv)`` with
+small flags, in this process on the session's Ray (``HeteroTrainer`` uses an initialised
+Ray; a subprocess per example would start its own, ~10 s more each).
+
+Each run must finish with the expected global steps (``summary.json``), hand back the
+reported metrics in ``Result.metrics`` and a ``Result.checkpoint`` that loads into the
+example's model; the TensorBoard example's
+event files are read back. Each script also runs as a real subprocess, with ``--help``:
+standalone, as ``python examples/X.py``, its imports and argparse work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("own_model", "tensorboard_logging")
+# 2 epochs of ceil(200 / 48) = 5 steps (the last a short window of 8 samples).
+NUM_SAMPLES, BATCH, EPOCHS = 200, 48, 2
+STEPS_PER_EPOCH = 5
+
+
+def _example(name: str):
+    # examples/ is a namespace package from the repository root, which the session's Ray
+    # workers also have on their path: the loop travels to them by reference.
+    return importlib.import_module(f"examples.{name}")
+
+
+def _small_flags(tmp_path, name: str, *extra: str) -> list[str]:
+    return ["--num-workers", "2", "--global-batch-size", str(BATCH), "--epochs", str(EPOCHS),
+            "--storage-path", str(tmp_path), "--name", name, *extra]
+
+
+def _summary(tmp_path, name: str) -> dict:
+    with open(os.path.join(tmp_path, name, "summary.json")) as f:
+        return json.load(f)
+
+
+def _checkpoint_state(result) -> dict:
+    with result.checkpoint.as_directory() as directory:
+        return torch.load(os.path.join(directory, "state.pt"), weights_only=True)
+
+
+def _assert_loads(model: torch.nn.Module, weights: dict) -> None:
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights)  # strict: every key, every shape
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()), "the checkpoint changed nothing"
+
+
+def test_own_model_trains_with_emulated_speeds(ray_session, tmp_path, capsys):
+    own_model = _example("own_model")
+    result = own_model.main(_small_flags(tmp_path, "own", "--num-samples", str(NUM_SAMPLES),
+                                         "--emulate-speeds", "1,0.5"))  # and 2 DataLoader processes a rank
+
+    steps = EPOCHS * STEPS_PER_EPOCH
+    assert _summary(tmp_path, "own")["global_steps"] == steps
+    assert result.metrics["epoch"] == EPOCHS - 1 and result.metrics["global_steps"] == steps
+    assert result.metrics["loss"] > 0
+    _assert_loads(own_model.make_model(), _checkpoint_state(result)["model"])
+    printed = capsys.readouterr().out
+    assert f"run files: {tmp_path / 'own'}" in printed and "final metrics: {" in printed
+
+
+def test_tensorboard_logging_writes_rank0_scalars(ray_session, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tensorboard_logging = _example("tensorboard_logging")
+    result = tensorboard_logging.main(_small_flags(tmp_path, "tb", "--num-samples", str(NUM_SAMPLES),
+                                                   "--loader-workers", "0",
+                                                   "--emulate-speeds", "1,0.5"))  # unequal shares tell ranks apart
+
+    steps = EPOCHS * STEPS_PER_EPOCH
+    assert _summary(tmp_path, "tb")["global_steps"] == steps
+    assert result.metrics["global_steps"] == steps
+    logdir = tmp_path / "tb" / "tensorboard"  # the default --logdir
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1, "one writer (rank 0), one event file"
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"train/loss", "train/local_batch_size", "epoch/loss", "epoch/time_s"}
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(steps))
+    rows = pd.read_parquet(tmp_path / "tb" / "steps.parquet")
+    rank0 = rows[rows["rank"] == 0].sort_values("global_step")["local_batch_size"].tolist()
+    shares = [int(e.value) for e in events.Scalars("train/local_batch_size")]
+    assert shares == rank0 and any(2 * share > BATCH for share in shares)  # rank 0's share, the larger one
+    assert [e.step for e in events.Scalars("epoch/loss")] == list(range(EPOCHS))
+    assert all(e.value > 0 for e in events.Scalars("epoch/time_s"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_runs_standalone_with_help(script):
+    done = subprocess.run([sys.executable, os.path.join("examples", f"{script}.py"), "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--global-batch-size" in done.stdout and "ray job submit --working-dir ." in done.stdout
