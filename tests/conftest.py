@@ -16,6 +16,20 @@ os.environ.setdefault("HETERO_RAY_RECORD_FLUSH_INTERVAL_S", "0.25")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True)
+def _ray_auth_mode_stays_as_it_was():
+    """The CLI sets RAY_AUTH_MODE for an explicit --address before Ray loads; a test that
+    runs it in this process must not leave it set. An already imported Ray keeps the mode
+    it read, while the local cluster ray_session starts would read the changed one, and
+    the two would then refuse each other."""
+    before = os.environ.get("RAY_AUTH_MODE")
+    yield
+    if before is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = before
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A real local Ray for the whole session (startup costs 5–10 s here; share it)."""
