@@ -43,6 +43,7 @@ class TrainConfig:
     dataset: str = "synthetic_image"  # needs no download
     data_dir: Optional[str] = None  # for cifar10/cifar100 (python-pickle batches)
     download: bool = False  # fetch CIFAR into --data-dir (needs internet)
+    verify_checksums: bool = True  # CIFAR files must have the published md5; off only for copies you trust
     num_samples: int = 4096  # synthetic datasets: training samples
     eval_samples: int = 512  # synthetic datasets: held-out samples for evaluation
 

@@ -25,7 +25,8 @@ def check(config: TrainConfig) -> str:
     if config.dataset in FILE_DATASETS:
         from hetero_ray.training.data import check_data_dir
 
-        check_data_dir(config.dataset, config.data_dir, download=config.download)
+        check_data_dir(config.dataset, config.data_dir, download=config.download,
+                       verify_checksums=config.verify_checksums)
     check_output_dir(config.output_dir)
     run_dir = run_dir_of(config)
     if config.resume:

@@ -4,7 +4,10 @@ The official files are Python 2 pickles: their keys and strings are Python 2 ``s
 Python 3 reads as ``str`` with ``encoding="latin1"`` (torchvision) and as ``bytes`` with
 ``encoding="bytes"`` (the snippet on the CIFAR web page, ``batch[b"data"]``). Python 3's
 own pickler cannot write such strings, so :class:`_Py2Pickler` emits the Python 2
-opcodes, and both readings work here as they do on the real files.
+opcodes, and both readings work here as they do on the real files. Like the real files,
+they name no global but numpy's ``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``
+and ``numpy.dtype`` (an array's raw bytes are a Python 2 ``str`` too, not a call to
+``_codecs.encode`` as Python 3 would write them).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ CIFAR10_LABEL_NAMES = (
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
 )
 _IMAGE_BYTES = 3 * 32 * 32  # one row: 1024 red, then 1024 green, then 1024 blue values
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's array reconstruction function
 
 
 class _Py2Str(bytes):
@@ -41,6 +45,14 @@ class _Py2Pickler(pickle._Pickler):  # the pure-Python pickler, whose dispatch t
         self.memoize(obj)
 
     dispatch[_Py2Str] = _save_py2_str
+    dispatch[bytes] = _save_py2_str  # the raw data of arrays
+
+    def save_global(self, obj, name=None) -> None:
+        if obj is _RECONSTRUCT:  # under the module name Python 2's numpy wrote
+            self.write(pickle.GLOBAL + b"numpy.core.multiarray\n_reconstruct\n")
+            self.memoize(obj)
+        else:
+            super().save_global(obj, name)
 
 
 def _py2(value):

@@ -102,8 +102,18 @@ def test_missing_data_dir(tmp_path, capsys):
 
 def test_malformed_data_dir(tmp_path, capsys):
     root = corrupt_cifar(tmp_path)
+    # The test's files are not the published ones: --no-verify-checksums gets past the md5
+    # check to the file that is broken.
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--dataset", "cifar10", "--data-dir", str(root),
+                                                        "--no-verify-checksums"], capsys)
+    assert code == 2 and "data_batch_3" in err and "truncated" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cifar_files_that_are_not_the_published_ones(tmp_path, capsys):
+    root = write_cifar10(tmp_path / "cifar", num_train=50, num_test=20)
     code, err = run_cli(base_args(tmp_path / "runs") + ["--dataset", "cifar10", "--data-dir", str(root)], capsys)
-    assert code == 2 and "data_batch_3" in err
+    assert code == 2 and "data_batch_1" in err and "md5" in err and "--no-verify-checksums" in err
     assert not (tmp_path / "runs").exists()
 
 

@@ -1,8 +1,15 @@
-"""Datasets: synthetic ones are seeded and learnable, CIFAR is read through torchvision from
-real pickle files, and bad data folders fail with a message a person can act on."""
+"""Datasets: synthetic ones are seeded and learnable, CIFAR is read from real pickle files
+(checked against the published md5 sums, unpickled with only the format's types), and bad
+data folders fail with a message a person can act on.
 
+The CIFAR files here are small ones tests/cifar_files.py writes, so their md5 sums are not
+the published ones: tests that load them pass ``verify_checksums=False``, as a person with
+a copy of their own passes ``--no-verify-checksums``."""
+
+import hashlib
 import os
 import pickle
+import shlex
 import time
 
 import numpy as np
@@ -128,7 +135,7 @@ def test_check_data_dir_ignores_synthetic_datasets():
     check_data_dir("synthetic_text", "/does/not/matter")
 
 
-# --- CIFAR through torchvision ---------------------------------------------------------------
+# --- CIFAR ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +154,8 @@ def test_helper_files_read_like_the_official_ones(cifar_root):
     assert set(as_str) == {"batch_label", "fine_labels", "coarse_labels", "data", "filenames"}
 
 
-def test_cifar10_loads_through_torchvision(cifar_root):
-    bundle = load_dataset("cifar10", data_dir=str(cifar_root))
+def test_cifar10_loads_from_the_batches(cifar_root):
+    bundle = load_dataset("cifar10", data_dir=str(cifar_root), verify_checksums=False)
     assert (len(bundle.train), len(bundle.eval), bundle.spec.num_classes) == (103, 20, 10)
     assert bundle.train.inputs.dtype == torch.uint8  # normalised per batch, not held as floats
     raw = read_batch(cifar_root / CIFAR10_DIR / "data_batch_2")  # samples 21..41 of the training set
@@ -162,15 +169,15 @@ def test_cifar10_loads_through_torchvision(cifar_root):
 
 
 def test_cifar100_loads_fine_labels(cifar_root):
-    bundle = load_dataset("cifar100", data_dir=str(cifar_root))
+    bundle = load_dataset("cifar100", data_dir=str(cifar_root), verify_checksums=False)
     assert (len(bundle.train), len(bundle.eval), bundle.spec.num_classes) == (60, 10, 100)
     raw = read_batch(cifar_root / "cifar-100-python" / "train")
     assert bundle.train.batch(torch.arange(60))[1].tolist() == raw["fine_labels"]
-    check_data_dir("cifar100", str(cifar_root))
+    check_data_dir("cifar100", str(cifar_root), verify_checksums=False)
 
 
 def test_cifar_model_runs_on_a_cifar_batch(cifar_root):
-    bundle = load_dataset("cifar100", data_dir=str(cifar_root))
+    bundle = load_dataset("cifar100", data_dir=str(cifar_root), verify_checksums=False)
     output = build_model("simple_cnn", bundle.spec)(bundle.train.batch([0, 1])[0])
     assert output.shape == (2, 100)
 
@@ -270,7 +277,8 @@ def fresh_cifar10(tmp_path):
 def test_bad_data_dir_is_a_user_error_saying_what_to_do(fresh_cifar10, case):
     breakage, phrases = BREAKAGES[case]
     data_dir = breakage(fresh_cifar10)
-    for attempt in (lambda: check_data_dir("cifar10", str(data_dir)), lambda: load_dataset("cifar10", data_dir=str(data_dir))):
+    for attempt in (lambda: check_data_dir("cifar10", str(data_dir), verify_checksums=False),
+                    lambda: load_dataset("cifar10", data_dir=str(data_dir), verify_checksums=False)):
         with pytest.raises(UserError) as raised:
             attempt()
         message = str(raised.value)
@@ -309,3 +317,98 @@ def test_download_refuses_an_unwritable_target_before_fetching(tmp_path):
     with pytest.raises(UserError, match="is a file; --download needs a folder"):
         load_dataset("cifar10", data_dir=str(tmp_path / "afile"), download=True)
     download_dataset("synthetic_image", None)  # nothing to fetch
+
+
+# --- untrusted files: published checksums, a restricted unpickler -----------------------------
+
+
+class _RunsCode:
+    """Unpickled by a plain ``pickle.load``, this runs ``touch MARKER`` through os.system."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(self.marker)}",)
+
+
+class _EvalsCode(_RunsCode):
+    def __reduce__(self):
+        return eval, (f"__import__('pathlib').Path({self.marker!r}).touch()",)
+
+
+def _plant(root, make, marker):
+    """Replaces data_batch_2's labels by an object whose unpickling runs code."""
+    path = root / CIFAR10_DIR / "data_batch_2"
+    content = read_batch(path)
+    content["labels"] = make(marker)
+    path.write_bytes(pickle.dumps(content, protocol=2))
+    return path
+
+
+@pytest.mark.parametrize("make, global_name", [(_RunsCode, f"{os.system.__module__}.system"),
+                                               (_EvalsCode, "__builtin__.eval")], ids=["os.system", "eval"])
+def test_a_batch_that_would_run_code_is_refused_without_running_it(fresh_cifar10, tmp_path, make, global_name):
+    marker = tmp_path / "ran"
+    path = _plant(fresh_cifar10, make, marker)
+    for verify in (False, True):  # refused by the unpickler; with checksums on, not even unpickled
+        for attempt in (lambda: check_data_dir("cifar10", str(fresh_cifar10), verify_checksums=verify),
+                        lambda: load_dataset("cifar10", data_dir=str(fresh_cifar10), verify_checksums=verify)):
+            with pytest.raises(UserError) as raised:
+                attempt()
+            assert not marker.exists()
+            message = str(raised.value)
+            if verify:
+                assert "data_batch_1" in message and "was not unpickled" in message
+            else:
+                assert str(path) in message and global_name in message and "nothing in it ran" in message
+                assert "--download" in message
+    pickle.loads(path.read_bytes())  # the file is a real threat: a plain unpickle runs it
+    assert marker.exists()
+
+
+@pytest.fixture
+def published_cifar10(fresh_cifar10, monkeypatch):
+    """A copy whose files' md5 sums stand in for torchvision's published ones (the official
+    archive cannot be downloaded here); everything else is the real code path."""
+    from torchvision import datasets
+
+    folder = fresh_cifar10 / CIFAR10_DIR
+
+    def md5(filename):
+        return hashlib.md5((folder / filename).read_bytes()).hexdigest()
+
+    cls = datasets.CIFAR10
+    monkeypatch.setattr(cls, "train_list", [[f, md5(f)] for f, _ in cls.train_list])
+    monkeypatch.setattr(cls, "test_list", [[f, md5(f)] for f, _ in cls.test_list])
+    monkeypatch.setattr(cls, "meta", dict(cls.meta, md5=md5(cls.meta["filename"])))
+    return fresh_cifar10
+
+
+def test_a_tampered_batch_fails_the_checksum_unless_the_check_is_skipped(published_cifar10):
+    assert len(load_dataset("cifar10", data_dir=str(published_cifar10)).train) == 103  # checked, intact
+    # One label changed: still a well-formed batch, no longer the published file.
+    path = published_cifar10 / CIFAR10_DIR / "data_batch_3"
+    content = read_batch(path)
+    content["labels"][0] = (content["labels"][0] + 1) % 10
+    write_py2_pickle(path, content)
+    for attempt in (lambda: check_data_dir("cifar10", str(published_cifar10)),
+                    lambda: load_dataset("cifar10", data_dir=str(published_cifar10))):
+        with pytest.raises(UserError) as raised:
+            attempt()
+        message = str(raised.value)
+        assert str(path) in message and "md5" in message
+        assert "--no-verify-checksums" in message and "--download" in message
+    bundle = load_dataset("cifar10", data_dir=str(published_cifar10), verify_checksums=False)
+    assert bundle.train.batch([42])[1].item() == content["labels"][0]  # batch 3 starts at sample 42
+
+
+def test_checksums_are_the_published_ones_and_on_by_default(fresh_cifar10):
+    # The files tests write are not the official ones: refused by default, naming the first
+    # file, torchvision's published md5 for it, and the way to accept a copy you trust.
+    with pytest.raises(UserError) as raised:
+        load_dataset("cifar10", data_dir=str(fresh_cifar10))
+    message = str(raised.value)
+    assert str(fresh_cifar10 / CIFAR10_DIR / "data_batch_1") in message
+    assert "c99cafc152244af753f735de768cd75f" in message  # torchvision's CIFAR10.train_list
+    assert "--no-verify-checksums" in message

@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--dataset", default=d.dataset, help=f"one of {', '.join(DATASETS)} (default %(default)s)")
     what.add_argument("--data-dir", help="folder with the CIFAR python-pickle batches (cifar10/cifar100)")
     what.add_argument("--download", action="store_true", help="download CIFAR into --data-dir (needs internet)")
+    what.add_argument("--no-verify-checksums", dest="verify_checksums", action="store_false",
+                      help="accept CIFAR files whose md5 is not the published one (a copy or subset you made and "
+                           "trust); they are still unpickled with only the format's types allowed")
     what.add_argument("--num-samples", type=int, default=d.num_samples, help="synthetic datasets: training samples (default %(default)s)")
     what.add_argument("--eval-samples", type=int, default=d.eval_samples, help="synthetic datasets: held-out samples (default %(default)s)")
 
@@ -92,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Optional[li
     """The configuration and the emulated speed changes; raises ConfigError on bad values."""
     fields = dict(
         model=args.model, dataset=args.dataset, data_dir=args.data_dir, download=args.download,
+        verify_checksums=args.verify_checksums,
         num_samples=args.num_samples, eval_samples=args.eval_samples, batch_size=args.batch_size,
         epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, optimizer=args.optimizer,
         lr_schedule=args.lr_schedule, drop_last=args.drop_last, seed=args.seed, address=args.address,

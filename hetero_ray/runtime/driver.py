@@ -349,6 +349,7 @@ def _total_steps(config: TrainConfig) -> int:
     if config.dataset in FILE_DATASETS:  # the files decide; loading them here takes ~1 s
         from hetero_ray.training.data import load_dataset
 
-        num_samples = len(load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed).train)
+        num_samples = len(load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed,
+                                       verify_checksums=config.verify_checksums).train)
     sampler = GlobalSampler(num_samples, config.batch_size, config.seed, config.drop_last)
     return total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)

@@ -7,13 +7,20 @@ rank i see at step s" is exactly the sampler's answer.
 Synthetic datasets are generated from the seed alone, identically on every process and
 every machine: only integer draws and uniform floats (exact on every CPU) feed plain
 element-wise arithmetic, never a transcendental function whose last bit could differ
-between an x86 and an ARM node. CIFAR is read through torchvision from ``--data-dir``
-and kept as uint8; each batch is normalised when gathered, so four workers on one node
-do not each hold 600 MB of floats.
+between an x86 and an ARM node. CIFAR is read from the python-pickle batches in
+``--data-dir`` and kept as uint8; each batch is normalised when gathered, so four workers
+on one node do not each hold 600 MB of floats.
+
+The batch files are untrusted input (a shared folder, a copy from somewhere): by default
+each must have the md5 that torchvision publishes for the official archive before it is
+unpickled, and it is unpickled by a restricted unpickler that builds only what the format
+holds (dicts, lists, strings, numbers, numpy arrays), so a planted pickle cannot run code.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 import os
 import pickle
@@ -22,6 +29,11 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
+
+try:
+    from numpy._core.multiarray import _reconstruct as _np_reconstruct  # numpy >= 2
+except ImportError:  # numpy 1
+    from numpy.core.multiarray import _reconstruct as _np_reconstruct
 
 from hetero_ray.config import DATASETS, FILE_DATASETS
 from hetero_ray.errors import ConfigError, UserError
@@ -128,6 +140,7 @@ def load_dataset(
     eval_samples: int = 512,
     seed: int = 0,
     download: bool = False,
+    verify_checksums: bool = True,
 ) -> DatasetBundle:
     """Loads or generates a dataset.
 
@@ -138,10 +151,13 @@ def load_dataset(
             training and test sets whole.
         download: run :func:`download_dataset` first. Workers sharing a folder should
             not all do this at once; download once on the driver instead.
+        verify_checksums: CIFAR files must have the published md5 sums (False: a copy
+            you made and trust, e.g. a subset; they are still unpickled restrictedly).
 
     Raises:
         ConfigError: unknown name or non-positive sizes.
-        UserError: CIFAR files missing, unreadable or malformed; the message says what to do.
+        UserError: CIFAR files missing, unreadable, malformed, not the published ones
+            or holding anything but the format's types; the message says what to do.
     """
     _check_name(name)
     if name == "synthetic_image":
@@ -150,7 +166,7 @@ def load_dataset(
     if name == "synthetic_text":
         _check_sizes(num_samples, eval_samples)
         return _synthetic_text(num_samples, eval_samples, seed)
-    return _load_cifar(name, data_dir, download)
+    return _load_cifar(name, data_dir, download, verify_checksums)
 
 
 def download_dataset(name: str, data_dir: Optional[str]) -> None:
@@ -169,10 +185,15 @@ def download_dataset(name: str, data_dir: Optional[str]) -> None:
     root = _require_data_dir(name, data_dir)
     _check_download_target(name, root)
     layout = _LAYOUTS[name]
+    if _is_published_copy(name, root):
+        return
+    cls = _torchvision_class(name)
     try:
-        # Constructing with download=True fetches (if needed) and verifies every file; the
-        # test split is the cheaper one to read afterwards.
-        _torchvision_class(name)(root, train=False, download=True)
+        from torchvision.datasets.utils import download_and_extract_archive
+
+        # Checks the archive's published md5; each file in it is checked again when read.
+        # Nothing is unpickled here (torchvision's CIFAR classes would, without restriction).
+        download_and_extract_archive(cls.url, root, filename=cls.filename, md5=cls.tgz_md5)
     except Exception as exc:
         raise UserError(
             f"could not download {layout.title} into {root} ({type(exc).__name__}: {exc}); "
@@ -180,13 +201,15 @@ def download_dataset(name: str, data_dir: Optional[str]) -> None:
         ) from exc
 
 
-def check_data_dir(name: str, data_dir: Optional[str], download: bool = False) -> None:
+def check_data_dir(name: str, data_dir: Optional[str], download: bool = False,
+                   verify_checksums: bool = True) -> None:
     """Checks, before any work starts, that ``load_dataset`` will find its files.
 
-    Without ``download`` every expected file is opened, unpickled and checked for the
-    keys and shapes of the standard python-pickle batches. With ``download`` the folder
-    only needs to be creatable; nothing is fetched or written here (that is
-    :func:`download_dataset`'s job, after all checks have passed).
+    Without ``download`` every expected file is read as :func:`load_dataset` reads it:
+    its published md5 checked (unless ``verify_checksums`` is False), unpickled
+    restrictedly, and checked for the keys and shapes of the standard python-pickle
+    batches. With ``download`` the folder only needs to be creatable; nothing is fetched
+    or written here (that is :func:`download_dataset`'s job, after all checks have passed).
 
     Raises:
         UserError: naming the path, what was expected there and what to do.
@@ -198,7 +221,7 @@ def check_data_dir(name: str, data_dir: Optional[str], download: bool = False) -
     if download:
         _check_download_target(name, root)
     else:
-        _check_cifar_files(name, root)
+        _read_cifar(name, root, verify_checksums)
 
 
 # --- synthetic datasets ---------------------------------------------------------------
@@ -253,7 +276,7 @@ def _synthetic_text(num_samples: int, eval_samples: int, seed: int) -> DatasetBu
     return DatasetBundle(split(num_samples, 1), split(eval_samples, 2), spec, "synthetic_text")
 
 
-# --- CIFAR through torchvision ----------------------------------------------------------
+# --- CIFAR: the python-pickle batches, checked before anything in them is used ------------
 
 
 @dataclass(frozen=True)
@@ -284,74 +307,31 @@ _LAYOUTS = {
 
 
 def _torchvision_class(name: str):
-    """torchvision's CIFAR class for ``name``, with its md5 check relaxed to "files exist"
-    unless downloading: torchvision only knows the sums of the official files, so any other
-    faithful copy (a re-pickled subset, the small files tests write) would be refused. The
-    content is checked by :func:`_check_cifar_files` instead."""
+    """torchvision's CIFAR class: the archive's address and the published md5 of every file."""
     from torchvision import datasets
 
-    base = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
-
-    class _Cifar(base):
-        def __init__(self, root: str, train: bool, download: bool):
-            self._verify_md5 = download  # read by the overrides during base.__init__
-            super().__init__(root, train=train, download=download)
-
-        def _check_integrity(self) -> bool:
-            if self._verify_md5:
-                return super()._check_integrity()
-            folder = os.path.join(self.root, self.base_folder)
-            return all(os.path.isfile(os.path.join(folder, f)) for f, _ in self.train_list + self.test_list)
-
-        def _load_meta(self) -> None:
-            if self._verify_md5:
-                return super()._load_meta()
-            with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
-                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-
-    return _Cifar
+    return datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
 
 
-def _load_cifar(name: str, data_dir: Optional[str], download: bool) -> DatasetBundle:
+def _published_md5(name: str) -> dict[str, str]:
+    """File name → md5 of that file in the official archive (torchvision's values)."""
+    cls = _torchvision_class(name)
+    return {**dict(cls.train_list + cls.test_list), cls.meta["filename"]: cls.meta["md5"]}
+
+
+def _load_cifar(name: str, data_dir: Optional[str], download: bool, verify_checksums: bool) -> DatasetBundle:
     if download:
         download_dataset(name, data_dir)
     root = _require_data_dir(name, data_dir)
-    layout = _LAYOUTS[name]
-    cls = _torchvision_class(name)
-    # Read first and diagnose only on trouble: checking up front would unpickle every file twice.
-    try:
-        train, test = cls(root, train=True, download=False), cls(root, train=False, download=False)
-        problem = _inconsistency(layout, train) or _inconsistency(layout, test)
-    except Exception as exc:
-        _check_cifar_files(name, root)  # raises the specific problem when there is one
-        raise UserError(
-            f"could not read {layout.title} in {root} ({type(exc).__name__}: {exc}); {_fix_hint(layout, root, False)}"
-        ) from exc
-    if problem:  # torchvision reads some malformed files without complaint
-        _check_cifar_files(name, root)
-        raise UserError(f"{layout.title} in {root} is malformed: {problem}; {_fix_hint(layout, root, False)}")
+    train, test = _read_cifar(name, root, verify_checksums)
     mean, std = _CIFAR_MEAN_STD[name]
     normalize = _Normalize(mean, std)
-    spec = DataSpec("image", layout.num_classes, IMAGE_SHAPE)
-    return DatasetBundle(_cifar_split(train, normalize), _cifar_split(test, normalize), spec, name)
+    spec = DataSpec("image", _LAYOUTS[name].num_classes, IMAGE_SHAPE)
+    return DatasetBundle(_cifar_split(*train, normalize), _cifar_split(*test, normalize), spec, name)
 
 
-def _inconsistency(layout: _CifarLayout, dataset) -> Optional[str]:
-    """What is wrong with a split torchvision read, if anything."""
-    if len(dataset.data) != len(dataset.targets):
-        return f"{len(dataset.data)} images but {len(dataset.targets)} labels"
-    if len(dataset.classes) != layout.num_classes:
-        return f"{len(dataset.classes)} class names, expected {layout.num_classes}"
-    if dataset.targets and not 0 <= min(dataset.targets) <= max(dataset.targets) < layout.num_classes:
-        return f"labels outside [0, {layout.num_classes - 1}]"
-    return None
-
-
-def _cifar_split(dataset, normalize: Callable) -> DataSplit:
-    # torchvision holds an HWC view of the CHW rows it read; transposing back is free.
-    images = torch.from_numpy(np.ascontiguousarray(dataset.data.transpose(0, 3, 1, 2)))
-    return DataSplit(images, torch.tensor(dataset.targets, dtype=torch.long), normalize)
+def _cifar_split(images: np.ndarray, labels: np.ndarray, normalize: Callable) -> DataSplit:
+    return DataSplit(torch.from_numpy(images), torch.from_numpy(labels), normalize)
 
 
 class _Normalize:
@@ -365,11 +345,69 @@ class _Normalize:
         return (images.float() / 255.0 - self.mean) / self.std
 
 
-# --- checking the files -------------------------------------------------------------------
+# --- reading and checking the files -------------------------------------------------------
+
+# The only globals the official batches name: numpy's array reconstruction (under its
+# numpy 1 module name in the archives, numpy 2's in files re-pickled since), the array
+# type and dtype. Pickles run code only by calling globals, so with these alone a batch
+# file can build dicts, lists, strings, numbers and arrays, and nothing else.
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _np_reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _np_reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
 
 
-def _check_cifar_files(name: str, root: str) -> None:
+class _ForbiddenGlobal(pickle.UnpicklingError):
+    def __init__(self, module: str, name: str):
+        self.global_name = f"{module}.{name}"
+        super().__init__(f"global {self.global_name} is not allowed in a CIFAR batch")
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR batch and nothing else: any global outside :data:`_CIFAR_GLOBALS`
+    (``os.system``, ``builtins.eval``, ...) is refused before it is imported."""
+
+    def find_class(self, module: str, name: str):
+        allowed = _CIFAR_GLOBALS.get((module, name))
+        if allowed is None:
+            raise _ForbiddenGlobal(module, name)
+        return allowed
+
+
+def _read_cifar(name: str, root: str, verify_checksums: bool) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Reads every file of the copy in ``root``, each checked before it is used.
+
+    Each file is read once; with ``verify_checksums`` its md5 must be the published one
+    before it is unpickled, and :class:`_CifarUnpickler` unpickles it.
+
+    Returns:
+        ``((train_images, train_labels), (test_images, test_labels))``: uint8 images of
+        shape (N, 3, 32, 32) and int64 labels, in file order.
+
+    Raises:
+        UserError: naming the path, what is wrong there and what to do.
+    """
     layout = _LAYOUTS[name]
+    folder = _check_cifar_folder(layout, root)
+    published = _published_md5(name) if verify_checksums else {}
+
+    def content(filename: str) -> dict:
+        return _unpickle(layout, os.path.join(folder, filename), published[filename] if verify_checksums else None)
+
+    def split(filenames: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        batches = [_batch_arrays(layout, os.path.join(folder, f), content(f)) for f in filenames]
+        images = np.concatenate([images for images, _ in batches]).reshape(-1, *IMAGE_SHAPE)
+        return images, np.concatenate([labels for _, labels in batches])
+
+    train, test = split(layout.train_files), split(layout.test_files)
+    _check_meta(layout, os.path.join(folder, layout.meta_file), content(layout.meta_file))
+    return train, test
+
+
+def _check_cifar_folder(layout: _CifarLayout, root: str) -> str:
+    """The batches' folder in ``root``, once it is there with every expected file."""
     folder = os.path.join(root, layout.folder)
     if not os.path.exists(root):
         raise UserError(f"--data-dir {root} does not exist; {_fix_hint(layout, root, False)}")
@@ -387,28 +425,47 @@ def _check_cifar_files(name: str, root: str) -> None:
             f"{folder} lacks {', '.join(missing)} (expected {', '.join(expected)}); "
             f"the copy is incomplete: delete {folder} and pass --download to fetch it again"
         )
-    for filename in layout.train_files + layout.test_files:
-        _check_batch_file(layout, os.path.join(folder, filename))
-    _check_meta_file(layout, os.path.join(folder, layout.meta_file))
+    return folder
 
 
-def _unpickle(layout: _CifarLayout, path: str) -> dict:
-    # encoding="latin1", as torchvision reads the Python-2 pickles the archives contain.
+def _unpickle(layout: _CifarLayout, path: str, expected_md5: Optional[str]) -> dict:
+    """The dict in the file at ``path``; its md5 is checked first when ``expected_md5`` is given."""
+    folder = os.path.dirname(path)
     try:
         with open(path, "rb") as f:
-            content = pickle.load(f, encoding="latin1")
+            raw = f.read()
+    except OSError as exc:
+        raise UserError(f"cannot read {path} ({exc.strerror}); check that file's permissions") from None
+    if expected_md5 is not None:
+        actual = hashlib.md5(raw, usedforsecurity=False).hexdigest()
+        if actual != expected_md5:
+            raise UserError(
+                f"{path} is not the published {layout.title} file: its md5 is {actual}, the one in "
+                f"{layout.archive} is {expected_md5}, so it was not unpickled. Delete {folder} and pass "
+                "--download to fetch the original files, or, for a copy you made yourself and trust, pass "
+                "--no-verify-checksums (verify_checksums=False in Python)"
+            )
+    # encoding="latin1", as torchvision reads the Python-2 pickles the archives contain.
+    try:
+        content = _CifarUnpickler(io.BytesIO(raw), encoding="latin1").load()
+    except _ForbiddenGlobal as exc:
+        raise UserError(
+            f"{path} refers to {exc.global_name}, which no {layout.title} file does: it was not loaded "
+            f"and nothing in it ran. The file is not a genuine {layout.title} batch (it may have been "
+            f"planted): delete {folder} and pass --download to fetch the original files"
+        ) from None
     except Exception as exc:  # truncated (EOFError), garbage (UnpicklingError, ValueError, ...)
         raise UserError(
             f"{path} is not a readable {layout.title} batch ({type(exc).__name__}: {exc}); the file is "
-            f"truncated or corrupt: delete {os.path.dirname(path)} and pass --download to fetch it again"
+            f"truncated or corrupt: delete {folder} and pass --download to fetch it again"
         ) from None
     if not isinstance(content, dict):
         raise _malformed(layout, path, f"it holds a {type(content).__name__}, expected a dict")
     return content
 
 
-def _check_batch_file(layout: _CifarLayout, path: str) -> None:
-    content = _unpickle(layout, path)
+def _batch_arrays(layout: _CifarLayout, path: str, content: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's images (uint8, one row of 3072 per image) and labels (int64), once checked."""
     for key in ("data", layout.label_key):
         if key not in content:
             keys = ", ".join(repr(k) for k in content)
@@ -418,18 +475,23 @@ def _check_batch_file(layout: _CifarLayout, path: str) -> None:
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row:
         found = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise _malformed(layout, path, f"'data' is a {found}, expected uint8 of shape (N, {row})")
+    if not isinstance(labels, (list, np.ndarray)):
+        found = type(labels).__name__
+        raise _malformed(layout, path, f"{layout.label_key!r} is a {found}, expected a list of integers")
     if len(labels) != len(data):
         raise _malformed(layout, path, f"{len(data)} images but {len(labels)} labels")
     label_array = np.asarray(labels)
+    if label_array.size and (label_array.ndim != 1 or label_array.dtype.kind not in "iu"):
+        raise _malformed(layout, path, f"{layout.label_key!r} must be a list of integers")
     if label_array.size and (label_array.min() < 0 or label_array.max() >= layout.num_classes):
         raise _malformed(layout, path, f"labels must lie in [0, {layout.num_classes - 1}]")
+    return data, label_array.astype(np.int64)
 
 
-def _check_meta_file(layout: _CifarLayout, path: str) -> None:
-    content = _unpickle(layout, path)
+def _check_meta(layout: _CifarLayout, path: str, content: dict) -> None:
     names = content.get(layout.label_names_key)
-    if names is None or len(names) != layout.num_classes:
-        found = "missing" if names is None else f"found {len(names)}"
+    if not isinstance(names, list) or len(names) != layout.num_classes:
+        found = f"found {len(names)}" if isinstance(names, list) else "missing" if names is None else "not a list"
         raise _malformed(layout, path, f"{layout.label_names_key!r} must list {layout.num_classes} classes ({found})")
 
 
@@ -438,6 +500,22 @@ def _malformed(layout: _CifarLayout, path: str, what: str) -> UserError:
         f"{path} is not a valid {layout.title} file: {what}; "
         f"delete {os.path.dirname(path)} and pass --download to fetch the original files"
     )
+
+
+def _is_published_copy(name: str, root: str) -> bool:
+    """Whether every file of the official archive is in ``root`` with its published md5."""
+    folder = os.path.join(root, _LAYOUTS[name].folder)
+    for filename, md5 in _published_md5(name).items():
+        path = os.path.join(folder, filename)
+        if not os.path.isfile(path):
+            return False
+        digest = hashlib.md5(usedforsecurity=False)
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != md5:
+            return False
+    return True
 
 
 def _check_download_target(name: str, root: str) -> None:

@@ -97,7 +97,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     # --- data, model, optimiser: functions of the seed and the global batch only
     data = load_dataset(config.dataset, data_dir=config.data_dir, num_samples=config.num_samples,
-                        eval_samples=config.eval_samples, seed=config.seed, download=False)
+                        eval_samples=config.eval_samples, seed=config.seed, download=False,
+                        verify_checksums=config.verify_checksums)
     sampler = GlobalSampler(len(data.train), config.batch_size, config.seed, config.drop_last)
     run_steps = ctx.run_steps = total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)
     torch.manual_seed(config.seed)
