@@ -4,7 +4,10 @@ A run is named by a *key*: ``offline:<path under --runs-dir>`` for a run directo
 ``live:<experiment>`` for a running experiment found through its metrics-store actor.
 Keys arrive from the browser (the run list, the URL), so they are untrusted: an offline
 key resolves only to a directory under ``runs_dir`` that looks like a run (no ``..``, no
-absolute paths, no symlink out of the folder), and a live key only names an actor.
+absolute paths, no symlink out of the folder), and a live key only names an actor. The
+files inside a run directory are untrusted too (anyone who can write there can plant a
+symlink): a file is read only if its real path lies inside that run directory; one that
+leads out of it is ignored, and the run's notice names it.
 
 Two implementations of :class:`RunSource`:
 
@@ -81,6 +84,48 @@ def looks_like_run(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, marker)) for marker in _RUN_MARKERS)
 
 
+# ---- files inside a run directory: never through a symlink that leads out of it --------------
+
+def _inside(run_dir: str, path: str) -> Optional[str]:
+    """The real path of ``path`` when it lies inside ``run_dir``, else None."""
+    root = os.path.realpath(run_dir)
+    real = os.path.realpath(path)
+    return real if os.path.commonpath([root, real]) == root else None
+
+
+def _read_run_json(run_dir: str, filename: str, default: Any = None) -> Any:
+    """A JSON file of the run, or ``default`` when it is absent or leads out of the run."""
+    real = _inside(run_dir, os.path.join(run_dir, filename))
+    return default if real is None else run_files.read_json(real, default)
+
+
+def _attempt_starts(run_dir: str) -> dict[int, int]:
+    """:func:`hetero_ray.metrics.run_files.attempt_starts`, through :func:`_read_run_json`."""
+    attempts = _read_run_json(run_dir, run_files.ATTEMPTS_FILE, []) or []
+    return {int(a["attempt"]): int(a["start_global_step"]) for a in attempts}
+
+
+def escaping_links(run_dir: str) -> list[str]:
+    """Entries of the run (its files, its parts folders and their files) that are symlinks
+    leading out of it, relative to ``run_dir``: what the app ignored."""
+    found = []
+
+    def scan(directory: str, depth: int) -> None:
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.is_symlink():
+                if _inside(run_dir, entry.path) is None:
+                    found.append(os.path.relpath(entry.path, run_dir).replace(os.sep, "/"))
+            elif entry.is_dir() and ((depth == 0 and entry.name == run_files.PARTS_DIR) or depth == 1):
+                scan(entry.path, depth + 1)  # parts/, then parts/<table>/
+
+    scan(run_dir, 0)
+    return found
+
+
 @dataclass(frozen=True)
 class RunEntry:
     key: str
@@ -121,7 +166,7 @@ def list_offline_runs(runs_dir: str) -> list[RunEntry]:
 
 
 def offline_status(run_dir: str, now: Optional[float] = None) -> str:
-    summary = run_files.read_json(os.path.join(run_dir, run_files.SUMMARY_FILE))
+    summary = _read_run_json(run_dir, run_files.SUMMARY_FILE)
     if isinstance(summary, dict) and summary.get("status"):
         return str(summary["status"])
     now = time.time() if now is None else now
@@ -132,20 +177,19 @@ def _mtime(run_dir: str) -> float:
     """Newest modification time of the run's files (parts included)."""
     paths = [run_dir, *glob.glob(os.path.join(run_dir, "*")),
              *glob.glob(os.path.join(run_dir, run_files.PARTS_DIR, "*"))]
-    times = []
-    for path in paths:
-        try:
-            times.append(os.stat(path).st_mtime)
-        except OSError:
-            pass
-    return max(times, default=0.0)
+    signatures = [_stat(run_dir, path) for path in paths]
+    return max((sig[0] / 1e9 for sig in signatures if sig is not None), default=0.0)
 
 
 # ---- offline tables, cached by modification time -------------------------------------------
 
-def _stat(path: str) -> Optional[tuple[int, int]]:
+def _stat(run_dir: str, path: str) -> Optional[tuple[int, int]]:
+    """(mtime in ns, size) of a file of the run; None when absent or leading out of the run."""
+    real = _inside(run_dir, path)
+    if real is None:
+        return None
     try:
-        st = os.stat(path)
+        st = os.stat(real)
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size
@@ -166,10 +210,14 @@ class TableCache:
 
     def read(self, run_dir: str, table: str) -> tuple[pd.DataFrame, tuple]:
         """The table's effective rows and a signature that changes when they do."""
-        merged = run_files.table_path(run_dir, table)
-        merged_sig = _stat(merged)
-        parts = sorted(glob.glob(os.path.join(run_files.parts_dir(run_dir, table), "part-*.parquet")))
-        attempts_sig = _stat(os.path.join(run_dir, run_files.ATTEMPTS_FILE))
+        merged = _inside(run_dir, run_files.table_path(run_dir, table))
+        merged_sig = _stat(run_dir, merged) if merged is not None else None
+        parts_folder = run_files.parts_dir(run_dir, table)
+        parts = []
+        if _inside(run_dir, parts_folder) is not None:  # the folder checked once, then only links
+            parts = [p for p in sorted(glob.glob(os.path.join(parts_folder, "part-*.parquet")))
+                     if not os.path.islink(p) or _inside(run_dir, p) is not None]
+        attempts_sig = _stat(run_dir, os.path.join(run_dir, run_files.ATTEMPTS_FILE))
         key = (run_dir, table)
         with self._lock:
             entry = self._entries.get(key)
@@ -188,7 +236,7 @@ class TableCache:
                 frames.append(_read_parquet(merged))
         for path in new_parts:
             try:
-                frames.append(_read_parquet(path))
+                frames.append(_read_parquet(os.path.realpath(path)))
             except (FileNotFoundError, OSError):  # merged away meanwhile: read again next time
                 parts = parts[: parts.index(path)]
                 break
@@ -196,7 +244,7 @@ class TableCache:
         raw = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (
             frames[0] if frames else SCHEMAS[table].empty_table().to_pandas())
         df = raw
-        starts = run_files.attempt_starts(run_dir)
+        starts = _attempt_starts(run_dir)
         # One attempt: every row is on the trajectory (skip the per-row pass on big tables).
         if table in TRAJECTORY_TABLES and len(starts) > 1:
             df = effective_rows(raw, starts, STEP_COLUMN.get(table, "global_step"))
@@ -304,8 +352,8 @@ class OfflineRunSource(RunSource):
         for table in (STEPS, PLANS, EPOCHS, DECISIONS):
             self._table(table)
         return (tuple(self._signatures.get(t) for t in (STEPS, PLANS, EPOCHS, DECISIONS)),
-                _stat(os.path.join(self.run_dir, run_files.NODES_FILE)),
-                _stat(os.path.join(self.run_dir, run_files.SUMMARY_FILE)))
+                _stat(self.run_dir, os.path.join(self.run_dir, run_files.NODES_FILE)),
+                _stat(self.run_dir, os.path.join(self.run_dir, run_files.SUMMARY_FILE)))
 
     def steps(self) -> pd.DataFrame:
         return self._table(STEPS)
@@ -320,18 +368,26 @@ class OfflineRunSource(RunSource):
         return self._table(DECISIONS)
 
     def nodes(self) -> list[dict]:
-        return normalise_nodes(run_files.read_json(os.path.join(self.run_dir, run_files.NODES_FILE)))
+        return normalise_nodes(_read_run_json(self.run_dir, run_files.NODES_FILE))
 
     def config(self) -> dict[str, Any]:
-        config = run_files.read_json(os.path.join(self.run_dir, run_files.CONFIG_FILE), {})
+        config = _read_run_json(self.run_dir, run_files.CONFIG_FILE, {})
         return config if isinstance(config, dict) else {}
 
     def summary(self) -> Optional[dict[str, Any]]:
-        summary = run_files.read_json(os.path.join(self.run_dir, run_files.SUMMARY_FILE))
+        summary = _read_run_json(self.run_dir, run_files.SUMMARY_FILE)
         return summary if isinstance(summary, dict) else None
 
     def status(self) -> str:
         return offline_status(self.run_dir)
+
+    def notice(self) -> Optional[str]:
+        links = escaping_links(self.run_dir)
+        if not links:
+            return None
+        shown = ", ".join(links[:5]) + (", …" if len(links) > 5 else "")
+        return (f"ignored {len(links)} file(s) of this run that are symbolic links leading out of its "
+                f"directory: {shown} (the app reads only files inside the run)")
 
     def bottlenecks(self) -> tuple[list[dict], Optional[str]]:
         summary = self.summary() or {}
@@ -599,7 +655,7 @@ class RunCatalog:
             run_dir = resolve_run_dir(self.runs_dir, name)
         except Exception:  # noqa: BLE001 - not under runs_dir, or not reachable: no config
             return {}, None
-        config = run_files.read_json(os.path.join(run_dir, run_files.CONFIG_FILE), {})
+        config = _read_run_json(run_dir, run_files.CONFIG_FILE, {})
         return (config if isinstance(config, dict) else {}), OFFLINE + name
 
     def successor(self, key: str) -> Optional[str]:

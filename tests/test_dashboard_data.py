@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from dashboards.data import (
-    LiveRunSource, OfflineRunSource, RunCatalog, RunNotFound, TableCache, list_offline_runs,
+    LiveRunSource, OfflineRunSource, RunCatalog, RunNotFound, TableCache, escaping_links, list_offline_runs,
     normalise_nodes, resolve_run_dir,
 )
 from hetero_ray.metrics import run_files
@@ -131,6 +131,62 @@ def test_run_list_finds_nested_runs_and_their_status(runs_dir, tmp_path):
     assert entries["alpha"].status == "finished" and entries["gamma"].status == "running"
     assert entries["group/beta"].key == "offline:group/beta"
     assert list_offline_runs(str(tmp_path / "nothing-here")) == []
+
+
+# ---- files inside a run cannot lead out of it -----------------------------------------------
+
+def _outside_run(tmp_path, finish: bool = True) -> str:
+    """A run directory outside --runs-dir, with a summary and nodes that are easy to recognise."""
+    run_dir = write_run(tmp_path / ("outside" if finish else "outside-running"), finish=finish)
+    run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), {"status": "secret-status"})
+    run_files.write_json(os.path.join(run_dir, run_files.NODES_FILE), {"nodes": [{"node_id": "secret-node"}]})
+    return run_dir
+
+
+def test_a_run_whose_files_are_symlinks_out_of_it_shows_none_of_them(runs_dir, tmp_path):
+    outside = _outside_run(tmp_path)
+    assert not RunCatalog(str(tmp_path)).source("offline:outside").steps().empty  # readable, where it is
+    linked = os.path.join(runs_dir, "linked")
+    os.makedirs(linked)
+    names = sorted(os.listdir(outside))
+    for name in names:
+        os.symlink(os.path.join(outside, name), os.path.join(linked, name))
+    source = RunCatalog(runs_dir).source("offline:linked")
+    for table in (source.steps(), source.plans(), source.epochs(), source.decisions()):
+        assert table.empty
+    assert source.config() == {} and source.summary() is None and source.nodes() == []
+    assert source.status() != "secret-status"
+    assert {e.name: e.status for e in list_offline_runs(runs_dir)}["linked"] != "secret-status"
+    notice = source.notice()
+    assert notice and "symbolic links leading out of its directory" in notice
+    assert all(name in notice for name in names[:5])
+    assert RunCatalog(runs_dir).source("offline:alpha").notice() is None  # an ordinary run
+
+
+def test_parts_folders_that_lead_out_of_the_run_are_not_read(runs_dir, tmp_path):
+    outside = _outside_run(tmp_path, finish=False)  # parts only: a run still being written
+    linked = os.path.join(runs_dir, "linked-parts")
+    os.makedirs(os.path.join(linked, run_files.PARTS_DIR))
+    run_files.write_json(os.path.join(linked, run_files.CONFIG_FILE), {"policy": "static"})
+    os.symlink(os.path.join(outside, run_files.PARTS_DIR, "steps"), os.path.join(linked, run_files.PARTS_DIR, "steps"))
+    os.symlink(os.path.join(outside, run_files.PARTS_DIR, "plans"), os.path.join(linked, "plans.parquet"))
+    os.makedirs(os.path.join(linked, run_files.PARTS_DIR, "epochs"))
+    outside_part = sorted(os.listdir(os.path.join(outside, run_files.PARTS_DIR, "epochs")))[0]
+    os.symlink(os.path.join(outside, run_files.PARTS_DIR, "epochs", outside_part),
+               os.path.join(linked, run_files.PARTS_DIR, "epochs", "part-00000001.parquet"))
+    source = RunCatalog(runs_dir).source("offline:linked-parts")
+    assert source.steps().empty and source.plans().empty and source.epochs().empty
+    assert escaping_links(linked) == ["parts/epochs/part-00000001.parquet", "parts/steps", "plans.parquet"]
+    assert "parts/steps" in source.notice()
+    # The whole parts folder as a link out, and a link that stays inside the run: only the first is refused.
+    os.remove(os.path.join(linked, "plans.parquet"))
+    os.symlink(run_files.CONFIG_FILE, os.path.join(linked, "kept.json"))
+    os.rename(os.path.join(linked, run_files.PARTS_DIR), os.path.join(linked, "old-parts"))
+    os.symlink(os.path.join(outside, run_files.PARTS_DIR), os.path.join(linked, run_files.PARTS_DIR))
+    source = RunCatalog(runs_dir).source("offline:linked-parts")
+    assert source.steps().empty and source.epochs().empty
+    assert escaping_links(linked) == ["parts"]
+    assert source.config() == {"policy": "static"}
 
 
 # ---- tables cached by modification time -----------------------------------------------------
