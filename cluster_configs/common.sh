@@ -21,6 +21,8 @@
 #   RAY_AUTH_MODE=token               token authentication; `disabled` turns it off (unsafe)
 #   RAY_AUTH_TOKEN_PATH               token file (default ~/.ray/auth_token); Ray reads it too
 #   RAY_AUTH_TOKEN                    the token itself (Kubernetes secrets); Ray reads it too
+#   GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME   network interface for gloo / NCCL (default: the
+#                                     one that carries this node's address; kept when set)
 
 # The label names hetero_ray reads (hetero_ray/constants.py: DEVICE_LABEL, GPU_MODEL_LABEL).
 HR_DEVICE_LABEL="hetero-ray.io/device"
@@ -190,10 +192,74 @@ hr_setup_auth() {
   echo "$HR_SCRIPT: generated a new auth token at $file"
 }
 
+# Whether HOST:PORT ($1, $2) accepts a TCP connection within 10 s. Host and port reach
+# bash's /dev/tcp as arguments, never as code: a "host" holding quotes, $(...) or ; is
+# only a name that does not resolve.
+hr_tcp_reachable() {
+  local probe=(bash -c 'exec 3<>"/dev/tcp/$1/$2"' hr_tcp_probe "$1" "$2")
+  ! command -v timeout >/dev/null || probe=(timeout 10 "${probe[@]}")
+  "${probe[@]}" 2>/dev/null
+}
+
+# gloo and NCCL open their sockets on the address the host name resolves to unless they
+# are given an interface; on many Linux hosts that is 127.0.1.1 (/etc/hosts), and every
+# connection from another node is refused. Sets HR_IFNAME to the interface that carries
+# this node's address and HR_IFNAME_FROM to how it was found (both empty if unknown):
+#   HETERO_RAY_NODE_IP set  → the interface holding that address
+#   else                    → the interface of the route towards $1 (the head, for a worker;
+#                             8.8.8.8 for the head: Ray picks its node address the same way)
+#   no such route           → the only interface with a global address, if there is one
+hr_find_ifname() {
+  local towards="$1" address=""
+  HR_IFNAME="" HR_IFNAME_FROM=""
+  command -v ip >/dev/null 2>&1 || return 0
+  if [ -n "${HETERO_RAY_NODE_IP:-}" ]; then
+    HR_IFNAME="$(ip -o addr show 2>/dev/null | awk -v ip="$HETERO_RAY_NODE_IP" \
+      '{ split($4, a, "/"); if (a[1] == ip) { sub(/@.*/, "", $2); print $2; exit } }' || true)"
+    HR_IFNAME_FROM="it holds HETERO_RAY_NODE_IP=$HETERO_RAY_NODE_IP"
+    return 0
+  fi
+  if command -v getent >/dev/null 2>&1; then
+    address="$(getent ahosts "$towards" 2>/dev/null | awk 'NR == 1 { print $1 }' || true)"
+  fi
+  HR_IFNAME="$(ip -o route get "${address:-$towards}" 2>/dev/null \
+    | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }' || true)"
+  HR_IFNAME_FROM="the route to $towards goes through it"
+  if [ -z "$HR_IFNAME" ]; then
+    HR_IFNAME="$(ip -o addr show scope global 2>/dev/null | awk '{ sub(/@.*/, "", $2); print $2 }' \
+      | sort -u | awk '{ n++; name = $0 } END { if (n == 1) print name }' || true)"
+    HR_IFNAME_FROM="it is the only interface with a global address"
+  fi
+  [ -n "$HR_IFNAME" ] || HR_IFNAME_FROM=""
+}
+
+# Exports GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (see hr_find_ifname; $1: where the
+# route is looked up towards). A value already set (environment or node.env) is kept.
+# Ray starts every worker process of the node from `ray start`'s environment, so the
+# training workers get them too.
+hr_setup_socket_ifname() {
+  if [ -z "${GLOO_SOCKET_IFNAME:-}" ] || [ -z "${NCCL_SOCKET_IFNAME:-}" ]; then
+    hr_find_ifname "$1"
+    if [ -n "$HR_IFNAME" ]; then
+      GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$HR_IFNAME}"
+      NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-=$HR_IFNAME}"  # '=': this name exactly, not a prefix
+      echo "$HR_SCRIPT: GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME; this node's interface is $HR_IFNAME ($HR_IFNAME_FROM); set either variable to choose another"
+    elif [ -n "${HETERO_RAY_NODE_IP:-}" ]; then
+      hr_warn "no network interface of this machine holds HETERO_RAY_NODE_IP=$HETERO_RAY_NODE_IP (see \`ip -o addr\`); check the address, or set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, or training across nodes may fail with \"connection refused\""
+    else
+      hr_warn "could not tell which network interface carries this node's address (is \`ip\` installed?); set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (e.g. in ~/.hetero_ray/node.env), or training across nodes may fail with \"connection refused\""
+    fi
+  fi
+  [ -z "${GLOO_SOCKET_IFNAME:-}" ] || export GLOO_SOCKET_IFNAME
+  [ -z "${NCCL_SOCKET_IFNAME:-}" ] || export NCCL_SOCKET_IFNAME
+}
+
 # Runs (or, with --dry-run, prints) `ray start` with the arguments given.
 hr_exec_ray_start() {
   local shown
   shown="$(printf ' %q' "$HR_RAY_BIN" start "$@")"
+  [ -z "${NCCL_SOCKET_IFNAME:-}" ] || shown="$(printf ' NCCL_SOCKET_IFNAME=%q' "$NCCL_SOCKET_IFNAME")$shown"
+  [ -z "${GLOO_SOCKET_IFNAME:-}" ] || shown="$(printf ' GLOO_SOCKET_IFNAME=%q' "$GLOO_SOCKET_IFNAME")$shown"
   echo "$HR_SCRIPT: RAY_AUTH_MODE=$RAY_AUTH_MODE${shown}"
   if [ "$HR_DRY_RUN" = 1 ]; then
     return 0

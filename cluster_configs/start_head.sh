@@ -23,7 +23,9 @@ Environment (defaults): HETERO_RAY_PORT=6379 HETERO_RAY_DASHBOARD_HOST=127.0.0.1
 HETERO_RAY_DASHBOARD_PORT=8265 HETERO_RAY_CLIENT_PORT=10001 HETERO_RAY_METRICS_PORT=8080
 HETERO_RAY_NODE_IP HETERO_RAY_NUM_CPUS HETERO_RAY_NUM_GPUS HETERO_RAY_DEVICE=gpu|cpu
 HETERO_RAY_GPU_MODEL HETERO_RAY_LABELS HETERO_RAY_RESOURCES HETERO_RAY_RAY_BIN
-RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.ray/auth_token  (details: cluster_configs/common.sh)
+RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.ray/auth_token
+GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (default: the interface holding HETERO_RAY_NODE_IP,
+or else the one Ray's own address lies on)  (details: cluster_configs/common.sh)
 
 Stop it with `ray stop` (add --temp-dir's value as RAY_TMPDIR if you gave one).
 EOF
@@ -35,6 +37,7 @@ hr_parse_args "$@"
 hr_find_ray
 hr_detect_device
 hr_setup_auth head
+hr_setup_socket_ifname 8.8.8.8  # no packet is sent: the route Ray also takes to find its address
 
 HR_ARGS=(
   --head

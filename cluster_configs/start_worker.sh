@@ -23,7 +23,9 @@ Needs the head's token in ~/.ray/auth_token (or $RAY_AUTH_TOKEN_PATH / $RAY_AUTH
 Environment (defaults): HETERO_RAY_PORT=6379 HETERO_RAY_METRICS_PORT=8080
 HETERO_RAY_NODE_IP HETERO_RAY_NUM_CPUS HETERO_RAY_NUM_GPUS HETERO_RAY_DEVICE=gpu|cpu
 HETERO_RAY_GPU_MODEL HETERO_RAY_LABELS HETERO_RAY_RESOURCES HETERO_RAY_RAY_BIN
-RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.ray/auth_token  (details: cluster_configs/common.sh)
+RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.ray/auth_token
+GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (default: the interface of the route to HEAD)
+(details: cluster_configs/common.sh)
 EOF
 }
 
@@ -40,18 +42,23 @@ case "$address" in
   *:*) ;;
   *) address="$address:$HETERO_RAY_PORT" ;;
 esac
+host="${address%:*}" port="${address##*:}"
+case "$host" in
+  ""|[!A-Za-z0-9]*|*[!A-Za-z0-9._-]*)
+    hr_die "the head's address must be a host name or IPv4 address, then :PORT (e.g. 192.168.1.10:6379); got $(printf '%q' "$address")" ;;
+esac
+case "$port" in
+  ""|0*|*[!0-9]*|??????*) hr_die "the head's port must be a number from 1 to 65535; got $(printf '%q' "$port")" ;;
+esac
+[ "$port" -le 65535 ] || hr_die "the head's port must be a number from 1 to 65535; got $port"
 hr_find_ray
 hr_detect_device
 hr_setup_auth worker
 
-if [ "$HR_DRY_RUN" = 0 ]; then
-  host="${address%:*}" port="${address##*:}"
-  # A wrong address or a firewall otherwise shows up as a long wait inside `ray start`.
-  probe=(bash -c "exec 3<>/dev/tcp/$host/$port")
-  ! command -v timeout >/dev/null || probe=(timeout 10 "${probe[@]}")
-  "${probe[@]}" 2>/dev/null \
-    || hr_die "cannot reach the head at $address; is start_head.sh running there, and is port $port open to this machine?"
-fi
+# A wrong address or a firewall otherwise shows up as a long wait inside `ray start`.
+[ "$HR_DRY_RUN" = 1 ] || hr_tcp_reachable "$host" "$port" \
+  || hr_die "cannot reach the head at $address; is start_head.sh running there, and is port $port open to this machine?"
+hr_setup_socket_ifname "$host"
 
 HR_ARGS=("--address=$address")
 hr_common_start_args

@@ -1,8 +1,9 @@
 """cluster_configs/: the start scripts, the cluster-launcher YAML and the KubeRay manifest.
 
-The scripts run for real, with a stand-in `ray` that records how it was called and a
-stand-in `nvidia-smi` (a GPU machine or a machine without a driver), so every check here
-is fast and needs no cluster; tests/test_ray_job_submit.py starts a real one with them.
+The scripts run for real, with a stand-in `ray` that records how it was called, a
+stand-in `nvidia-smi` (a GPU machine or a machine without a driver) and a stand-in `ip`
+(a machine with two networks), so every check here is fast and needs no cluster;
+tests/test_ray_job_submit.py starts a real one with them.
 The YAMLs are checked against what the code reads (the label names in
 hetero_ray.constants) and against Ray's own validation where Ray has one.
 """
@@ -34,7 +35,28 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 FAKE_RAY = """#!/bin/sh
 # Stands in for `ray`: records the environment that matters and the arguments.
 { echo "RAY_AUTH_MODE=${RAY_AUTH_MODE:-}"; echo "PATH=$PATH"
+  echo "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-}"; echo "NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-}"
   for a in "$@"; do echo "ARG=$a"; done; } > "$FAKE_RAY_LOG"
+"""
+# Stands in for `ip` on a machine with two networks: eth0 (10.1.0.7) carries the default
+# route, ens5 (192.168.1.11) the cluster's LAN, where the head 192.168.1.10 is. With
+# FAKE_IP_NO_ROUTE=1 no route exists (an air-gapped host); FAKE_IP_ONE_NIC=1 leaves ens5 its
+# only network.
+FAKE_IP = r"""#!/bin/sh
+case "$*" in
+  "-o route get "*)
+    [ -z "$FAKE_IP_NO_ROUTE" ] || { echo "RTNETLINK answers: Network is unreachable" >&2; exit 2; }
+    case "$4" in
+      127.*) echo "local $4 dev lo src 127.0.0.1 uid 1000 \    cache <local> " ;;
+      192.168.1.*) echo "$4 dev ens5 src 192.168.1.11 uid 1000 \    cache " ;;
+      *) echo "$4 via 10.1.0.1 dev eth0 src 10.1.0.7 uid 1000 \    cache " ;;
+    esac ;;
+  "-o addr show"*)
+    case "$*" in *global*) ;; *) echo "1: lo    inet 127.0.0.1/8 scope host lo\       valid_lft forever preferred_lft forever" ;; esac
+    [ -n "$FAKE_IP_ONE_NIC" ] || echo "2: eth0    inet 10.1.0.7/24 brd 10.1.0.255 scope global eth0\       valid_lft forever preferred_lft forever"
+    echo "3: ens5    inet 192.168.1.11/24 brd 192.168.1.255 scope global ens5\       valid_lft forever preferred_lft forever" ;;
+  *) echo "fake ip: unexpected arguments: $*" >&2; exit 1 ;;
+esac
 """
 A100_SMI = """#!/bin/sh
 printf 'NVIDIA A100-SXM4-40GB\\nNVIDIA A100-SXM4-40GB\\n'
@@ -69,6 +91,7 @@ def node(tmp_path):
         def run(self, script: str, *args: str, gpu: bool = False, env: dict | None = None,
                 dry_run: bool = False) -> subprocess.CompletedProcess:
             _write_executable(bin_dir / "nvidia-smi", A100_SMI if gpu else NO_DRIVER_SMI)
+            _write_executable(bin_dir / "ip", FAKE_IP)
             full_env = {
                 "PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "FAKE_RAY_LOG": str(log),
                 "HETERO_RAY_RAY_BIN": fake_ray, "HETERO_RAY_NODE_ENV": str(tmp_path / "no-node.env"),
@@ -103,11 +126,22 @@ def _labels(args: list[str]) -> dict[str, str]:
     return parse_node_labels_string(_options(args)["labels"])  # Ray's own parser and validation
 
 
+def _dry_run_words(output: str) -> list[str]:
+    """The `VAR=value ... ray start ...` line a --dry-run printed, as words."""
+    line = next(line for line in output.splitlines() if ": RAY_AUTH_MODE=" in line)
+    return shlex.split(line.split(": ", 1)[1])
+
+
 def _dry_run_args(output: str) -> list[str]:
     """The `ray start` arguments a --dry-run printed."""
-    line = next(line for line in output.splitlines() if ": RAY_AUTH_MODE=" in line)
-    words = shlex.split(line.split(": ", 1)[1])
+    words = _dry_run_words(output)
     return words[words.index("start"):]
+
+
+def _dry_run_env(output: str) -> dict[str, str]:
+    """The environment a --dry-run says `ray start` would get."""
+    words = _dry_run_words(output)
+    return dict(w.split("=", 1) for w in words[:words.index("start")] if "=" in w)
 
 
 # --- the scripts
@@ -269,6 +303,108 @@ def test_a_token_file_others_can_read_is_reported(node):
     assert result.returncode == 0 and "chmod 600" in result.stderr
 
 
+# --- the network interface for gloo and NCCL
+#
+# Without GLOO_SOCKET_IFNAME, gloo binds to the address the host name resolves to, often
+# 127.0.1.1, and every other node's connection is refused. The fake `ip` above describes a
+# machine whose default route (eth0) is not the cluster's network (ens5).
+
+
+def test_worker_gives_gloo_and_nccl_the_interface_of_its_route_to_the_head(node):
+    node.give_token()
+    result = node.run(START_WORKER, "192.168.1.10", dry_run=True)
+    assert result.returncode == 0, result.stderr
+    assert _dry_run_env(result.stdout) == {
+        "RAY_AUTH_MODE": "token", "GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "=ens5"}
+    assert "route to 192.168.1.10" in result.stdout  # says how it chose
+    # For real: `ray start`, and so every worker process Ray starts, has them exported.
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        result = node.run(START_WORKER, f"127.0.0.1:{head.getsockname()[1]}")
+    assert result.returncode == 0, result.stderr
+    env, _ = node.ray_call()
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("lo", "=lo")  # a head on this machine
+
+
+@pytest.mark.parametrize("env, ifname", [
+    ({}, "eth0"),  # where Ray's own address lies: the route to 8.8.8.8
+    ({"HETERO_RAY_NODE_IP": "192.168.1.11"}, "ens5"),  # the interface holding the address given
+    ({"FAKE_IP_NO_ROUTE": "1", "FAKE_IP_ONE_NIC": "1"}, "ens5"),  # air-gapped, one network
+], ids=["default route", "node ip", "only network"])
+def test_head_gives_gloo_and_nccl_the_interface_of_its_address(node, env, ifname):
+    result = node.run(START_HEAD, env=env)
+    assert result.returncode == 0, result.stderr
+    ray_env, _ = node.ray_call()
+    assert (ray_env["GLOO_SOCKET_IFNAME"], ray_env["NCCL_SOCKET_IFNAME"]) == (ifname, f"={ifname}")
+
+
+def test_socket_interfaces_set_by_the_user_are_kept(node, tmp_path):
+    node.give_token()
+    result = node.run(START_WORKER, "192.168.1.10", env={"GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib"},
+                      dry_run=True)
+    env = _dry_run_env(result.stdout)
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("ib0", "ib")
+    # One set by the user, the other found; and from node.env, where they need no `export`.
+    settings = tmp_path / "node.env"
+    settings.write_text("GLOO_SOCKET_IFNAME=bond0\n")
+    result = node.run(START_HEAD, env={"HETERO_RAY_NODE_ENV": str(settings)})
+    env, _ = node.ray_call()
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("bond0", "=eth0")
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"FAKE_IP_NO_ROUTE": "1"}, "could not tell which network interface"),  # two networks, no route
+    ({"HETERO_RAY_NODE_IP": "10.9.9.9"}, "no network interface of this machine holds HETERO_RAY_NODE_IP=10.9.9.9"),
+])
+def test_an_unknown_interface_is_a_warning_that_says_what_to_set(node, env, says):
+    result = node.run(START_HEAD, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" in result.stderr and says in result.stderr and "GLOO_SOCKET_IFNAME" in result.stderr
+    ray_env, _ = node.ray_call()
+    assert ray_env["GLOO_SOCKET_IFNAME"] == ray_env["NCCL_SOCKET_IFNAME"] == ""  # no guess
+
+
+# --- the head's address is data, never code
+
+
+def _hostile_addresses(marker) -> list[str]:
+    return [f"$(touch {marker}):6379", f"`touch {marker}`:6379", f"127.0.0.1/$(touch {marker}):6379",
+            f"x\";touch {marker};\":6379", f"x';touch {marker}':6379", f"127.0.0.1:6379;touch {marker}"]
+
+
+def test_a_head_address_with_shell_syntax_runs_nothing_and_is_refused(node, tmp_path):
+    node.give_token()
+    marker = tmp_path / "ran"
+    for address in _hostile_addresses(marker):
+        for args, env in (([address], {}), ([], {"HETERO_RAY_HEAD_ADDRESS": address})):
+            result = node.run(START_WORKER, *args, env=env)
+            assert not marker.exists(), address
+            assert result.returncode == 2 and "the head's" in result.stderr and "must be" in result.stderr, address
+    for address, says in [("10.0.0.5:abc", "port must be a number"), ("10.0.0.5:99999", "port must be a number"),
+                          ("gpu a:6379", "host name or IPv4 address")]:
+        result = node.run(START_WORKER, address, dry_run=True)
+        assert result.returncode == 2 and says in result.stderr, (address, result.stderr)
+
+
+def test_the_reachability_probe_gets_host_and_port_as_arguments(tmp_path):
+    """The probe itself, below the address check: what it is given stays data."""
+    marker = tmp_path / "ran"
+    common = os.path.join(CONFIGS, "common.sh")
+
+    def probe(host: str, port: str) -> int:
+        script = f'HR_SCRIPT=test; . {shlex.quote(common)}; hr_tcp_reachable "$1" "$2"'
+        return subprocess.run(["bash", "-c", script, "probe", host, port], timeout=30).returncode
+
+    for host, port in [(f"$(touch {marker})", "1"), (f"127.0.0.1/1; touch {marker}; #", "1"),
+                       ("127.0.0.1", f"1; touch {marker}"), ("127.0.0.1", f"$(touch {marker})")]:
+        assert probe(host, port) != 0 and not marker.exists(), (host, port)
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        assert probe("127.0.0.1", str(head.getsockname()[1])) == 0
+
+
 # --- the cluster-launcher YAML (on-premise machines)
 
 
@@ -392,6 +528,14 @@ def test_kuberay_dashboard_and_ports_are_not_exposed():
     own_pods = {"ray.io/cluster": cluster["metadata"]["name"]}
     assert policy["spec"]["podSelector"]["matchLabels"] == own_pods
     assert [rule["from"] for rule in policy["spec"]["ingress"]] == [[{"podSelector": {"matchLabels": own_pods}}]]
+
+
+def test_kuberay_gloo_and_nccl_use_the_pod_network_in_every_ray_container():
+    cluster, _ = _kuberay()
+    for name, group in _groups(cluster).items():
+        for container in _containers(group):
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "=eth0"), name
 
 
 def test_kuberay_ray_version_is_the_one_the_project_pins():
