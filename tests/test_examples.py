@@ -4,7 +4,7 @@ Ray; a subprocess per example would start its own, ~10 s more each).
 
 Each run must finish with the expected global steps (``summary.json``), hand back the
 reported metrics in ``Result.metrics`` and a ``Result.checkpoint`` that loads into the
-example's model; the TensorBoard example's
+example's model; ResNet-18 reads CIFAR-format files written here; the TensorBoard example's
 event files are read back. Each script also runs as a real subprocess, with ``--help``:
 standalone, as ``python examples/X.py``, its imports and argparse work.
 """
@@ -21,11 +21,12 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.cifar_files import write_cifar10
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("own_model", "tensorboard_logging")
+SCRIPTS = ("own_model", "resnet_cifar", "tensorboard_logging")
 # 2 epochs of ceil(200 / 48) = 5 steps (the last a short window of 8 samples).
 NUM_SAMPLES, BATCH, EPOCHS = 200, 48, 2
 STEPS_PER_EPOCH = 5
@@ -70,6 +71,30 @@ def test_own_model_trains_with_emulated_speeds(ray_session, tmp_path, capsys):
     _assert_loads(own_model.make_model(), _checkpoint_state(result)["model"])
     printed = capsys.readouterr().out
     assert f"run files: {tmp_path / 'own'}" in printed and "final metrics: {" in printed
+
+
+def test_resnet_cifar_trains_one_epoch_on_cifar_format_files(ray_session, tmp_path):
+    from torchvision.models import resnet18
+
+    data_dir = write_cifar10(tmp_path / "data", num_train=200, num_test=20)
+    resnet_cifar = _example("resnet_cifar")
+    result = resnet_cifar.main(["--data-dir", str(data_dir), "--no-verify-checksums", "--num-workers", "2",
+                                "--global-batch-size", "64", "--epochs", "1", "--loader-workers", "0",
+                                "--storage-path", str(tmp_path / "runs"), "--name", "resnet"])
+
+    steps = 4  # ceil(200 / 64): three full windows and one of 8
+    assert _summary(tmp_path / "runs", "resnet")["global_steps"] == steps
+    assert result.metrics["epoch"] == 0 and result.metrics["global_steps"] == steps
+    _assert_loads(resnet18(num_classes=10), _checkpoint_state(result)["model"])
+
+
+def test_resnet_cifar_refuses_unpublished_files_before_starting(tmp_path):
+    from hetero_ray.errors import UserError
+
+    data_dir = write_cifar10(tmp_path / "data", num_train=20, num_test=5)
+    with pytest.raises(UserError, match="--no-verify-checksums"):  # the md5 check names the way out
+        _example("resnet_cifar").main(["--data-dir", str(data_dir), "--storage-path", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
 
 
 def test_tensorboard_logging_writes_rank0_scalars(ray_session, tmp_path):
