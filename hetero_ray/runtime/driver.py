@@ -100,7 +100,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     error: Optional[BaseException] = None
     result = None
     try:
-        trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes)
+        trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes, total_steps)
         with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()
     except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
@@ -138,11 +138,13 @@ def _remove_empty_dir(path: str) -> None:
 
 
 def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
-                  speed_changes: Optional[list[dict]]):
+                  speed_changes: Optional[list[dict]], total_steps: int):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from hetero_ray.training.entry import call_for
     from hetero_ray.training.loop import train_loop_per_worker
+    from hetero_ray.training.session import WorkerSettings
 
     # Waiting for room must end: Ray Train gives up starting a group after this long. An
     # elastic run would rather continue at once with the workers it can have than wait for
@@ -155,9 +157,17 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
     if use_gpu:
         resources["GPU"] = 1
     num_workers = (config.min_workers, config.num_workers) if config.elastic else config.num_workers
+    # The built-in job is a user of the public API: the same session wraps it as wraps a
+    # HeteroTrainer user's loop.
+    settings = WorkerSettings(
+        experiment_name=config.experiment_name, global_batch_size=config.batch_size, seed=config.seed,
+        rebalance_interval=config.rebalance_interval, device_mode=device_mode,
+        record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
+        emulate_speeds=config.emulate_speeds, speed_changes=speed_changes, end_global_step=total_steps,
+    )
     return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"train": config.to_dict(), "device_mode": device_mode, "speed_changes": speed_changes},
+        call_for(train_loop_per_worker, settings.to_dict()),
+        train_loop_config={"train": config.to_dict()},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                      resources_per_worker=resources, label_selector=config.label_selectors()),

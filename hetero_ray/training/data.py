@@ -123,6 +123,20 @@ class DataSplit:
             inputs = self.transform(inputs)
         return inputs, self.targets[indices]
 
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.batch([index])
+        return inputs[0], targets[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a DataLoader fetches for a batch: one gather instead of one per sample
+        (pair with :func:`as_batch` as its ``collate_fn``)."""
+        return self.batch(indices)
+
+
+def as_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``collate_fn`` for a :class:`DataSplit`: its ``__getitems__`` already made the batch."""
+    return batch
+
 
 @dataclass
 class DatasetBundle:

@@ -86,6 +86,12 @@ class PlanFollowingLoader:
         return self.sampler.steps_per_epoch - self.position.step
 
     @property
+    def local_batch_size(self) -> Optional[int]:
+        """This rank's share of the step handed out last: 0 when the rank holds no sample
+        of it (it then runs one sample of the window with weight 0), None between steps."""
+        return self._pending["local_batch_size"] if self._pending is not None else None
+
+    @property
     def plan(self) -> Optional[Plan]:
         """The plan of the step handed out last (None before the first step)."""
         if self._pending is not None:
@@ -152,7 +158,7 @@ class PlanFollowingLoader:
             "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
             "rank": session.rank, "node_id": session.node_id, "attempt": session.attempt,
             "local_batch_size": local_batch_size, "global_batch_size": pending["window_size"],
-            "plan_version": plan.version, "loss": session.take_step_loss(), "lr": None, "wall_time": time.time(),
+            "plan_version": plan.version, **session.take_step_notes(), "wall_time": time.time(),
             **timing.step_durations(timeline, emulator.padded_s if emulator else 0.0),
         }
         row.update(self._resources.maybe_sample(position.global_step))

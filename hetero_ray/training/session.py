@@ -91,15 +91,16 @@ class WorkerSession:
     weight_state: Any = None  # the gradient hook's state, shared with BatchNorm layers
     timeline: Optional[timing.StepTimeline] = None  # of the step in progress; read by the hooks
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
-    _step_loss: Optional[float] = None
+    _step_notes: dict = field(default_factory=dict)
 
-    def note_step_loss(self, loss: float) -> None:
-        """The built-in loop's loss of the step in progress, for the steps table."""
-        self._step_loss = loss
+    def note_step(self, *, loss: Optional[float] = None, lr: Optional[float] = None) -> None:
+        """The loss and learning rate of the step in progress, for its row in the steps
+        table (the built-in loop knows them; a user's loop reports its own metrics)."""
+        self._step_notes = {"loss": loss, "lr": lr}
 
-    def take_step_loss(self) -> Optional[float]:
-        loss, self._step_loss = self._step_loss, None
-        return loss
+    def take_step_notes(self) -> dict:
+        notes, self._step_notes = self._step_notes, {}
+        return {"loss": notes.get("loss"), "lr": notes.get("lr")}
 
     @property
     def collective_device(self) -> torch.device:
