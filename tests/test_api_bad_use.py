@@ -29,7 +29,7 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 def _session(global_batch_size=8, loader=None):
-    return SimpleNamespace(loader=loader, settings=SimpleNamespace(global_batch_size=global_batch_size))
+    return SimpleNamespace(loader=loader, num_workers=1, settings=SimpleNamespace(global_batch_size=global_batch_size))
 
 
 @pytest.mark.parametrize("dataset, message", [
@@ -118,3 +118,22 @@ def test_a_non_scalar_loss_stops_the_run_with_a_user_error(ray_session, tmp_path
 
     with open(tmp_path / "bad-loss" / "attempts.json") as f:
         assert len(json.load(f)) == 1, "a user error must not be retried"
+
+
+def rank_dependent_data_loop(config):
+    import hetero_ray.train
+
+    rank = hetero_ray.train.get_context().get_world_rank()
+    hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(16 + rank, 4)))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ranks_whose_datasets_differ_in_length_are_stopped_before_the_first_step(ray_session, tmp_path):
+    from ray.train import RunConfig, ScalingConfig
+
+    trainer = HeteroTrainer(rank_dependent_data_loop, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name="two-lengths", storage_path=str(tmp_path)),
+                            hetero_config=HeteroConfig(global_batch_size=8, policy="static"))
+    with pytest.raises(UserError, match=r"differ in length \(rank 0 \(node \w+\): 16, rank 1 \(node \w+\): 17\)"):
+        trainer.fit()

@@ -261,6 +261,25 @@ def _gauges(session: WorkerSession):
     return RankGauges(session.settings.experiment_name)
 
 
+def _check_same_length(session: WorkerSession, size: int) -> None:
+    """Collective: every rank's dataset has the same length, or the run stops here.
+
+    Each rank cuts its piece out of a permutation of ``range(len(dataset))``; ranks that
+    see different lengths (another copy of the files on one node) would draw from different
+    permutations, and exactly-once would break without any error."""
+    if session.num_workers == 1:
+        return
+    sizes = torch.zeros(session.num_workers, dtype=torch.int64, device=session.collective_device)
+    sizes[session.rank] = size
+    torch.distributed.all_reduce(sizes)
+    sizes = sizes.tolist()
+    if len(set(sizes)) > 1:
+        described = ", ".join(f"rank {rank} (node {node[:8]}): {n}"
+                              for rank, (n, node) in enumerate(zip(sizes, session.rank_node_ids)))
+        raise UserError(f"the ranks' datasets differ in length ({described}); every node must see the same "
+                        "data (same files at the same path), or the global sampler cannot give each sample once")
+
+
 def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_factor: Optional[int],
                 **options: Any) -> PlanFollowingLoader:
     """Checks the arguments a person can get wrong, then makes the worker's one loader."""
@@ -282,6 +301,7 @@ def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_f
         raise UserError(f"prepare_data_loader(prefetch_factor={prefetch_factor!r}) needs num_workers > 0 and a "
                         "positive integer")
     size, batch = len(dataset), session.settings.global_batch_size
+    _check_same_length(session, size)
     if size < 1 or (options.get("drop_last") and size < batch):
         raise UserError(f"the dataset has {size} samples, fewer than one global batch of {batch} "
                         "(HeteroConfig.global_batch_size)" + (" with drop_last" if size else ""))
