@@ -62,6 +62,10 @@ def _assert_exactly_once(run_dir: str) -> None:
     steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
     per_step = steps.groupby("global_step")["local_batch_size"].sum()
     assert per_step.index.tolist() == list(range(STEPS))
+    # Every rank's row of every step, once: none lost in a worker's buffer by a crash.
+    assert not steps.duplicated(["global_step", "rank"]).any()
+    ranks = steps.groupby("global_step")["rank"].nunique()
+    assert (ranks == steps["rank"].nunique()).all(), ranks[ranks != steps["rank"].nunique()]
 
 
 def test_user_loop_with_batchnorm_matches_one_device_under_plan_changes(ray_session, tmp_path):
