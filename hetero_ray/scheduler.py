@@ -9,14 +9,24 @@ The first plan of a worker group comes from measurements when there are any: the
 profiles (``set_capabilities``) give each rank the busy-time line of the device it runs
 on, so that the first step is already balanced. Plain class; the actor is made in
 :mod:`hetero_ray.runtime.actors`.
+
+Its state (the latest plan, the version counter, the caps, the node profiles, the
+scripted changes still to come) is written to ``scheduler_state.json`` in the run
+directory at every change, and read back when it starts. Nothing else knows all of it: a
+plan the balancer proposed that rank 0 has not fetched yet is in no table, and the balancer
+waits for it to be in force before it decides again. So a restarted scheduler (or the one
+of a ``--resume``) serves the plan in force with versions that keep increasing, instead of
+a first plan numbered 0 again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional, Sequence
 
 from hetero_ray.balancing.policies import PolicyConfig, make_policy
+from hetero_ray.metrics.run_files import SCHEDULER_STATE_FILE, read_json, write_json
 from hetero_ray.plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -69,12 +79,15 @@ class Scheduler:
         weights: Optional[Sequence[float]] = None,
         plan_changes: Optional[Sequence[dict]] = None,
         policy_config: Optional[dict] = None,
+        run_dir: Optional[str] = None,
     ):
         """
         Args:
             weights: per-rank emulated speeds (they also scale profiled capacities).
             plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied
                 at the first rebalance point at or after their step (tests and demos).
+            run_dir: where the state is kept (see the module docstring); None keeps it in
+                memory only.
         """
         self.global_batch_size = global_batch_size
         self.policy = policy
@@ -82,16 +95,19 @@ class Scheduler:
         self.weights = list(weights) if weights else None
         self.policy_config = PolicyConfig(**(policy_config or {}))
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
+        self._node_dicts: list[dict] = []
         self._nodes: list = []
         self._caps: Optional[list[Optional[int]]] = None
         self._plan: Optional[Plan] = None
         self._next_version = 0
+        self._state_path = os.path.join(run_dir, SCHEDULER_STATE_FILE) if run_dir else None
+        self.restored_from: Optional[str] = None
+        self._restore()
 
     def set_capabilities(self, nodes: list[dict]) -> None:
         """The profiled nodes (``NodeCapability.to_dict()`` each)."""
-        from hetero_ray.profiling.capability import NodeCapability
-
-        self._nodes = [NodeCapability.from_dict(n) for n in nodes]
+        self._nodes, self._node_dicts = _parse_nodes(nodes), list(nodes)
+        self._save()
 
     def plan_for(self, num_workers: int, global_step: int = 0,
                  rank_node_ids: Optional[Sequence[str]] = None,
@@ -102,6 +118,7 @@ class Scheduler:
         their nodes are known); a scripted change once its step is reached. The reply also
         carries ``caps``, the per-rank memory caps the plan respects (or None).
         """
+        before = (self._plan, len(self._plan_changes))
         while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
             change = self._plan_changes.pop(0)
             if len(change["local_batch_sizes"]) == num_workers:
@@ -116,6 +133,8 @@ class Scheduler:
             )
             self._next_version = self._plan.version + 1
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
+        if (self._plan, len(self._plan_changes)) != before:
+            self._save()
         return {**self._plan.to_dict(), "caps": self._caps}
 
     def _capacities(self, num_workers, rank_node_ids, rank_device_kinds):
@@ -140,6 +159,7 @@ class Scheduler:
         new = Plan(max(new.version, self._next_version), new.local_batch_sizes, new.reason)
         self._plan = new
         self._next_version = new.version + 1
+        self._save()
         return new.to_dict()
 
     def resume_from(self, plan: dict) -> None:
@@ -153,3 +173,65 @@ class Scheduler:
         self._next_version = max(self._next_version, restored.version + 1)
         if self._plan is None:
             self._plan = restored
+        self._save()
+
+    def info(self) -> dict:
+        """Where it stands (for tests and operators): the plan it serves and where its
+        state came from."""
+        return {"plan": None if self._plan is None else self._plan.to_dict(), "next_version": self._next_version,
+                "caps": self._caps, "num_nodes": len(self._nodes), "restored_from": self.restored_from}
+
+    # ------------------------------------------------------------------ its state on disk
+    def state_dict(self) -> dict:
+        return {
+            "plan": None if self._plan is None else self._plan.to_dict(),
+            "next_version": self._next_version,
+            "caps": self._caps,
+            "nodes": self._node_dicts,
+            "plan_changes": self._plan_changes,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Raises (and changes nothing) when ``state`` is not a saved state."""
+        plan = Plan.from_dict(state["plan"]) if state.get("plan") else None
+        next_version = int(state.get("next_version") or 0)
+        nodes = list(state.get("nodes") or [])
+        parsed_nodes = _parse_nodes(nodes)
+        self._plan, self._next_version = plan, max(next_version, plan.version + 1 if plan else 0)
+        self._caps = state.get("caps")
+        self._plan_changes = list(state.get("plan_changes") or [])
+        self._nodes, self._node_dicts = parsed_nodes, nodes
+
+    def _save(self) -> None:
+        if self._state_path is None:
+            return
+        try:
+            write_json(self._state_path, self.state_dict())
+        except OSError as e:  # training goes on; only a restart of this actor would lose the plan
+            logger.warning("scheduler state not saved to %s (%s)", self._state_path, e.strerror or e)
+
+    def _restore(self) -> None:
+        """A restart of this actor (or a --resume): continue from the state saved last."""
+        if self._state_path is None:
+            return
+        try:
+            state = read_json(self._state_path)
+        except (OSError, ValueError) as e:  # start fresh rather than not at all
+            logger.warning("scheduler could not read %s (%s); starting fresh", self._state_path, e)
+            return
+        if not state:
+            return
+        try:
+            self.load_state_dict(state)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            logger.warning("scheduler could not restore %s (%s); starting fresh", self._state_path, e)
+            return
+        self.restored_from = self._state_path
+        logger.warning("scheduler restored from %s: plan %s, next version %d", self._state_path, self._plan,
+                       self._next_version)
+
+
+def _parse_nodes(nodes: list[dict]) -> list:
+    from hetero_ray.profiling.capability import NodeCapability
+
+    return [NodeCapability.from_dict(n) for n in nodes]

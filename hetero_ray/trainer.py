@@ -103,6 +103,7 @@ class HeteroTrainer:
                                      timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
         use_gpu = bool(self._scaling.use_gpu)
         cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, None)
+        actors.check_name_free(self._name, "RunConfig(name=...)")  # a live run of this name: refuse
         os.makedirs(run.run_dir, exist_ok=True)
         run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
                              {"hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path})
@@ -114,7 +115,7 @@ class HeteroTrainer:
         node_id = ray.get_runtime_context().get_node_id()
         store = actors.start_metrics_store(self._name, run.run_dir, node_id)
         scheduler = actors.start_scheduler(
-            self._name, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
+            self._name, run.run_dir, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
             batch_split=hetero.batch_split, weights=hetero.emulate_speeds, plan_changes=hetero.plan_changes,
             policy_config=hetero.policy_config(),
         )

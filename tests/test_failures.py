@@ -9,7 +9,7 @@ same standard as an uninterrupted run of it, trained once for the module:
 - the final model equals the uninterrupted run's (same math, whatever happened), and so
   does its final accuracy.
 
-Scenarios: SIGKILL of a training worker; the balancer actor and the metrics-store actor
+Scenarios: SIGKILL of a training worker; the balancer, scheduler and metrics-store actors
 killed mid-run (training goes on); the driver stopped and `--resume`d; a whole node lost
 with elastic training (a real 3-node cluster of `ray start` processes).
 """
@@ -29,7 +29,7 @@ import pytest
 import ray
 import torch
 
-from hetero_ray.constants import BALANCER_ROLE, METRICS_STORE_ROLE
+from hetero_ray.constants import BALANCER_ROLE, METRICS_STORE_ROLE, SCHEDULER_ROLE
 from hetero_ray.preflight import latest_checkpoint_dir
 from hetero_ray.runtime.actors import get_actor
 from hetero_ray.bench.local_cluster import local_cluster
@@ -137,6 +137,13 @@ def test_sigkill_of_a_worker(reference, fast_config):
     assert "step" in seen, "the worker was never killed"
     attempts = assert_nothing_lost(result.run_dir, reference, min_restarts=1)
     assert 10 <= attempts[1]["start_global_step"] <= seen["step"] + 1
+    # The epoch the restart cut counts all its samples over all its training time: at
+    # least the time of every step it kept, those before the restart included.
+    epochs = pd.read_parquet(os.path.join(result.run_dir, "epochs.parquet"))
+    steps = pd.read_parquet(os.path.join(result.run_dir, "steps.parquet"))
+    cut = epochs[epochs["epoch"] == 0].iloc[-1]
+    trained_s = steps[(steps["epoch"] == 0) & (steps["rank"] == 0)]["step_time_s"].sum()
+    assert cut["samples"] == NUM_SAMPLES and cut["epoch_time_s"] >= trained_s, (cut.to_dict(), trained_s)
     print(f"\nworker SIGKILL at step {seen['step']}: new worker group {attempts[1]['wall_time'] - seen['time']:.1f} s "
           f"later, resumed at step {attempts[1]['start_global_step']}")
 
@@ -158,6 +165,46 @@ def test_balancer_killed_mid_run(reference, fast_config):
     assert len(attempts) == 1, "training must not restart because the balancer died"
     decisions = pd.read_parquet(os.path.join(result.run_dir, "decisions.parquet"))
     assert (decisions["wall_time"] > seen["time"]).any(), "no decision after the balancer came back"
+
+
+def test_scheduler_killed_mid_run(reference, fast_config):
+    """The restarted scheduler serves the plan in force: versions only increase, every step
+    ran the sizes its plan version has in plans.parquet, and the balance stays."""
+    def kill_scheduler_once_balanced(store, seen):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the balancer's plan in force: what must survive the crash
+            plans = ray.get(store.plans.remote(), timeout=5)
+            if any(p["plan_version"] >= 1 for p in plans):
+                break
+            time.sleep(0.2)
+        seen["in_force"] = max(plans, key=lambda p: p["plan_version"])
+        seen["killed_after_step"] = ray.get(store.progress.remote(), timeout=5)["global_step"]
+        ray.kill(get_actor("scheduler-kill", SCHEDULER_ROLE), no_restart=False)  # a crash: Ray restarts it
+        seen["info"] = ray.get(get_actor("scheduler-kill", SCHEDULER_ROLE).info.remote(), timeout=60)
+
+    watcher, seen = in_background("scheduler-kill", 5, kill_scheduler_once_balanced)
+    result = run_in_process(fast_config, "scheduler-kill", policy="optimal", batch_split=[20, 20],
+                            emulate_speeds=[1.0, 0.25], rebalance_interval=5)
+    watcher.join(timeout=60)
+    assert "info" in seen, "the scheduler was not killed (or did not come back)"
+    assert seen["info"]["restored_from"], seen["info"]
+    assert seen["in_force"]["plan_version"] >= 1, "no balanced plan before the kill: nothing was tested"
+    attempts = assert_nothing_lost(result.run_dir, reference)
+    assert len(attempts) == 1, "training must not restart because the scheduler died"
+
+    steps = pd.read_parquet(os.path.join(result.run_dir, "steps.parquet"))
+    plans = pd.read_parquet(os.path.join(result.run_dir, "plans.parquet"))
+    assert plans["plan_version"].is_unique, f"a plan version was handed out twice:\n{plans}"
+    sizes = {int(p.plan_version): list(p.local_batch_sizes) for p in plans.itertuples()}
+    ran = [sizes[int(r.plan_version)][int(r.rank)] for r in steps.itertuples()]
+    assert ran == steps["local_batch_size"].tolist(), "steps.parquet and plans.parquet disagree"
+    versions = steps.groupby("global_step")["plan_version"].agg(["min", "max"])
+    assert (versions["min"] == versions["max"]).all() and versions["min"].is_monotonic_increasing
+    after = versions.loc[versions.index > seen["killed_after_step"], "min"]
+    assert after.index.max() - after.index.min() >= 10, "the kill came too late to see the restarted scheduler"
+    assert (after >= seen["in_force"]["plan_version"]).all(), "the plan fell back after the restart"
+    equal_shares = steps[steps["global_step"] > seen["killed_after_step"]].groupby("global_step")["local_batch_size"]
+    assert not equal_shares.apply(lambda b: (b == BATCH_SIZE // 2).all()).any(), "back to equal shares"
 
 
 def test_metrics_store_killed_mid_run(reference, fast_config):

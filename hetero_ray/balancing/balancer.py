@@ -100,6 +100,11 @@ class Balancer:
         self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
         self._gaps_s.clear()
 
+    @property
+    def end_global_step(self) -> Optional[int]:
+        """Where the run ends (no plan is proposed for a point at or after it); None: unknown."""
+        return self._end_global_step
+
     # ------------------------------------------------------------------ feeding
     def add_steps(self, rows: list[dict], now: Optional[float] = None) -> BalancerOutput:
         """Takes a batch of step records (``now``: the arrival time, default the clock)."""

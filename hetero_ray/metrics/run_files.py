@@ -4,6 +4,8 @@ Layout of ``<output-dir>/<experiment-name>/``::
 
     config.json          the resolved configuration
     attempts.json        one entry per worker-group start: attempt id, resume step, workers
+    scheduler_state.json the scheduler's plan, version counter, caps and node profiles
+    balancer_attempt.json the worker group the balancer serves: its memory caps and end step
     steps.parquet        one row per step and rank            } merged from parts/ at the end;
     plans.parquet        plan history                         } while running, readers merge
     epochs.parquet       one row per epoch                    } parts/<table>/*.parquet
@@ -37,6 +39,10 @@ ATTEMPTS_FILE = "attempts.json"
 SUMMARY_FILE = "summary.json"
 NODES_FILE = "nodes.json"
 MODEL_FILE = "model_final.pt"
+# The run's actors keep what they cannot learn again after a restart here (see
+# hetero_ray/scheduler.py and hetero_ray/runtime/balancer_actor.py).
+SCHEDULER_STATE_FILE = "scheduler_state.json"
+BALANCER_ATTEMPT_FILE = "balancer_attempt.json"
 PARTS_DIR = "parts"
 
 

@@ -4,10 +4,16 @@ Every actor lives in the ``hetero_ray`` namespace as ``<experiment>/<role>`` so 
 Ray dashboard shows what it is and the performance app finds running experiments by
 listing actors. They take no CPU (they are bookkeeping, and must never keep training
 workers from being placed) and restart after a crash.
+
+The names make an experiment's name unique on a cluster while it runs: a second run of
+the same name would otherwise talk to the first one's actors and write into its files.
+:func:`check_name_free` refuses it before it writes anything, and :func:`start_actor`
+never attaches to an actor that already exists.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import ray
@@ -18,28 +24,65 @@ from hetero_ray.constants import (
     PARQUET_FLUSH_INTERVAL_S_ENV_VAR, RAY_NAMESPACE, SCHEDULER_ROLE,
     STORE_MAX_RECENT_STEPS_ENV_VAR, actor_name, env_float,
 )
+from hetero_ray.errors import UserError
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.scheduler import Scheduler
+
+EXPERIMENT_ROLES = (METRICS_STORE_ROLE, SCHEDULER_ROLE, BALANCER_ROLE)  # what every run starts
+_KILL_WAIT_S = 30.0  # a killed actor is gone in well under a second; this only bounds a hung GCS
+
+
+def check_name_free(experiment_name: str, option: str) -> None:
+    """Raises a :class:`UserError` when a run of ``experiment_name`` is alive on this cluster.
+
+    Call it after connecting and before writing anything. ``option`` says how the person
+    chose the name (``--experiment-name``, ``RunConfig(name=...)``), for the message.
+    """
+    alive = [actor_name(experiment_name, role) for role in EXPERIMENT_ROLES if _exists(experiment_name, role)]
+    if alive:
+        raise UserError(_name_taken(experiment_name, option, alive))
+
+
+def _exists(experiment_name: str, role: str) -> bool:
+    try:
+        ray.get_actor(actor_name(experiment_name, role), namespace=RAY_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _name_taken(experiment_name: str, option: str, actor_names: list[str]) -> str:
+    return (f"a run named {experiment_name!r} is already running on this Ray cluster (its actors "
+            f"{', '.join(actor_names)} are alive in namespace {RAY_NAMESPACE!r}); a second run of one name would "
+            f"share them and write into the other run's files. Choose another {option}, or wait until that run "
+            "has ended (nothing was written)")
 
 
 def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
                 node_id: Optional[str] = None, **kwargs: Any) -> "ray.actor.ActorHandle":
-    """Starts (or finds, if it already runs) the experiment's actor for ``role``.
+    """Starts the experiment's actor for ``role``.
 
     Args:
         node_id: pin the actor to this node (e.g. the driver's, where the run directory is).
+
+    Raises:
+        UserError: the name is taken: another run of this experiment started in the moment
+            since :func:`check_name_free` (never attach to its actors).
     """
+    name = actor_name(experiment_name, role)
     options: dict[str, Any] = dict(
-        name=actor_name(experiment_name, role),
+        name=name,
         namespace=RAY_NAMESPACE,
-        get_if_exists=True,
         num_cpus=0,
         max_restarts=-1,
         max_task_retries=-1,
     )
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return ray.remote(cls).options(**options).remote(*args, **kwargs)
+    try:
+        return ray.remote(cls).options(**options).remote(*args, **kwargs)
+    except ray.exceptions.ActorAlreadyExistsError:
+        raise UserError(_name_taken(experiment_name, "experiment name", [name])) from None
 
 
 def get_actor(experiment_name: str, role: str) -> "ray.actor.ActorHandle":
@@ -55,8 +98,9 @@ def start_metrics_store(experiment_name: str, run_dir: str, node_id: str):
     )
 
 
-def start_scheduler(experiment_name: str, node_id: str, **kwargs: Any):
-    return start_actor(Scheduler, experiment_name, SCHEDULER_ROLE, node_id=node_id, **kwargs)
+def start_scheduler(experiment_name: str, run_dir: str, node_id: str, **kwargs: Any):
+    """``run_dir`` keeps its state, so that a restart continues the plan in force."""
+    return start_actor(Scheduler, experiment_name, SCHEDULER_ROLE, node_id=node_id, run_dir=run_dir, **kwargs)
 
 
 def start_balancer(experiment_name: str, run_dir: str, node_id: str, **kwargs: Any):
@@ -68,7 +112,19 @@ def start_balancer(experiment_name: str, run_dir: str, node_id: str, **kwargs: A
 
 
 def kill_actor(handle) -> None:
+    """Kills an actor for good, and waits until it is dead: Ray frees its name only then,
+    and the next run of the experiment (a --resume, a second fit() in this process) must
+    not be refused as a concurrent one."""
     try:
         ray.kill(handle, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone is fine
-        pass
+        return
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.__ray_ready__.options(max_task_retries=0).remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return  # dead
+        except ray.exceptions.GetTimeoutError:
+            continue
+        time.sleep(0.05)  # the kill has not reached it yet

@@ -5,6 +5,12 @@ gets). Adopted plans go to the scheduler (``propose``), every decision row to th
 store. If the actor dies, Ray restarts it (``max_restarts``) and it reloads its state from
 the newest checkpoint in the run directory; meanwhile the workers simply keep the plan
 they have, since rank 0 only ever asks the scheduler.
+
+What rank 0 tells it when a worker group starts — the ranks' memory caps and the run's
+end step — is in no checkpoint the group may have made yet, and no worker says it again.
+So it is kept in ``balancer_attempt.json`` in the run directory: a restarted balancer that
+forgot the caps would propose shares above a device's largest batch (out of memory, on
+every restart of the group), and one that forgot the end would adopt plans no step runs.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Optional
 
 from hetero_ray.balancing.balancer import Balancer
 from hetero_ray.balancing.policies import PolicyConfig, make_policy
+from hetero_ray.metrics.run_files import ATTEMPTS_FILE, BALANCER_ATTEMPT_FILE, read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +54,17 @@ class BalancerActor:
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
                       caps: Optional[list] = None, end_global_step: Optional[int] = None) -> None:
         """A worker group starts; ``caps`` are its ranks' memory caps (from profiling),
-        ``end_global_step`` where the run ends."""
+        ``end_global_step`` where the run ends. Both are kept for a restart of this actor."""
+        self._begin(attempt, num_workers, start_global_step, caps, end_global_step)
+        path = os.path.join(self._run_dir, BALANCER_ATTEMPT_FILE)
+        try:
+            write_json(path, {"attempt": attempt, "num_workers": num_workers, "start_global_step": start_global_step,
+                              "caps": caps, "end_global_step": end_global_step})
+        except OSError as e:  # balancing goes on; only a restart of this actor would forget them
+            logger.warning("balancer could not save %s (%s)", path, e.strerror or e)
+
+    def _begin(self, attempt: int, num_workers: int, start_global_step: int, caps: Optional[list],
+               end_global_step: Optional[int]) -> None:
         if num_workers != self.balancer.num_workers or caps is not None:
             state = self.balancer.policy.state_dict()
             self.balancer.policy = self._make_policy(num_workers, caps)
@@ -67,7 +84,8 @@ class BalancerActor:
     def info(self) -> dict:
         """Where this incarnation stands (for the dashboard and tests)."""
         return {"policy": self._policy_name, "attempt": self.balancer.attempt,
-                "num_workers": self.balancer.num_workers, "restored_from": self._restored_from}
+                "num_workers": self.balancer.num_workers, "caps": self.balancer.policy.caps,
+                "end_global_step": self.balancer.end_global_step, "restored_from": self._restored_from}
 
     def close(self) -> None:
         """End of the run: emit decision rows still waiting for their outcome."""
@@ -76,8 +94,8 @@ class BalancerActor:
 
     def _restore_from_latest_checkpoint(self) -> None:
         """After a restart of this actor (or a --resume): the newest checkpoint's state, and
-        the attempt in progress, so that the records arriving now are used."""
-        from hetero_ray.metrics.run_files import ATTEMPTS_FILE, read_json
+        the attempt in progress with its caps and end step, so that the records arriving now
+        are used within the same bounds."""
         from hetero_ray.preflight import latest_checkpoint_dir
 
         from hetero_ray.training.reporting import BALANCER_STATE_FILE as API_STATE_FILE, STATE_DIR
@@ -96,6 +114,16 @@ class BalancerActor:
             except Exception as e:  # noqa: BLE001 - start fresh rather than not at all
                 logger.warning("balancer could not restore %s (%s); starting fresh", path, e)
         attempts = read_json(os.path.join(self._run_dir, ATTEMPTS_FILE), []) or []
-        if attempts:
-            last = attempts[-1]
-            self.begin_attempt(last["attempt"], last["num_workers"], last["start_global_step"])
+        if not attempts:
+            return
+        last = attempts[-1]
+        try:
+            saved = read_json(os.path.join(self._run_dir, BALANCER_ATTEMPT_FILE), {}) or {}
+        except ValueError:  # not JSON (edited by hand?): start without them rather than not at all
+            saved = {}
+        if saved.get("attempt") != last["attempt"]:
+            # The group's start reached the store, not yet this actor: the call that tells
+            # it (caps and end included) is still on its way and will be retried here.
+            saved = {}
+        self._begin(last["attempt"], last["num_workers"], last["start_global_step"], saved.get("caps"),
+                    saved.get("end_global_step"))

@@ -69,6 +69,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         raise UserError("--backend nccl needs every worker on a GPU; use --backend gloo (or auto) with CPU "
                         "or mixed workers")
 
+    actors.check_name_free(config.experiment_name, "--experiment-name")  # a live run of this name: refuse
     if config.download:  # once, here: workers downloading into one folder would collide
         from hetero_ray.training.data import download_dataset
 
@@ -83,7 +84,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
     scheduler = actors.start_scheduler(
-        config.experiment_name, node_id, global_batch_size=config.batch_size, policy=config.policy,
+        config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
         batch_split=config.batch_split, weights=config.emulate_speeds, plan_changes=config.plan_changes,
         policy_config=config.policy_config(),
     )

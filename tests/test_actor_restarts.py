@@ -1,0 +1,95 @@
+"""What a restarted actor of a run must still know (real actors on the shared local Ray).
+
+The balancer is killed right after the worker group started — before any checkpoint
+could carry its state — and then fed the group's step records the way the workers send
+them, with rank 0's part played here: at every rebalance point it fetches the scheduler's
+plan, and the records that follow run under it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+from hetero_ray.balancing.simulation import SimulatedCluster
+from hetero_ray.runtime import actors
+
+pytestmark = pytest.mark.ray
+
+B, INTERVAL, STEPS = 40, 5, 60
+CAPS = [24, None]  # rank 0's device holds 24 samples at most; the balance point is 32/8
+END = 30  # the run ends at step 30: no plan for point 30 or later
+
+
+def start_run_actors(name: str, run_dir: str) -> tuple:
+    node_id = ray.get_runtime_context().get_node_id()
+    store = actors.start_metrics_store(name, run_dir, node_id)
+    scheduler = actors.start_scheduler(name, run_dir, node_id, global_batch_size=B, policy="optimal",
+                                       batch_split=[20, 20])
+    balancer = actors.start_balancer(name, run_dir, node_id, policy="optimal", policy_config={},
+                                     rebalance_interval=INTERVAL)
+    return store, scheduler, balancer
+
+
+def _pid(actor_instance) -> int:
+    return os.getpid()
+
+
+def crash(actor) -> None:
+    """Kills the actor's process as a crash would, and waits for Ray's replacement."""
+    before = ray.get(actor.__ray_call__.remote(_pid), timeout=30)
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while ray.get(actor.__ray_call__.remote(_pid), timeout=60) == before:  # calls wait for the restart
+        assert time.monotonic() < deadline, "the actor did not come back"
+        time.sleep(0.1)
+
+
+def _decisions_sent(balancer_instance) -> list[dict]:
+    """Runs inside the balancer: its earlier calls to the store are processed first (one
+    caller's calls to an actor run in order), so these are all the rows it sent."""
+    return ray.get(balancer_instance._store.decisions.remote())
+
+
+def feed_like_the_workers(store, scheduler, balancer, attempt: int) -> list[dict]:
+    """The steps of the group; returns the plans rank 0 got from the scheduler."""
+    sim = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.03, seed=0)
+    plans = []
+    for step in range(STEPS):
+        if step % INTERVAL == 0:
+            plans.append(ray.get(scheduler.plan_for.remote(2, step), timeout=30))
+        plan = plans[-1]
+        sizes = plan["local_batch_sizes"]
+        rows = [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
+                 "plan_version": plan["version"], "attempt": attempt}
+                for r, (b, t) in enumerate(zip(sizes, sim.busy_times_s(sizes, step)))]
+        ray.get(balancer.add_steps.remote(rows), timeout=30)
+    return plans
+
+
+def test_a_restarted_balancer_keeps_the_caps_and_the_end_step(ray_session, tmp_path):
+    name = "balancer-restart"
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    store, scheduler, balancer = start_run_actors(name, str(run_dir))
+    try:
+        attempt = ray.get(store.begin_attempt.remote(0, 2), timeout=30)
+        ray.get(balancer.begin_attempt.remote(attempt, 2, 0, CAPS, end_global_step=END), timeout=30)
+
+        crash(balancer)
+        info = ray.get(balancer.info.remote(), timeout=30)
+        assert (info["attempt"], info["caps"], info["end_global_step"]) == (attempt, CAPS, END), info
+
+        plans = feed_like_the_workers(store, scheduler, balancer, attempt)
+        ray.get(balancer.close.remote(), timeout=30)
+        decisions = ray.get(balancer.__ray_call__.remote(_decisions_sent), timeout=30)
+    finally:
+        for actor in (balancer, scheduler, store):
+            actors.kill_actor(actor)
+    assert any(p["version"] >= 1 for p in plans), "the balancer never moved work: nothing was tested"
+    assert all(p["local_batch_sizes"][0] <= CAPS[0] for p in plans), f"a share above the cap: {plans}"
+    assert decisions and all(d["global_step"] + 1 < END for d in decisions), \
+        f"decided for a point the run never reaches: {[d['global_step'] for d in decisions]}"
