@@ -245,6 +245,66 @@ class TrainConfig:
         return self.model in TEXT_MODELS
 
 
+# --- --resume: what a resumed run may change
+#
+# A resumed run must go on training the way it started. The optimiser's trajectory depends
+# on the global batch only (its size, the samples in it, their order), never on the ranks,
+# their speeds or the plan, so settings of those may change and take effect at the
+# resume. Every other field changes the math, the data order or what each epoch is
+# measured on, and must repeat the run's first value (hetero_ray.preflight refuses
+# otherwise, naming each). A field added to TrainConfig is compared unless listed here.
+RESUME_MAY_CHANGE = frozenset({
+    # how long: training continues to the new end (a cosine schedule decays over the new total)
+    "epochs", "max_steps",
+    # where the ranks run: the math depends on the global batch only
+    "address", "num_workers", "min_workers", "cpus_per_worker", "use_gpu", "backend",
+    "worker_label_selectors", "worker_devices",
+    # the plan: each rank's share of the same global batch
+    "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown",
+    "emulate_speeds", "plan_changes",
+    # measuring, recording, fault tolerance
+    "profile", "profile_batch_sizes", "profile_interval", "profile_timeout_s", "record_sample_ids",
+    "checkpoint_every", "max_failures",
+    # where the data files are read from and how they are checked (the same files)
+    "data_dir", "download", "verify_checksums",
+})
+# Which run this is, not how it trains: the same by construction on a --resume.
+RUN_IDENTITY = frozenset({"experiment_name", "output_dir", "resume"})
+
+
+def resume_fixed_fields() -> tuple[str, ...]:
+    """The fields a --resume must repeat: all but :data:`RESUME_MAY_CHANGE` and
+    :data:`RUN_IDENTITY`, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(TrainConfig)
+                 if f.name not in RESUME_MAY_CHANGE and f.name not in RUN_IDENTITY)
+
+
+def changed_on_resume(recorded: dict, config: TrainConfig) -> list[str]:
+    """``--flag was OLD, now NEW`` for every field of :func:`resume_fixed_fields` that
+    differs between ``recorded`` (a run's config.json) and ``config``.
+
+    A field ``recorded`` lacks (a run of an older version) is not compared.
+    """
+    missing = object()
+    changes = []
+    for name in resume_fixed_fields():
+        before, now = recorded.get(name, missing), getattr(config, name)
+        if before is not missing and before != now:
+            changes.append(f"{_flag(name)} was {_flag_value(before)}, now {_flag_value(now)}")
+    return changes
+
+
+def _flag_value(value) -> str:
+    """A value as it reads on the command line (on/off for switches)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -21,3 +21,22 @@ class TrainingFailed(RuntimeError):
 
 
 TRAINING_FAILED_EXIT_CODE = 1
+
+
+class RunInterrupted(Exception):
+    """A signal (Ctrl-C, SIGTERM) stopped the run after it started; its files hold what was
+    recorded up to the stop, and summary.json says ``interrupted``.
+
+    The CLI exits with ``128 + signum`` (130 for SIGINT, 143 for SIGTERM), as a shell
+    reports a process a signal ended, and prints the ``--resume`` command when
+    ``resumable`` (a checkpoint was registered before the stop).
+    """
+
+    def __init__(self, message: str, signum: int, resumable: bool):
+        super().__init__(message)
+        self.signum = signum
+        self.resumable = resumable
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from hetero_ray.config import FILE_DATASETS, TrainConfig
+from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
@@ -116,22 +116,42 @@ def check_resumable(run_dir: str, config: TrainConfig) -> None:
             f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --output-dir "
             "and --experiment-name, or start a new run without --resume"
         )
-    try:
-        saved = read_json(os.path.join(run_dir, CONFIG_FILE))
-    except ValueError as e:  # a truncated or hand-edited file
-        raise UserError(f"--resume: {os.path.join(run_dir, CONFIG_FILE)} is not valid JSON ({e}); restore it "
-                        "or start a new run with another --experiment-name") from None
-    if saved:
-        before = run_fingerprint(TrainConfig.from_dict(saved))
-        now = run_fingerprint(config)
-        changed = {k: (before[k], now[k]) for k in now if before.get(k) != now[k]}
-        if changed:
-            described = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in changed.items())
-            raise UserError(
-                f"--resume: {run_dir} was trained with other settings ({described}); resume with "
-                "the original settings, or start a new run with another --experiment-name"
-            )
+    check_settings_unchanged(recorded_settings(run_dir, checkpoint_dir), config)
     check_checkpoint_loads(checkpoint_dir, config)
+
+
+def recorded_settings(run_dir: str, checkpoint_dir: str) -> dict:
+    """The settings the run was started with: its config.json, else (a run directory
+    without one) the fingerprint its latest checkpoint carries; {} if neither is readable."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    try:
+        saved = read_json(path)
+    except ValueError as e:  # a truncated or hand-edited file
+        raise UserError(f"--resume: {path} is not valid JSON ({e}); restore it "
+                        "or start a new run with another --experiment-name") from None
+    if saved is not None and not isinstance(saved, dict):
+        raise UserError(f"--resume: {path} does not hold a configuration (a JSON object); restore it "
+                        "or start a new run with another --experiment-name")
+    if saved:
+        return saved
+    try:
+        fingerprint = dict(load_state(checkpoint_dir).fingerprint)
+    except (UserError, TypeError, ValueError):  # check_checkpoint_loads says why
+        return {}
+    if "global_batch_size" in fingerprint:
+        fingerprint["batch_size"] = fingerprint.pop("global_batch_size")
+    return fingerprint
+
+
+def check_settings_unchanged(recorded: dict, config: TrainConfig) -> None:
+    """Refuses a --resume that changes a setting of the training (see
+    :data:`hetero_ray.config.RESUME_MAY_CHANGE` for those that may change)."""
+    changes = changed_on_resume(recorded, config)
+    if changes:
+        raise UserError(
+            f"--resume cannot change settings that change the training: {'; '.join(changes)}. Resume with "
+            "the original values, or start a new run under another --experiment-name"
+        )
 
 
 def check_checkpoint_loads(checkpoint_dir: str, config: TrainConfig) -> None:

@@ -4,6 +4,10 @@
   reads it before anything starts (exit 2, nothing written). A worker that still meets a
   bad one (corrupted after those checks) stops the run at once, without Ray Train's
   retries (exit 2).
+- ``--resume`` that changes a setting of the training (``--lr``, ``--drop-last``,
+  ``--optimizer``…): refused before anything is written, naming each flag with its old
+  and new value (exit 2); the settings that may change (more ``--epochs``, other
+  ``--num-workers``…) take effect.
 - A disk that fills up mid-run (a real, tiny tmpfs): the run stops with a message that
   says what was being written, where, and what to do; the files written before stay
   readable, no temporary or half-written file is left, summary.json (or stdout) says
@@ -147,8 +151,6 @@ CHECKPOINT_CASES = [
     ("garbage state.pt", garbage, [], ["state.pt cannot be read"]),
     ("missing state.pt", remove_state, [], ["state.pt cannot be read", "No such file"]),
     ("unknown format", unknown_format, [], ["unknown checkpoint format 99"]),
-    ("resumed with another --model", None, ["--model", "simple_cnn"],
-     ["was trained with other settings", "model was 'mlp', now 'simple_cnn'"]),
     ("state.pt of another model's run", another_models_checkpoint, [],
      ["belongs to a different run", "model: checkpoint 'simple_cnn' vs now 'mlp'"]),
     ("another model's weights", another_models_weights, [],
@@ -178,6 +180,109 @@ def test_resume_from_a_bad_checkpoint_fails_before_anything_starts(trained_run, 
     assert "Traceback" not in out + err  # no worker ran: nothing but the one line
     assert files_of(run_dir) == before, "the run directory changed"
     assert time.monotonic() - started < 20  # the driver's check, not a worker's
+
+
+# ---- --resume with other settings -----------------------------------------------------
+
+
+CHANGED_SETTINGS_CASES = [
+    # (id, flags of the resume, what the message names). trained_run used the defaults
+    # --lr 0.05 --optimizer sgd --lr-schedule cosine --seed 0; --max-failures 0 keeps a
+    # resume that is wrongly let through from retrying a worker that cannot load the state.
+    ("--model", ["--model", "simple_cnn"], ["--model was mlp, now simple_cnn"]),
+    ("--lr", ["--lr", "0.1"], ["--lr was 0.05, now 0.1"]),
+    ("--optimizer", ["--optimizer", "adamw"], ["--optimizer was sgd, now adamw"]),
+    ("--drop-last", ["--drop-last"], ["--drop-last was off, now on"]),
+    ("--lr-schedule", ["--lr-schedule", "constant"], ["--lr-schedule was cosine, now constant"]),
+    ("--batch-size", ["--batch-size", "64"], ["--batch-size was 32, now 64"]),
+    ("--num-samples", ["--num-samples", "512"], ["--num-samples was 256, now 512"]),
+    ("--eval-samples", ["--eval-samples", "128"], ["--eval-samples was 64, now 128"]),
+    ("--seed", ["--seed", "7"], ["--seed was 0, now 7"]),
+    ("several, with settings that may change", ["--epochs", "2", "--drop-last", "--num-workers", "1", "--lr", "0.1"],
+     ["training: --lr was 0.05, now 0.1; --drop-last was off, now on. Resume"]),
+]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("flags,fragments", [c[1:] for c in CHANGED_SETTINGS_CASES],
+                         ids=[c[0] for c in CHANGED_SETTINGS_CASES])
+def test_resume_with_other_training_settings_is_refused(trained_run, tmp_path, capsys, flags, fragments):
+    run_dir = copy_run(trained_run, tmp_path, "changed")
+    before = files_of(run_dir)
+    code, out, err = run_cli(resume_args(tmp_path, "changed", "--max-failures", "0", *flags), capsys)
+    assert code == 2, out[-3000:] + err[-3000:]
+    assert err.startswith("hetero-ray train: error: --resume cannot change settings that change the training: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+    assert err.rstrip().endswith("Resume with the original values, or start a new run under another "
+                                 "--experiment-name"), err
+    assert "--epochs" not in err and "--num-workers" not in err, "a setting that may change was named"
+    assert "Traceback" not in out + err
+    assert files_of(run_dir) == before, "the run directory changed (config.json included)"
+
+
+@pytest.mark.ray
+def test_resume_without_config_json_compares_the_checkpoints_settings(trained_run, tmp_path, capsys):
+    """config.json lost: the settings recorded in the checkpoint itself decide."""
+    run_dir = copy_run(trained_run, tmp_path, "no-config")
+    os.remove(os.path.join(run_dir, run_files.CONFIG_FILE))
+    before = files_of(run_dir)
+    code, out, err = run_cli(resume_args(tmp_path, "no-config", "--max-failures", "0", "--optimizer", "adamw",
+                                         "--lr", "0.1"), capsys)
+    assert code == 2, out[-3000:] + err[-3000:]
+    assert "--resume cannot change settings that change the training: --lr was 0.05, now 0.1; --optimizer was " \
+           "sgd, now adamw." in err, err
+    assert files_of(run_dir) == before
+
+
+@pytest.mark.ray
+def test_resume_applies_the_settings_that_may_change(trained_run, tmp_path, capsys):
+    """The finished 1-epoch, 2-worker run goes on for a second epoch on one worker."""
+    run_dir = copy_run(trained_run, tmp_path, "longer")
+    code, out, err = run_cli(resume_args(tmp_path, "longer", "--epochs", "2", "--num-workers", "1",
+                                         "--max-failures", "0", "--no-verify-checksums"), capsys)
+    assert code == 0, out[-3000:] + err[-3000:]
+    steps = run_files.read_table(run_dir, "steps")
+    assert sorted(steps["global_step"].unique()) == list(range(16)), "the second epoch was not trained"
+    assert set(steps[steps["global_step"] >= 8]["rank"]) == {0}, "the resumed run did not use one worker"
+    with open(os.path.join(run_dir, run_files.ATTEMPTS_FILE)) as f:
+        attempts = json.load(f)
+    assert [(a["num_workers"], a["start_global_step"]) for a in attempts] == [(2, 0), (1, 8)], attempts
+    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
+        summary = json.load(f)
+    assert summary["status"] == "finished" and summary["epochs_completed"] == 2, summary
+    with open(os.path.join(run_dir, run_files.CONFIG_FILE)) as f:
+        config = json.load(f)
+    assert (config["epochs"], config["num_workers"], config["verify_checksums"]) == (2, 1, False)
+
+
+def test_every_setting_is_compared_or_may_change_on_resume():
+    """One list decides: every TrainConfig field is either allowed to change on a resume,
+    names the run, or is compared (and recorded in every checkpoint's fingerprint)."""
+    import dataclasses
+
+    from hetero_ray.config import RESUME_MAY_CHANGE, RUN_IDENTITY, TrainConfig, changed_on_resume, \
+        resume_fixed_fields
+    from hetero_ray.training.checkpointing import run_fingerprint
+
+    fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert RESUME_MAY_CHANGE <= set(fields) and RUN_IDENTITY <= set(fields), "a listed name is not a field"
+    assert not RESUME_MAY_CHANGE & RUN_IDENTITY
+    fixed = resume_fixed_fields()
+    assert set(fixed) | RESUME_MAY_CHANGE | RUN_IDENTITY == set(fields)
+    assert {"model", "dataset", "batch_size", "lr", "optimizer", "lr_schedule", "drop_last", "seed",
+            "num_samples"} <= set(fixed)
+    config = TrainConfig(experiment_name="a")
+    assert set(run_fingerprint(config)) == set(fixed) - {"batch_size"} | {"global_batch_size"}
+    recorded = config.to_dict()
+    may_change = dict(epochs=5, max_steps=3, num_workers=4, min_workers=2, policy="static", batch_split=[16] * 4,
+                      verify_checksums=False, profile=False, checkpoint_every=7, max_failures=0,
+                      experiment_name="b", output_dir="elsewhere", resume=True)
+    assert changed_on_resume(recorded, TrainConfig(**may_change)) == []
+    assert changed_on_resume(recorded, TrainConfig(experiment_name="a", drop_last=True, lr=0.5)) == [
+        "--lr was 0.05, now 0.5", "--drop-last was off, now on"]
+    assert changed_on_resume({"model": "simple_cnn"}, TrainConfig(experiment_name="a", lr=0.5)) == [], \
+        "a setting an older run did not record is not compared"
 
 
 def count_train_workers() -> int:

@@ -19,7 +19,9 @@ from typing import Optional, Sequence
 
 from hetero_ray.cli.args import ErrorExitParser
 from hetero_ray.runtime.auth import prepare_auth_env
-from hetero_ray.errors import TRAINING_FAILED_EXIT_CODE, USER_ERROR_EXIT_CODE, TrainingFailed, UserError
+from hetero_ray.errors import (
+    TRAINING_FAILED_EXIT_CODE, USER_ERROR_EXIT_CODE, RunInterrupted, TrainingFailed, UserError,
+)
 
 SUBCOMMANDS = ("train", "profile", "bench", "dashboard", "report")
 
@@ -45,7 +47,9 @@ def build_parser() -> ErrorExitParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # as given: an interrupted `train` prints it back with --resume
     prepare_auth_env(getattr(args, "address", None))  # before Ray is imported: it reads this once
     try:
         return args.handler(args)
@@ -55,6 +59,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TrainingFailed as e:
         print(f"hetero-ray {args.command}: {e}", file=sys.stderr)
         return TRAINING_FAILED_EXIT_CODE
+    except RunInterrupted as e:  # stopped by a signal: 128 + its number, as a shell says
+        print(f"hetero-ray {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"hetero-ray {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -6,7 +6,10 @@ The same flags serve ``jobs/train.py`` (the ``ray job submit`` entrypoint).
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
 
 from hetero_ray.cli.args import (
     float_list, int_list, label_selectors, plan_change, speed_change, str_list, worker_range,
@@ -14,7 +17,7 @@ from hetero_ray.cli.args import (
 from hetero_ray.config import (
     BACKENDS, DATASETS, LR_SCHEDULES, MODELS, OPTIMIZERS, POLICIES, USE_GPU_CHOICES, TrainConfig,
 )
-from hetero_ray.errors import ConfigError
+from hetero_ray.errors import ConfigError, RunInterrupted
 
 HELP = "train a model (starts a local Ray unless --address or RAY_ADDRESS is given)"
 
@@ -126,6 +129,33 @@ def run(args: argparse.Namespace) -> int:
     from hetero_ray.runtime.driver import run_training
 
     config, speed_changes = config_from_args(args)
-    result = run_training(config, speed_changes=speed_changes)
+    try:
+        result = run_training(config, speed_changes=speed_changes)
+    except RunInterrupted as e:
+        if not e.resumable:
+            raise
+        command = resume_command(getattr(args, "argv", None) or ["train"])
+        raise RunInterrupted(f"{e}. Continue it with:\n  {command}", e.signum, e.resumable) from None
     print_run_summary(result.summary)
     return 0
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that continues this run: the program as started, the same flags
+    (a resume must repeat the run's settings) and --resume.
+
+    Args:
+        argv: the arguments as given to ``hetero-ray``, ``train`` first.
+    """
+    flags = [a for a in argv[1:] if a != "--resume"]
+    return shlex.join([*_train_program(), *flags, "--resume"])
+
+
+def _train_program() -> list[str]:
+    """How this process's ``train`` was started, as a person would type it again."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if os.path.basename(script) == "__main__.py":
+        return ["python", "-m", "hetero_ray", "train"]
+    if script.endswith(".py") and os.path.basename(os.path.dirname(os.path.abspath(script))) == "jobs":
+        return ["python", script]  # jobs/train.py, the `ray job submit` entrypoint: no subcommand
+    return ["hetero-ray", "train"]

@@ -12,6 +12,7 @@ Failures a retry cannot fix stop the run at once (:mod:`hetero_ray.runtime.failu
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -25,12 +26,13 @@ from hetero_ray.constants import (
     DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, PLACEMENT_TIMEOUT_S_ENV_VAR,
     PROGRESS_INTERVAL_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
 )
-from hetero_ray.errors import UserError
+from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.metrics.summary import build_summary
 from hetero_ray.runtime import actors, cluster
 from hetero_ray.runtime.failures import RunGuard, failure_for_user, is_disk_full
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
 from hetero_ray.runtime.progress import ProgressPrinter
 
 
@@ -100,21 +102,43 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     started = time.time()
     error: Optional[BaseException] = None
     result = None
+    stopped_by: Optional[int] = None  # the signal that stopped training by hand
+    signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
     try:
         trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes, total_steps)
         with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()
     except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
         error = e
+    except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
+        if result is None:  # a stop after fit() returned finds training finished
+            stopped_by = signals.stopped_by()
     finally:
+        signals.finishing()
         wall_time_s = time.time() - started
         summary, failure = finish_run(run_dir, store, balancer, result, wall_time_s, error, _summary_base(config),
-                                      caps, emit, write_final_model=True)
+                                      caps, emit, write_final_model=True,
+                                      interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
         for actor in (balancer, scheduler, store):
             actors.kill_actor(actor)
+        signals.restore()
     if failure is not None:
         raise failure from error
+    if stopped_by is not None:
+        raise _interrupted(run_dir, summary, stopped_by)
     return RunResult(run_dir, summary)
+
+
+def _interrupted(run_dir: str, summary: dict[str, Any], signum: int) -> RunInterrupted:
+    """What a person reads after stopping a run: how far it got, where, whether --resume can continue."""
+    name = SIGNAL_NAMES[signum] + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    recorded = (f"interrupted by {name} at global step {summary['global_steps']}: summary.json says "
+                f"\"interrupted\", and the steps trained so far are in {run_dir}")
+    if preflight.latest_checkpoint_dir(run_dir) is None:
+        return RunInterrupted(f"{recorded}. No checkpoint was saved before the stop, so there is nothing to "
+                              "--resume: start again under another --experiment-name", signum, resumable=False)
+    return RunInterrupted(f"{recorded}. --resume continues from {_describe_checkpoint(run_dir)}", signum,
+                          resumable=True)
 
 
 def _create_run_dir(run_dir: str, config: TrainConfig) -> None:
@@ -223,9 +247,14 @@ def _summary_base(config: TrainConfig) -> dict[str, Any]:
 def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error: Optional[BaseException],
                summary_base: dict[str, Any], node_caps: Optional[dict] = None,
                emit: Callable[[str], None] = print, *,
-               write_final_model: bool = False) -> tuple[dict[str, Any], Optional[Exception]]:
+               write_final_model: bool = False,
+               interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
     """Merges the tables, writes summary.json (and, for built-in runs, the final model);
     never raises.
+
+    Args:
+        interrupted_by: the signal's name when one stopped training before its end: the
+            summary says ``interrupted`` (not ``finished``), and there is no final model.
 
     Returns the summary and, for a failed run, the exception to raise (see
     :func:`failure_for_user`). A store that stopped writing fails the run even when
@@ -243,7 +272,8 @@ def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error:
     except Exception as e:  # noqa: BLE001 - still summarise what is on disk
         print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
     _remove_unregistered_checkpoints(run_dir)
-    if write_final_model and error is None and result is not None and result.checkpoint is not None:
+    if (write_final_model and error is None and interrupted_by is None and result is not None
+            and result.checkpoint is not None):
         try:
             _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
         except OSError as e:
@@ -255,10 +285,12 @@ def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error:
     summary = build_summary(steps, epochs, plans, attempts, base={
         **summary_base,
         "wall_time_s": wall_time_s,
-        "status": "failed" if error is not None else "finished",
+        "status": "failed" if error is not None else ("interrupted" if interrupted_by else "finished"),
         "error": None,
         "run_dir": run_dir,
     })
+    if interrupted_by:
+        summary["interrupted_by"] = interrupted_by
     failure = None
     if error is not None:
         failure = failure_for_user(error, run_dir, summary["global_steps"])

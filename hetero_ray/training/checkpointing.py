@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from hetero_ray.config import resume_fixed_fields
 from hetero_ray.errors import UserError
 from hetero_ray.plan import Plan
 from hetero_ray.sampler import Position
@@ -33,20 +34,18 @@ class TrainingState:
     lr_scheduler: dict
     position: Position
     plan: Plan
-    fingerprint: dict  # what must match to resume: model, dataset, global batch, seed
+    fingerprint: dict  # what must match to resume: run_fingerprint
     rng: dict
     extra: dict  # other components' state (e.g. the balancer's), by name
 
 
 def run_fingerprint(config) -> dict:
-    """The settings a checkpoint is only valid for."""
-    return {
-        "model": config.model,
-        "dataset": config.dataset,
-        "global_batch_size": config.batch_size,
-        "seed": config.seed,
-        "num_samples": config.num_samples,
-    }
+    """The settings a checkpoint is only valid for: those a --resume must repeat
+    (:func:`hetero_ray.config.resume_fixed_fields`), the global batch under the name
+    checkpoints have always used for it."""
+    fingerprint = {name: getattr(config, name) for name in resume_fixed_fields()}
+    fingerprint["global_batch_size"] = fingerprint.pop("batch_size")
+    return fingerprint
 
 
 def capture_rng() -> dict:
@@ -127,12 +126,13 @@ def load_state(directory: str, expected_fingerprint: Optional[dict] = None,
             "corrupt or was not written by hetero_ray, so the run cannot continue from it; start a "
             "new run with another --experiment-name"
         ) from e
-    if expected_fingerprint is not None and state.fingerprint != expected_fingerprint:
-        diffs = {
-            k: (state.fingerprint.get(k), v)
-            for k, v in expected_fingerprint.items()
-            if state.fingerprint.get(k) != v
-        }
+    # A checkpoint of an older version records fewer settings; those it has must match.
+    diffs = {
+        k: (state.fingerprint[k], v)
+        for k, v in (expected_fingerprint or {}).items()
+        if k in state.fingerprint and state.fingerprint[k] != v
+    }
+    if diffs:
         described = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
         raise UserError(
             f"checkpoint {path} belongs to a different run ({described}); resume with the "

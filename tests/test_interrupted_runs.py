@@ -1,0 +1,174 @@
+"""A run stopped by hand says so: Ctrl-C once, Ctrl-C three times quickly, SIGTERM (what
+``ray job stop`` sends the entrypoint).
+
+Each case starts ``python -m hetero_ray train`` as a subprocess (its own local Ray and
+signal handlers, as a person's shell would), waits for a registered checkpoint, sends the
+signal(s), and holds the run to: summary.json says ``interrupted`` and by which signal;
+the steps recorded so far are readable and count from step 0 without a gap; no final
+model; the driver exits 128 + the signal (130, 143) and prints the exact ``--resume``
+command, which, run as printed, continues the run to its end.
+
+Below them, :class:`StopSignals` on its own, with real signals sent to this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hetero_ray.metrics import run_files
+from hetero_ray.preflight import latest_checkpoint_dir
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOTAL_STEPS = 256  # 8192 samples / 32: long enough (~15 s, emulated) to stop in the middle
+JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--batch-size", "32", "--epochs", "1",
+       "--num-workers", "2", "--no-profile", "--policy", "static", "--checkpoint-every", "8",
+       "--emulate-speeds", "0.25,0.25"]
+ENV = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
+
+
+def stop_mid_run(run_dir: str, driver: subprocess.Popen, send) -> None:
+    """Calls ``send()`` once a checkpoint is registered (the run can be resumed from it)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and driver.poll() is None:
+        if os.path.isdir(run_dir) and latest_checkpoint_dir(run_dir):
+            break
+        time.sleep(0.2)
+    assert driver.poll() is None, "the run ended before it could be stopped:\n" + driver.stdout.read()[-3000:]
+    send()
+
+
+def ctrl_c(times: int):
+    def send(driver: subprocess.Popen) -> None:
+        for _ in range(times):
+            os.killpg(driver.pid, signal.SIGINT)  # a terminal sends Ctrl-C to the whole foreground group
+            time.sleep(0.1)
+    return send
+
+
+def sigterm(driver: subprocess.Popen) -> None:
+    os.kill(driver.pid, signal.SIGTERM)  # `ray job stop`: the entrypoint process
+
+
+def printed_resume_command(output: str) -> list[str]:
+    """The command the driver printed after "Continue it with:"."""
+    lines = output.splitlines()
+    marker = next(i for i, line in enumerate(lines) if line.endswith("Continue it with:"))
+    return shlex.split(lines[marker + 1])
+
+
+CASES = [
+    # (id, how the run is stopped, the signal the driver must report)
+    ("Ctrl-C once", ctrl_c(1), signal.SIGINT),
+    ("Ctrl-C three times", ctrl_c(3), signal.SIGINT),
+    ("SIGTERM (ray job stop)", sigterm, signal.SIGTERM),
+]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("label,send,signum", CASES, ids=[c[0] for c in CASES])
+def test_a_stopped_run_says_interrupted_and_resumes(tmp_path, label, send, signum):
+    args = ["train", *JOB, "--output-dir", str(tmp_path), "--experiment-name", "stopped"]
+    run_dir = str(tmp_path / "stopped")
+    driver = subprocess.Popen([sys.executable, "-m", "hetero_ray", *args], cwd=REPO_ROOT, env=ENV, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    stop_mid_run(run_dir, driver, lambda: send(driver))
+    stopped_at = time.monotonic()
+    output, _ = driver.communicate(timeout=180)
+    took_s = time.monotonic() - stopped_at
+    (tmp_path / "first.log").write_text(output)
+
+    assert driver.returncode == 128 + signum, output[-3000:]
+    name = signal.Signals(signum).name
+    assert f"hetero-ray train: interrupted by {name}" in output, output[-3000:]
+    assert printed_resume_command(output) == ["python", "-m", "hetero_ray", *args, "--resume"]
+    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
+        summary = json.load(f)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == name, summary
+    steps = run_files.read_table(run_dir, "steps")
+    recorded = sorted(steps["global_step"].unique())
+    assert recorded == list(range(len(recorded))) and 0 < len(recorded) < TOTAL_STEPS, recorded
+    assert summary["global_steps"] == len(recorded)
+    assert not os.path.exists(os.path.join(run_dir, run_files.MODEL_FILE)), "a stopped run has no final model"
+
+    command = printed_resume_command(output)
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=REPO_ROOT, env=ENV, text=True,
+                             capture_output=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming from the checkpoint at global step" in resumed.stdout
+    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
+        assert json.load(f)["status"] == "finished"
+    steps = run_files.read_table(run_dir, "steps")
+    assert sorted(steps["global_step"].unique()) == list(range(TOTAL_STEPS))
+    assert not steps.duplicated(["global_step", "rank"]).any()
+    with open(os.path.join(run_dir, run_files.ATTEMPTS_FILE)) as f:
+        attempts = json.load(f)
+    assert len(attempts) == 2 and 0 < attempts[1]["start_global_step"] <= len(recorded), attempts
+    assert os.path.exists(os.path.join(run_dir, run_files.MODEL_FILE))
+    print(f"\n{label}: driver exited {took_s:.1f} s after the stop with {len(recorded)} steps recorded; resumed at step "
+          f"{attempts[1]['start_global_step']}")
+
+
+# ---- StopSignals, without Ray ------------------------------------------------------------
+
+
+def deliver(signum: int) -> None:
+    """Sends ``signum`` to this process; Python runs its handler as the sleep begins (a
+    handler that raises ends the sleep)."""
+    os.kill(os.getpid(), signum)
+    time.sleep(1)
+
+
+@pytest.fixture
+def stop_signals():
+    from hetero_ray.runtime.interrupts import StopSignals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = StopSignals().install()
+    yield signals
+    signals.restore()
+    assert {s: signal.getsignal(s) for s in before} == before, "the handlers were not put back"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_outside_fit_stops_the_driver(stop_signals, signum):
+    with pytest.raises(KeyboardInterrupt):
+        deliver(signum)
+    assert stop_signals.stopped_by() == signum
+
+
+def test_sigterm_during_fit_takes_ray_trains_graceful_ctrl_c_path(stop_signals):
+    """While fit() runs, Ray Train's handler holds SIGINT (here a stand-in that aborts the
+    way it does: SystemExit(0)); a SIGTERM must reach it, not end the driver at once."""
+    seen = []
+
+    def ray_trains_handler(signum, frame):
+        seen.append(signum)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGINT, ray_trains_handler)
+    with pytest.raises(SystemExit):
+        deliver(signal.SIGTERM)
+    assert seen == [signal.SIGINT] and stop_signals.stopped_by() == signal.SIGTERM
+
+
+def test_stop_signals_while_finishing_are_noted_not_raised(stop_signals, capfd):
+    stop_signals.finishing()
+    for signum in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):
+        deliver(signum)  # would raise if the handler did
+    assert stop_signals.stopped_by() == signal.SIGINT, "the first signal names the stop"
+    assert capfd.readouterr().err.count("writing what was recorded first") == 1
+
+
+def test_a_stop_the_driver_did_not_see_was_ray_trains_ctrl_c():
+    from hetero_ray.runtime.interrupts import StopSignals
+
+    assert StopSignals().stopped_by() == signal.SIGINT
