@@ -87,6 +87,10 @@ def assert_nothing_lost(run_dir: str, reference: dict, min_restarts: int = 0) ->
     same_ranks = all(a["num_workers"] == REFERENCE_WORKERS for a in attempts)
     tolerance = WEIGHTS_TOLERANCE if same_ranks else WEIGHTS_TOLERANCE_OTHER_WORLD_SIZE
     assert worst < tolerance, f"final weights differ from the uninterrupted run's by {worst}"
+    train_dir = os.path.dirname(latest_checkpoint_dir(run_dir))
+    for name in sorted(n for n in os.listdir(train_dir) if n.startswith("checkpoint_0")):
+        with open(os.path.join(train_dir, name, "position.json")) as f:  # what --resume describes
+            assert json.load(f)["position"]["global_step"] == int(name.split("_")[1]), name
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["status"] == "finished"

@@ -138,6 +138,7 @@ def _end_epoch(session, config: TrainConfig, model, data, loader: PlanFollowingL
 def _save_checkpoint(session, config: TrainConfig, model, optimizer, lr_scheduler,
                      loader: PlanFollowingLoader, totals: EpochTotals) -> None:
     """Collective (a report is a barrier): rank 0 writes the job's state, every rank reports."""
+    loader.finish_step()  # the step just run is recorded and counted before its checkpoint
     loss_sum, samples = _gather_epoch_totals_on_rank0(session, totals)
     position = loader.position  # the next step: where a restart continues
     with tempfile.TemporaryDirectory(prefix="hetero_ray_ckpt_") as directory:
