@@ -28,12 +28,13 @@ from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S,
     PROGRESS_INTERVAL_S_ENV_VAR, env_float,
 )
-from hetero_ray.errors import ConfigError, UserError
+from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.runtime import actors, cluster, storage
 from hetero_ray.runtime.driver import finish_run
 from hetero_ray.runtime.failures import RunGuard
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
 from hetero_ray.runtime.progress import ProgressPrinter
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
@@ -91,6 +92,8 @@ class HeteroTrainer:
         Raises:
             UserError: bad input met before or during training (nothing retried).
             TrainingFailed: training failed; the run's files say how far it got.
+            RunInterrupted: Ctrl-C or SIGTERM stopped training; summary.json says
+                ``interrupted``, and ``fit()`` under the same name continues.
         """
         hetero = self._hetero
         run = storage.resolve(self._run_config.storage_path, self._name, hetero.output_dir)
@@ -126,6 +129,8 @@ class HeteroTrainer:
         started = time.time()
         error: Optional[BaseException] = None
         result = None
+        stopped_by: Optional[int] = None  # the signal that stopped training by hand
+        signals = StopSignals().install()  # Ctrl-C and SIGTERM, as for the CLI: see runtime/interrupts.py
         try:
             trainer = self._torch_trainer(run, "gpu" if use_gpu else "cpu")
             with ProgressPrinter(store, None, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S),
@@ -133,9 +138,14 @@ class HeteroTrainer:
                 result = trainer.fit()
         except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
             error = e
+        except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
+            if result is None:
+                stopped_by = signals.stopped_by()
         finally:
+            signals.finishing()
             summary, failure = finish_run(run.run_dir, store, balancer, result, time.time() - started, error,
-                                          self._summary_base(), emit=self._emit)
+                                          self._summary_base(), emit=self._emit,
+                                          interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
             for actor in (balancer, scheduler, store):
                 actors.kill_actor(actor)
             try:
@@ -143,8 +153,15 @@ class HeteroTrainer:
             except OSError as e:
                 self._emit(f"[hetero_ray] warning: the run's tables could not be copied to {run.remote_run_uri} "
                            f"({e}); they are in {run.run_dir}")
+            signals.restore()
         if failure is not None:
             raise failure from error
+        if stopped_by is not None:
+            raise RunInterrupted(
+                f"interrupted by {SIGNAL_NAMES[stopped_by]} at global step {summary['global_steps']}: summary.json "
+                f"says \"interrupted\", and the steps trained so far are in {run.run_dir}; fit() again with "
+                f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
+                stopped_by, resumable=True)
         self._emit(f"[hetero_ray] finished: {summary['global_steps']} global steps; files in {run.run_dir}")
         return result
 

@@ -172,3 +172,32 @@ def test_a_stop_the_driver_did_not_see_was_ray_trains_ctrl_c():
     from hetero_ray.runtime.interrupts import StopSignals
 
     assert StopSignals().stopped_by() == signal.SIGINT
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_stopped_hetero_trainer_says_interrupted_and_fit_again_continues(tmp_path):
+    """The public API the same way: examples/own_model.py (HeteroTrainer, a checkpoint per
+    epoch) stopped by Ctrl-C after its first checkpoint, then run again under its name."""
+    args = [sys.executable, "examples/own_model.py", "--num-workers", "2", "--epochs", "40", "--num-samples", "480",
+            "--loader-workers", "0", "--emulate-speeds", "0.25,0.25", "--storage-path", str(tmp_path), "--name", "api"]
+    run_dir = str(tmp_path / "api")
+    driver = subprocess.Popen(args, cwd=REPO_ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    stop_mid_run(run_dir, driver, lambda: os.killpg(driver.pid, signal.SIGINT))
+    output, _ = driver.communicate(timeout=180)
+
+    assert driver.returncode != 0 and "RunInterrupted: interrupted by SIGINT" in output, output[-3000:]
+    assert "fit() again with RunConfig(name='api')" in output
+    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
+        summary = json.load(f)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGINT", summary
+    recorded = sorted(run_files.read_table(run_dir, "steps")["global_step"].unique())
+    assert recorded == list(range(len(recorded))) and 0 < len(recorded) < 40 * 5, recorded
+
+    again = subprocess.run([*args[:args.index("--epochs") + 1], "2", *args[args.index("--epochs") + 2:]],
+                           cwd=REPO_ROOT, env=ENV, text=True, capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    with open(os.path.join(run_dir, run_files.ATTEMPTS_FILE)) as f:
+        attempts = json.load(f)
+    assert len(attempts) == 2 and attempts[1]["start_global_step"] > 0, attempts
