@@ -49,6 +49,10 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 # message that says what is missing.
 PLACEMENT_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLACEMENT_TIMEOUT_S"
 DEFAULT_PLACEMENT_TIMEOUT_S = 60.0
+# How long the multi-node preflight waits for every node's answer (a node's first task
+# starts a Python worker there, ~2 s; CIFAR is read once, ~1 s) before naming the silent ones.
+NODE_CHECK_TIMEOUT_S_ENV_VAR = "HETERO_RAY_NODE_CHECK_TIMEOUT_S"
+DEFAULT_NODE_CHECK_TIMEOUT_S = 60.0
 # Elastic runs restart with the workers they can have after this long, not the full size.
 # Each try at a size the cluster no longer has costs this much (Ray Train's view of the
 # cluster's resources lags a node's death by a try or two); a placement group that can be

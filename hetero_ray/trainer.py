@@ -31,7 +31,7 @@ from hetero_ray.constants import (
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
-from hetero_ray.runtime import actors, cluster, storage
+from hetero_ray.runtime import actors, cluster, node_checks, storage
 from hetero_ray.runtime.driver import finish_run
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
@@ -106,6 +106,8 @@ class HeteroTrainer:
                                      timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
         use_gpu = bool(self._scaling.use_gpu)
         cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, None)
+        if run.remote_run_uri is None:  # checkpoints go to a path every worker node writes
+            node_checks.check_nodes(run.run_dir, emit=self._emit)
         actors.check_name_free(self._name, "RunConfig(name=...)")  # a live run of this name: refuse
         os.makedirs(run.run_dir, exist_ok=True)
         run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),

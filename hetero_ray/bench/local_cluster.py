@@ -13,13 +13,14 @@ import contextlib
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import psutil
 
@@ -95,10 +96,13 @@ class RayNode:
 
 def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num_cpus: int = 1,
                resources: Optional[dict] = None, labels: Optional[dict] = None,
-               cpu_quota: Optional[float] = None, log_dir: str) -> RayNode:
+               cpu_quota: Optional[float] = None, private_mounts: Sequence[str] = (), log_dir: str) -> RayNode:
     """A head (``address`` None, listening on ``port``) or a worker node joining ``address``.
 
     Args:
+        private_mounts: arguments of `mount` (e.g. ``"--bind -o ro /runs /runs"``) applied
+            in a mount namespace of the node's own (root only): the node and its workers
+            see another disk at the same path, as a separate machine would.
         cpu_quota: cap the node's processes at this many cores (cgroup v1), set once the
             node has registered (start-up under a small quota would take a minute).
     """
@@ -112,6 +116,9 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
         command += f" --resources='{json.dumps(resources)}'"
     if labels:
         command += " --labels=" + ",".join(f"{k}={v}" for k, v in labels.items())
+    if private_mounts:
+        setup = " && ".join(f"mount {m}" for m in private_mounts)
+        command = f"exec unshare --mount --propagation private bash -c {shlex.quote(setup + ' && ' + command)}"
     cgroup = None
     if cpu_quota is not None:  # the process joins the cgroup first; the quota comes with set_cpu_quota
         cgroup = os.path.join(CGROUP_CPU_ROOT, f"hetero_ray_test_{os.path.basename(temp_dir)}")

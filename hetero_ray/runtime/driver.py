@@ -30,7 +30,7 @@ from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.metrics.summary import build_summary
-from hetero_ray.runtime import actors, cluster
+from hetero_ray.runtime import actors, cluster, node_checks
 from hetero_ray.runtime.failures import RunGuard, failure_for_user, is_disk_full
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
 from hetero_ray.runtime.progress import ProgressPrinter
@@ -66,6 +66,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     use_gpu = device_mode == "gpu"  # Ray reserves GPUs only when every worker has one
     cluster.check_capacity(config.min_workers or config.num_workers, config.cpus_per_worker,
                            1.0 if use_gpu else 0.0, config.label_selectors())
+    node_checks.check_nodes(run_dir, config.label_selectors(), node_checks.dataset_of(config), emit)
     backend = config.backend if config.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and not use_gpu:
         raise UserError("--backend nccl needs every worker on a GPU; use --backend gloo (or auto) with CPU "
