@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-GLOBAL_BATCH, STEPS, WARMUP = 128, 60, 10
+GLOBAL_BATCH, STEPS, WARMUP = 128, 60, 10  # --steps raises STEPS for the overhead figure
 
 
 class Images(torch.utils.data.Dataset):
@@ -137,16 +137,18 @@ def _fit(kind: str, storage: str, name: str, num_workers: int, config: dict):
     return trainer.fit()
 
 
-def overhead(storage: str, rounds: int, num_workers: int) -> None:
-    config = {"num_samples": GLOBAL_BATCH * STEPS, "work": 0, "loader_workers": 0, "steps": STEPS}
+def overhead(storage: str, rounds: int, num_workers: int, steps: int) -> None:
+    config = {"num_samples": GLOBAL_BATCH * steps, "work": 0, "loader_workers": 0, "steps": steps}
     rates: dict[str, list[float]] = {"plain": [], "hetero": []}
     for round_ in range(rounds):
-        for kind in ("plain", "hetero"):
+        # Each round runs both; who goes first alternates, so a drift of the machine's
+        # speed over the benchmark favours neither.
+        for kind in (("plain", "hetero") if round_ % 2 == 0 else ("hetero", "plain")):
             result = _fit(kind, storage, f"overhead-{kind}-{round_}", num_workers, config)
             rates[kind].append(result.metrics["samples_per_s"])
             print(f"round {round_}: {kind:6s} {rates[kind][-1]:8.1f} samples/s", flush=True)
     ratios = [h / p for h, p in zip(rates["hetero"], rates["plain"])]
-    print(f"overhead: {num_workers} equal workers, batch {GLOBAL_BATCH}, steady part of {STEPS} steps")
+    print(f"overhead: {num_workers} equal workers, batch {GLOBAL_BATCH}, steady part of {steps} steps")
     print(f"  plain Ray Train  median {statistics.median(rates['plain']):8.1f} samples/s")
     print(f"  HeteroTrainer    median {statistics.median(rates['hetero']):8.1f} samples/s")
     print(f"  hetero ÷ plain per round {', '.join(f'{r:.3f}' for r in ratios)}; "
@@ -182,10 +184,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=("overhead", "loader"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-workers", type=int, default=2, help="training workers for the overhead figure")
+    parser.add_argument("--steps", type=int, default=200, help="steps per overhead run (the first 10 are warm-up)")
     parser.add_argument("--work", type=int, default=50, help="matmuls per sample in __getitem__: 50 cost about what simple_cnn's step costs per sample here")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.num_workers < 1 or args.work < 0:
-        parser.error("--rounds and --num-workers must be ≥ 1, --work ≥ 0")
+    if args.rounds < 1 or args.num_workers < 1 or args.work < 0 or args.steps <= WARMUP:
+        parser.error(f"--rounds and --num-workers must be ≥ 1, --work ≥ 0, --steps > {WARMUP}")
     import ray
 
     from hetero_ray.runtime.cluster import QUIET_ENV
@@ -195,7 +198,7 @@ def main(argv=None) -> int:
              runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
     with tempfile.TemporaryDirectory(prefix="bench_api_") as storage:
         if args.only in (None, "overhead"):
-            overhead(storage, args.rounds, args.num_workers)
+            overhead(storage, args.rounds, args.num_workers, args.steps)
         if args.only in (None, "loader"):
             loader_workers(storage, args.rounds, args.work)
     ray.shutdown()
