@@ -184,7 +184,14 @@ def test_scheduler_killed_mid_run(reference, fast_config):
         seen["in_force"] = max(plans, key=lambda p: p["plan_version"])
         seen["killed_after_step"] = ray.get(store.progress.remote(), timeout=5)["global_step"]
         ray.kill(get_actor("scheduler-kill", SCHEDULER_ROLE), no_restart=False)  # a crash: Ray restarts it
-        seen["info"] = ray.get(get_actor("scheduler-kill", SCHEDULER_ROLE).info.remote(), timeout=60)
+        # ray.kill returns before the actor is gone: a call made at once can still reach the
+        # dying one, so ask until the restarted actor answers (or the deadline passes).
+        deadline = time.monotonic() + 60
+        while True:
+            seen["info"] = ray.get(get_actor("scheduler-kill", SCHEDULER_ROLE).info.remote(), timeout=60)
+            if seen["info"]["restored_from"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
 
     watcher, seen = in_background("scheduler-kill", 5, kill_scheduler_once_balanced)
     result = run_in_process(fast_config, "scheduler-kill", policy="optimal", batch_split=[20, 20],
