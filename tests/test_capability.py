@@ -9,30 +9,10 @@ import pytest
 
 from hetero_ray.plan import proportional_split
 from hetero_ray.profiling.capability import (
-    CpuInfo, DeviceCapability, NodeCapability, RankCapacity, capabilities_document, first_plan_weights,
+    DeviceCapability, NodeCapability, RankCapacity, capabilities_document, first_plan_weights,
     nodes_from_document, rank_capacities, read_nodes_json, write_nodes_json,
 )
-
-
-def cpu_device(alpha=0.002, beta=0.001, cap=4000, **kw) -> DeviceCapability:
-    return DeviceCapability(kind="cpu", name="Intel Xeon", matmul_tflops_fp32=0.15, memory_bandwidth_gbps=12.0,
-                            alpha_s=alpha, beta_s_per_sample=beta, fit_r2=0.99, max_batch_size=cap,
-                            max_batch_size_method="ram-fraction",
-                            probe=[{"batch_size": 8, "busy_time_s": alpha + 8 * beta}], **kw)
-
-
-def gpu_device(index, alpha=0.001, beta=0.0001, cap=2048) -> DeviceCapability:
-    return DeviceCapability(kind="gpu", name="NVIDIA A100-SXM4-40GB", index=index, matmul_tflops_fp32=19.1,
-                            matmul_tflops_bf16=280.0, memory_bandwidth_gbps=1400.0, h2d_gbps=24.0,
-                            memory_total_bytes=40 * 1024**3, sm_count=108, compute_capability="8.0",
-                            alpha_s=alpha, beta_s_per_sample=beta, fit_r2=0.999, max_batch_size=cap,
-                            max_batch_size_method="oom-search")
-
-
-def node(node_id, devices, **kw) -> NodeCapability:
-    return NodeCapability(node_id=node_id, ip="10.0.0.1", hostname="h", resources={"CPU": 2.0},
-                          labels={"zone": "a"}, cpu=CpuInfo("Intel Xeon", 2, 4, 24 * 1024**3), devices=devices,
-                          profile_time_s=4.2, **kw)
+from tests.helpers import cpu_device, gpu_device, node
 
 
 def test_round_trip_through_json_keeps_everything():

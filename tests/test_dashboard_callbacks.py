@@ -15,7 +15,8 @@ from dashboards.data import RunCatalog
 from dashboards.pages import PAGES, balancer, bottlenecks, cluster, compare, gpu, ranks, run
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore
-from tests.test_dashboard_data import StoreBridge, make_steps, write_run
+from tests.fakes import StoreBridge
+from tests.helpers import make_steps, write_run
 
 
 @pytest.fixture(scope="module")

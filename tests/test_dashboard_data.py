@@ -1,8 +1,6 @@
 """The app's data access: run keys that cannot escape --runs-dir, run discovery, tables
 cached by modification time (parts of a running run read incrementally), offline and
 live sources, the Ray bridge's failure modes, and the dashboard command's checks.
-
-Also home of the small run-directory builders the other dashboard tests import.
 """
 
 from __future__ import annotations
@@ -10,8 +8,6 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from dashboards.data import (
@@ -19,68 +15,10 @@ from dashboards.data import (
     normalise_nodes, resolve_run_dir,
 )
 from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
 from tests.cli import run_cli
-
-
-# ---- builders shared with the other dashboard tests ---------------------------------------
-
-def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_step: int = 0,
-               attempt: int = 0, start_wall: float = 1000.0, gpu: bool = False) -> pd.DataFrame:
-    """Step rows of a small run: rank i has local batch ``batches[i]`` and busy time ``busy[i]``."""
-    rows = []
-    for g in range(first_step, first_step + num_steps):
-        step_time = max(busy) + 0.01
-        for rank, (b, t) in enumerate(zip(batches, busy)):
-            row = {c: np.nan for c in STEP_COLUMNS}
-            row.update(epoch=g // 10, step=g % 10, global_step=g, rank=rank, node_id=f"node-{rank}", attempt=attempt,
-                       local_batch_size=b, global_batch_size=sum(batches), plan_version=0, data_time_s=0.001,
-                       forward_time_s=t / 3, backward_time_s=t * 2 / 3 - 0.001, pad_time_s=0.0,
-                       optimizer_time_s=0.002, busy_time_s=t, wait_time_s=step_time - t - 0.002,
-                       step_time_s=step_time, loss=2.0 - g * 0.01, lr=0.1,
-                       wall_time=start_wall + (g + 1) * step_time)
-            if gpu:
-                row.update(gpu_util=50.0 + rank, gpu_mem_used_bytes=2e9, gpu_mem_peak_bytes=3e9,
-                           gpu_mem_total_bytes=16e9, gpu_temp_c=60.0, gpu_power_w=150.0)
-            rows.append(row)
-    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
-
-
-def write_run(run_dir, num_steps: int = 40, policy: str = "static", batches=(6, 2), busy=(0.06, 0.04),
-              finish: bool = True, decisions: bool = False, reason: str = "initial plan") -> str:
-    """A run directory written by the real writer (MetricsStore), like a training run leaves it."""
-    run_dir = str(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {
-        "experiment_name": os.path.basename(run_dir), "policy": policy, "num_workers": len(batches),
-        "batch_size": sum(batches), "epochs": num_steps // 10, "num_samples": 10 * sum(batches),
-        "dataset": "synthetic_image", "model": "mlp"})
-    store = MetricsStore(run_dir, os.path.basename(run_dir), parquet_flush_interval_s=3600)
-    store.begin_attempt(0, num_workers=len(batches))
-    store.add_plan({"plan_version": 0, "first_global_step": 0, "epoch": 0, "step": 0, "attempt": 0,
-                    "num_workers": len(batches), "global_batch_size": sum(batches),
-                    "local_batch_sizes": list(batches), "reason": reason, "wall_time": 1000.0})
-    steps = make_steps(num_steps, batches, busy)
-    store.add(steps=steps.to_dict("records"))
-    for epoch in range(num_steps // 10):
-        store.add_epoch({"epoch": epoch, "global_step": epoch * 10 + 9, "attempt": 0, "train_loss": 2 - epoch * 0.1,
-                         "eval_loss": 2.1 - epoch * 0.1, "eval_metric": 0.3 + 0.1 * epoch, "eval_metric_name": "accuracy",
-                         "samples": 10 * sum(batches), "epoch_time_s": 1.0, "samples_per_s": 100.0,
-                         "wall_time": 1000.0 + (epoch + 1) * 10 * 0.07})
-    if decisions:
-        for g in range(10, num_steps, 10):
-            store.add_decision({"global_step": g, "policy": policy, "adopted": g == 20, "reason": reason,
-                                "plan_version": 0, "local_batch_sizes": list(batches), "predicted_step_time_s": 0.06,
-                                "current_predicted_step_time_s": 0.07, "predicted_gain": 0.14,
-                                "achieved_step_time_s": 0.068, "wall_time": 1000.0 + g * 0.07})
-    if finish:
-        store.finalize()
-        run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), {
-            "experiment_name": os.path.basename(run_dir), "status": "finished", "steady_samples_per_s": 110.0})
-    else:
-        store.flush()
-    return run_dir
+from tests.fakes import StoreBridge
+from tests.helpers import make_steps, write_run
 
 
 # ---- run keys cannot leave --runs-dir ------------------------------------------------------
@@ -251,44 +189,6 @@ def test_nodes_are_normalised():
 
 
 # ---- live sources ---------------------------------------------------------------------------
-
-class StoreBridge:
-    """The bridge's interface over an in-process MetricsStore (what the actor would answer)."""
-
-    def __init__(self, store: MetricsStore):
-        self.store = store
-        self.gone = False
-        self.down = False
-        self.calls = 0
-
-    def _check(self):
-        from dashboards.ray_bridge import BridgeUnavailable, ExperimentGone
-
-        if self.down:
-            raise BridgeUnavailable("lost connection to the Ray cluster at 10.0.0.1:6379; retrying every 5 s")
-        if self.gone:
-            raise ExperimentGone("experiment 'x' ended")
-
-    def updates(self, experiment, cursors, limit=50_000):
-        self._check()
-        self.calls += 1
-        return self.store.updates_since(cursors, limit)
-
-    def call(self, experiment, method, **kwargs):
-        self._check()
-        return getattr(self.store, method)(**kwargs)
-
-    def experiments(self):
-        self._check()
-        return [self.store.experiment_name]
-
-    def nodes(self):
-        return [{"node_id": "n1", "ip": "10.0.0.1", "alive": True, "resources": {"CPU": 8.0}}]
-
-    def status(self):
-        return {"state": "lost" if self.down else "connected", "address": "10.0.0.1:6379",
-                "message": "lost connection" if self.down else "live: connected"}
-
 
 @pytest.fixture
 def live(tmp_path):

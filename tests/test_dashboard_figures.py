@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from dashboards import figures, frames
-from tests.test_dashboard_data import make_steps
+from tests.helpers import make_steps
 
 
 # ---- frames ---------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ import pytest
 
 from hetero_ray.profiling import inventory
 from hetero_ray.profiling.gpu import (
-    INVENTORY_FIELDS, SAMPLE_FIELDS, FakeGpuReader, GpuReader, NoGpuReader, NvmlGpuReader, gpu_reader,
+    INVENTORY_FIELDS, SAMPLE_FIELDS, GpuReader, NoGpuReader, NvmlGpuReader, gpu_reader,
 )
 from hetero_ray.profiling.node_profiler import NodeProfiler, ProfileConfig
+from tests.fakes import FakeGpuReader
 
 GIB = 1024**3
 

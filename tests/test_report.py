@@ -8,7 +8,7 @@ import re
 import pytest
 
 from hetero_ray.metrics import run_files
-from tests.test_dashboard_data import write_run
+from tests.helpers import write_run
 from tests.cli import run_cli
 
 

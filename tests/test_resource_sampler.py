@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from hetero_ray.metrics.records import STEPS, to_table
-from hetero_ray.profiling.gpu import SAMPLE_FIELDS, FakeGpuReader, NoGpuReader
+from hetero_ray.profiling.gpu import SAMPLE_FIELDS, NoGpuReader
 from hetero_ray.training.resource_sampler import ResourceSampler
+from tests.fakes import FakeGpuReader
 
 GPU_COLUMNS = ("gpu_util", "gpu_mem_used_bytes", "gpu_mem_peak_bytes", "gpu_mem_total_bytes", "gpu_temp_c",
                "gpu_power_w")

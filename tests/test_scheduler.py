@@ -8,7 +8,7 @@ import os
 
 from hetero_ray.metrics.run_files import SCHEDULER_STATE_FILE
 from hetero_ray.scheduler import Scheduler
-from tests.test_capability import cpu_device, node
+from tests.helpers import cpu_device, node
 
 B = 40
 NODES = [node("fast", [cpu_device(beta=0.001, cap=26)]).to_dict(),

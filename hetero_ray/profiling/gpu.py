@@ -3,8 +3,8 @@
 Everything that reads a GPU (the node profiler's inventory, the in-training resource
 sampler) goes through a :class:`GpuReader`. :class:`NvmlGpuReader` is the real one
 (``pynvml`` from the ``nvidia-ml-py`` package, imported only when used);
-:class:`FakeGpuReader` returns realistic figures of an A100 so that the GPU code paths run
-on a machine without a GPU; :class:`NoGpuReader` has no devices.
+:class:`NoGpuReader` has no devices. Tests run the GPU code paths on a machine without a
+GPU through a fake reader of their own (``tests/fakes.py``).
 
 A value the hardware does not report (NVML ``NotSupported``, a field missing on an old
 driver) is left out of the returned dict, never filled with a guess: the step records then
@@ -18,7 +18,6 @@ index to the NVML one.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Optional, Protocol, runtime_checkable
 
 # Fields of GpuReader.inventory (all but "name" may be absent when not reported).
@@ -76,78 +75,6 @@ class NoGpuReader:
 
     def index_for_torch_device(self, torch_index: int) -> int:
         return torch_index
-
-
-# Published figures of an NVIDIA A100-SXM4-40GB on a typical driver, and readings of one
-# under a training load; the fake's samples move a little around these.
-A100_40GB_INVENTORY = {
-    "name": "NVIDIA A100-SXM4-40GB",
-    "memory_total_bytes": 40 * 1024**3,  # NVML reports 40960 MiB
-    "sm_count": 108,
-    "compute_capability": "8.0",
-    "driver_version": "535.129.03",
-    "cuda_version": "12.2",
-    "power_limit_w": 400.0,
-    "pcie_gen": 4,
-    "pcie_width": 16,
-}
-A100_LOAD_SAMPLE = {
-    "gpu_util": 87.0,
-    "gpu_mem_used_bytes": 31.5 * 1024**3,
-    "gpu_temp_c": 64.0,
-    "gpu_power_w": 312.5,
-}
-
-
-class FakeGpuReader:
-    """``count`` identical fake A100s for tests; ``inventory``/``sample`` overrides per field.
-
-    Samples cycle deterministically through small variations (±3 % utilisation, ±1 °C…), so
-    code that aggregates samples sees them change, but every value stays physically
-    plausible. ``fail_with`` makes every call raise that exception (an NVML error path).
-    """
-
-    def __init__(self, count: int = 1, inventory: Optional[dict] = None, sample: Optional[dict] = None,
-                 fail_with: Optional[BaseException] = None, torch_to_reader: Optional[dict[int, int]] = None):
-        self.unavailable_reason = None if count > 0 else "fake reader with no GPUs"
-        self._count = count
-        self._inventory = {**A100_40GB_INVENTORY, **(inventory or {})}
-        self._sample = {**A100_LOAD_SAMPLE, **(sample or {})}
-        self._fail_with = fail_with
-        self._torch_to_reader = dict(torch_to_reader or {})
-        self._lock = threading.Lock()
-        self.samples_taken = 0
-
-    def device_count(self) -> int:
-        return self._count
-
-    def inventory(self, index: int) -> dict[str, Any]:
-        self._check(index)
-        return {**self._inventory, "uuid": f"GPU-fake-{index:04d}"}
-
-    def sample(self, index: int) -> dict[str, Any]:
-        self._check(index)
-        with self._lock:
-            n = self.samples_taken
-            self.samples_taken += 1
-        wiggle = (n % 7 - 3) / 3.0  # in [-1, 1], deterministic
-        total = float(self._inventory["memory_total_bytes"])
-        return {
-            "gpu_util": min(100.0, max(0.0, self._sample["gpu_util"] + 3.0 * wiggle)),
-            "gpu_mem_used_bytes": min(total, float(self._sample["gpu_mem_used_bytes"]) * (1 + 0.01 * wiggle)),
-            "gpu_mem_total_bytes": total,
-            "gpu_temp_c": self._sample["gpu_temp_c"] + wiggle,
-            "gpu_power_w": self._sample["gpu_power_w"] * (1 + 0.02 * wiggle),
-        }
-
-    def index_for_torch_device(self, torch_index: int) -> int:
-        return self._torch_to_reader.get(torch_index, torch_index)
-
-    def _check(self, index: int) -> None:
-        if self._fail_with is not None:
-            raise self._fail_with
-        if not 0 <= index < self._count:
-            raise IndexError(f"no GPU {index}: the fake has {self._count}")
 
 
 class NvmlGpuReader:

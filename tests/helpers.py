@@ -1,0 +1,99 @@
+"""Builders shared by several test modules: run directories and step tables as a training
+run leaves them, and the capability records the profiler writes.
+
+Helpers live here, not in a test module, so that no test module imports another.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from hetero_ray.metrics import run_files
+from hetero_ray.metrics.records import STEP_COLUMNS
+from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.profiling.capability import CpuInfo, DeviceCapability, NodeCapability
+
+
+# ---- runs ---------------------------------------------------------------------------------
+
+def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_step: int = 0,
+               attempt: int = 0, start_wall: float = 1000.0, gpu: bool = False) -> pd.DataFrame:
+    """Step rows of a small run: rank i has local batch ``batches[i]`` and busy time ``busy[i]``."""
+    rows = []
+    for g in range(first_step, first_step + num_steps):
+        step_time = max(busy) + 0.01
+        for rank, (b, t) in enumerate(zip(batches, busy)):
+            row = {c: np.nan for c in STEP_COLUMNS}
+            row.update(epoch=g // 10, step=g % 10, global_step=g, rank=rank, node_id=f"node-{rank}", attempt=attempt,
+                       local_batch_size=b, global_batch_size=sum(batches), plan_version=0, data_time_s=0.001,
+                       forward_time_s=t / 3, backward_time_s=t * 2 / 3 - 0.001, pad_time_s=0.0,
+                       optimizer_time_s=0.002, busy_time_s=t, wait_time_s=step_time - t - 0.002,
+                       step_time_s=step_time, loss=2.0 - g * 0.01, lr=0.1,
+                       wall_time=start_wall + (g + 1) * step_time)
+            if gpu:
+                row.update(gpu_util=50.0 + rank, gpu_mem_used_bytes=2e9, gpu_mem_peak_bytes=3e9,
+                           gpu_mem_total_bytes=16e9, gpu_temp_c=60.0, gpu_power_w=150.0)
+            rows.append(row)
+    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+
+
+def write_run(run_dir, num_steps: int = 40, policy: str = "static", batches=(6, 2), busy=(0.06, 0.04),
+              finish: bool = True, decisions: bool = False, reason: str = "initial plan") -> str:
+    """A run directory written by the real writer (MetricsStore), like a training run leaves it."""
+    run_dir = str(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {
+        "experiment_name": os.path.basename(run_dir), "policy": policy, "num_workers": len(batches),
+        "batch_size": sum(batches), "epochs": num_steps // 10, "num_samples": 10 * sum(batches),
+        "dataset": "synthetic_image", "model": "mlp"})
+    store = MetricsStore(run_dir, os.path.basename(run_dir), parquet_flush_interval_s=3600)
+    store.begin_attempt(0, num_workers=len(batches))
+    store.add_plan({"plan_version": 0, "first_global_step": 0, "epoch": 0, "step": 0, "attempt": 0,
+                    "num_workers": len(batches), "global_batch_size": sum(batches),
+                    "local_batch_sizes": list(batches), "reason": reason, "wall_time": 1000.0})
+    steps = make_steps(num_steps, batches, busy)
+    store.add(steps=steps.to_dict("records"))
+    for epoch in range(num_steps // 10):
+        store.add_epoch({"epoch": epoch, "global_step": epoch * 10 + 9, "attempt": 0, "train_loss": 2 - epoch * 0.1,
+                         "eval_loss": 2.1 - epoch * 0.1, "eval_metric": 0.3 + 0.1 * epoch, "eval_metric_name": "accuracy",
+                         "samples": 10 * sum(batches), "epoch_time_s": 1.0, "samples_per_s": 100.0,
+                         "wall_time": 1000.0 + (epoch + 1) * 10 * 0.07})
+    if decisions:
+        for g in range(10, num_steps, 10):
+            store.add_decision({"global_step": g, "policy": policy, "adopted": g == 20, "reason": reason,
+                                "plan_version": 0, "local_batch_sizes": list(batches), "predicted_step_time_s": 0.06,
+                                "current_predicted_step_time_s": 0.07, "predicted_gain": 0.14,
+                                "achieved_step_time_s": 0.068, "wall_time": 1000.0 + g * 0.07})
+    if finish:
+        store.finalize()
+        run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE), {
+            "experiment_name": os.path.basename(run_dir), "status": "finished", "steady_samples_per_s": 110.0})
+    else:
+        store.flush()
+    return run_dir
+
+
+# ---- capability records ---------------------------------------------------------------------
+
+def cpu_device(alpha=0.002, beta=0.001, cap=4000, **kw) -> DeviceCapability:
+    return DeviceCapability(kind="cpu", name="Intel Xeon", matmul_tflops_fp32=0.15, memory_bandwidth_gbps=12.0,
+                            alpha_s=alpha, beta_s_per_sample=beta, fit_r2=0.99, max_batch_size=cap,
+                            max_batch_size_method="ram-fraction",
+                            probe=[{"batch_size": 8, "busy_time_s": alpha + 8 * beta}], **kw)
+
+
+def gpu_device(index, alpha=0.001, beta=0.0001, cap=2048) -> DeviceCapability:
+    return DeviceCapability(kind="gpu", name="NVIDIA A100-SXM4-40GB", index=index, matmul_tflops_fp32=19.1,
+                            matmul_tflops_bf16=280.0, memory_bandwidth_gbps=1400.0, h2d_gbps=24.0,
+                            memory_total_bytes=40 * 1024**3, sm_count=108, compute_capability="8.0",
+                            alpha_s=alpha, beta_s_per_sample=beta, fit_r2=0.999, max_batch_size=cap,
+                            max_batch_size_method="oom-search")
+
+
+def node(node_id, devices, **kw) -> NodeCapability:
+    return NodeCapability(node_id=node_id, ip="10.0.0.1", hostname="h", resources={"CPU": 2.0},
+                          labels={"zone": "a"}, cpu=CpuInfo("Intel Xeon", 2, 4, 24 * 1024**3), devices=devices,
+                          profile_time_s=4.2, **kw)
