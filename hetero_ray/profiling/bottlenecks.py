@@ -105,7 +105,7 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
     Returns:
         Verdicts ordered by rank; empty for an empty frame.
     """
-    window = _window(steps, thresholds.window_steps)
+    window = latest_window(steps, thresholds.window_steps)
     if window.empty:
         return []
     stats = _rank_stats(window)
@@ -213,7 +213,8 @@ def format_verdicts(verdicts: list[Verdict]) -> str:
     return "\n".join(lines)
 
 
-def _window(steps: pd.DataFrame, window_steps: int) -> pd.DataFrame:
+def latest_window(steps: pd.DataFrame, window_steps: int) -> pd.DataFrame:
+    """The latest attempt's rows of its last ``window_steps`` global steps (empty frame if none)."""
     if steps is None or steps.empty:
         return pd.DataFrame()
     frame = steps

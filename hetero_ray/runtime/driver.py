@@ -324,25 +324,14 @@ def _remove_unregistered_checkpoints(run_dir: str) -> None:
 
 
 def _bottlenecks(steps, node_caps: Optional[dict]) -> list[dict]:
-    """Per-rank verdicts over the last steps (see :mod:`hetero_ray.profiling.bottlenecks`).
+    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`.
 
     ``node_caps``: each node's largest batch (profiled); ranks sharing a node share it.
     """
-    from hetero_ray.profiling.bottlenecks import classify
+    from hetero_ray.profiling.run_bottlenecks import judge_run
 
-    if not steps.empty:  # judge the plan in force at the end, when it ran long enough
-        last_version = steps.loc[steps["global_step"].idxmax(), "plan_version"]
-        under_last = steps[steps["plan_version"] == last_version]
-        if under_last["global_step"].nunique() >= 10:
-            steps = under_last
-    memory_caps = None
-    if node_caps and not steps.empty:
-        last = steps[steps["global_step"] == steps["global_step"].max()]
-        per_node = last.groupby("node_id")["rank"].nunique()
-        memory_caps = {int(r.rank): node_caps[r.node_id] // int(per_node[r.node_id])
-                       for r in last.itertuples() if node_caps.get(r.node_id)}
     try:
-        return [v.to_dict() for v in classify(steps, memory_caps)]
+        return judge_run(steps, node_caps)
     except Exception as e:  # noqa: BLE001 - a summary without verdicts beats no summary
         return [{"error": f"bottleneck analysis failed: {e}"}]
 

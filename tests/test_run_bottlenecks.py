@@ -1,0 +1,70 @@
+"""The one bottleneck rule (driver, store and app): the window, the last plan, the caps."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from hetero_ray.metrics.records import STEP_COLUMNS
+from hetero_ray.profiling.bottlenecks import BALANCED, MEMORY_BOUND, STRAGGLER
+from hetero_ray.profiling.run_bottlenecks import MIN_PLAN_STEPS, judge_run, node_caps_from_profiles
+
+
+def steps(plans: list[tuple[int, list[float]]], batch: int = 32, nodes: tuple[str, ...] = ("a", "b")) -> pd.DataFrame:
+    """``plans``: (number of steps, per-rank seconds per sample) in order; plan versions 0, 1, …"""
+    rows, global_step = [], 0
+    for version, (count, costs) in enumerate(plans):
+        for _ in range(count):
+            busy = [batch * c for c in costs]
+            step_time = max(busy) + 0.003
+            for rank, b in enumerate(busy):
+                row = {c: None for c in STEP_COLUMNS}
+                row.update(global_step=global_step, rank=rank, node_id=nodes[rank], attempt=0,
+                           local_batch_size=batch, plan_version=version, busy_time_s=b, data_time_s=0.0,
+                           optimizer_time_s=0.001, step_time_s=step_time, wait_time_s=step_time - b - 0.001)
+                rows.append(row)
+            global_step += 1
+    return pd.DataFrame(rows)
+
+
+def verdicts(frame: pd.DataFrame, caps=None) -> list[str]:
+    return [v["verdict"] for v in judge_run(frame, caps)]
+
+
+def test_the_last_plan_alone_is_judged_once_it_ran_long_enough():
+    straggling_then_even = steps([(40, [0.001, 0.003]), (MIN_PLAN_STEPS, [0.001, 0.001])])
+    assert verdicts(straggling_then_even) == [BALANCED, BALANCED]
+
+
+def test_a_last_plan_too_short_is_judged_with_the_steps_before_it():
+    straggling_then_even = steps([(40, [0.001, 0.003]), (MIN_PLAN_STEPS - 5, [0.001, 0.001])])
+    assert verdicts(straggling_then_even) == [BALANCED, STRAGGLER]
+
+
+def test_a_recent_window_gives_the_verdicts_of_the_whole_run():
+    run = steps([(300, [0.001, 0.003]), (30, [0.001, 0.001]), (25, [0.001, 0.004])])
+    recent = run[run["global_step"] >= run["global_step"].max() - 60]
+    assert judge_run(recent) == judge_run(run)
+
+
+def test_ranks_sharing_a_node_share_its_cap():
+    frame = steps([(30, [0.001, 0.001])], batch=32, nodes=("a", "a"))
+    assert verdicts(frame) == [BALANCED, BALANCED]
+    assert verdicts(frame, {"a": 64}) == [MEMORY_BOUND, MEMORY_BOUND]  # 32 of a cap of 64 // 2
+    assert verdicts(frame, {"a": 128}) == [BALANCED, BALANCED]
+    assert judge_run(frame, {"a": 64})[0]["evidence"]["memory_cap"] == 32
+
+
+def test_node_caps_come_from_the_profiled_cpu_device():
+    nodes = [
+        {"node_id": "a", "status": "ok", "devices": [{"kind": "gpu", "index": 0, "max_batch_size": 512},
+                                                    {"kind": "cpu", "index": 0, "max_batch_size": 96}]},
+        {"node_id": "b", "status": "failed", "devices": [{"kind": "cpu", "max_batch_size": 64}]},
+        {"node_id": "c", "status": "ok", "devices": [{"kind": "cpu", "max_batch_size": None}]},
+        "not a node",
+    ]
+    assert node_caps_from_profiles(nodes) == {"a": 96}
+    assert node_caps_from_profiles(None) == {}
+
+
+def test_no_steps_no_verdicts():
+    assert judge_run(pd.DataFrame(columns=list(STEP_COLUMNS))) == []
