@@ -43,7 +43,7 @@ def check_plans(result, global_batch_size, caps=None, min_size=1):
     for plan in result.plans:
         sizes = plan.local_batch_sizes
         assert sum(sizes) == global_batch_size
-        assert min(sizes) >= min_size >= 1
+        assert min(sizes) >= min_size
         if caps is not None:
             assert all(c is None or b <= c for b, c in zip(sizes, caps))
     versions = [p.version for p in result.plans]
