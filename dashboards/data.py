@@ -396,18 +396,15 @@ class OfflineRunSource(RunSource):
         return classify_recent(self.steps(), self.nodes())
 
 
-def classify_recent(steps: pd.DataFrame, nodes: list[dict], window_steps: int = 200) -> tuple[list[dict], Optional[str]]:
-    """Runs the bottleneck classifier (if this build has it) over the last steps."""
-    try:
-        from hetero_ray.profiling.bottlenecks import classify
-    except ImportError:
-        return [], ("the bottleneck classifier (hetero_ray.profiling.bottlenecks) is not part of this "
-                    "build yet; verdicts appear here once it is")
+def classify_recent(steps: pd.DataFrame, nodes: list[dict]) -> tuple[list[dict], Optional[str]]:
+    """Verdicts over the run's last steps by the one rule of
+    :func:`hetero_ray.profiling.run_bottlenecks.judge_run` (node caps from the profiles)."""
+    from hetero_ray.profiling.run_bottlenecks import judge_run, node_caps_from_profiles
+
     if steps.empty:
         return [], "no steps recorded yet"
-    recent = steps[steps["global_step"] > steps["global_step"].max() - window_steps]
     try:
-        verdicts = [v.to_dict() for v in classify(recent)]
+        verdicts = judge_run(steps, node_caps_from_profiles(nodes))
     except Exception as e:  # noqa: BLE001 - shown on the page; the app keeps working
         return [], f"the bottleneck classifier failed on this run: {type(e).__name__}: {e}"
     return verdicts, None if verdicts else "the classifier found no bottleneck in the last steps"

@@ -5,7 +5,6 @@ plan_history, capabilities, bottlenecks). Plain class, real files, no Ray."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pyarrow as pa
 import pytest
@@ -160,33 +159,22 @@ def test_capabilities_is_a_list_whether_set_now_or_read_from_disk(store, tmp_pat
     assert reopened.capabilities() == nodes
 
 
-def test_bottlenecks_are_empty_without_the_classifier(store, monkeypatch):
-    monkeypatch.setitem(sys.modules, "hetero_ray.profiling.bottlenecks", None)  # import fails
-    store.add(steps=steps(0, 5))
+def test_bottlenecks_are_empty_without_steps(store):
     assert store.bottlenecks() == []
 
 
-def test_bottlenecks_call_the_classifier_on_the_recent_window(store, monkeypatch):
-    seen = {}
+def test_bottlenecks_follow_the_one_rule_with_the_profiled_caps(store):
+    import pandas as pd
 
-    class Verdict:
-        def __init__(self, rank):
-            self.rank = rank
+    from hetero_ray.profiling.run_bottlenecks import judge_run, node_caps_from_profiles
 
-        def to_dict(self):
-            return {"rank": self.rank, "node_id": f"node{self.rank}", "verdict": "compute-bound",
-                    "evidence": {}, "recommendation": "none"}
-
-    class FakeModule:
-        @staticmethod
-        def classify(df, memory_caps=None):
-            seen["rows"] = len(df)
-            return [Verdict(r) for r in sorted(df["rank"].unique())]
-
-    monkeypatch.setitem(sys.modules, "hetero_ray.profiling.bottlenecks", FakeModule)
-    store.add(steps=steps(0, 300))
-    verdicts = store.bottlenecks(window_steps=100)
-    assert seen["rows"] == 200 and [v["rank"] for v in verdicts] == [0, 1]
+    rows = steps(0, 300, busy=0.019)  # waits 5 % of a step: no communication verdict
+    store.add(steps=rows)
+    nodes = [{"node_id": "node0", "status": "ok", "devices": [{"kind": "cpu", "index": 0, "max_batch_size": 8}]}]
+    store.set_nodes(nodes)
+    verdicts = store.bottlenecks()
+    assert verdicts == judge_run(pd.DataFrame(rows), node_caps_from_profiles(nodes))
+    assert [v["verdict"] for v in verdicts] == ["memory-bound", "balanced"]  # batch 8 of a cap of 8
 
 
 def test_a_restarted_store_loses_no_row(tmp_path):

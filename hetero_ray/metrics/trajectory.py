@@ -34,3 +34,14 @@ def effective_rows(df: pd.DataFrame, attempt_starts: dict[int, int],
         following = min(following, attempt_starts[attempt])
     row_limit = df["attempt"].map(lambda a: limit.get(int(a), float("inf")))
     return df[df[step_column] < row_limit].reset_index(drop=True)
+
+
+def effective_plans(plans: list[dict], attempt_starts: dict[int, int]) -> list[dict]:
+    """Plan rows on the effective path (the same rule, on ``first_global_step``), in the
+    order they took effect: by first global step, then plan version."""
+    kept = []
+    for plan in plans:
+        later = [s for a, s in attempt_starts.items() if a > plan.get("attempt", 0)]
+        if not later or plan["first_global_step"] < min(later):
+            kept.append(plan)
+    return sorted(kept, key=lambda p: (p["first_global_step"], p["plan_version"]))

@@ -20,7 +20,8 @@ from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
 from hetero_ray.constants import METRICS_STORE_ROLE, RAY_TRAIN_SUBDIR
 from hetero_ray.errors import TrainingFailed, UserError
-from hetero_ray.metrics.store import DISK_FULL_ERRNOS, StoreWriteFailed, free_space
+from hetero_ray.metrics.run_writer import DISK_FULL_ERRNOS, free_space
+from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.runtime import actors
 
 
