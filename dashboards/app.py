@@ -8,7 +8,7 @@ from typing import Optional
 import dash
 
 from dashboards import callbacks, layout
-from dashboards.data import RunCatalog
+from dashboards.catalog import RunCatalog
 from dashboards.pages import PAGES
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")

@@ -27,8 +27,9 @@ from plotly.utils import PlotlyJSONEncoder
 
 from dashboards import figures
 from dashboards import layout as ui
-from dashboards.data import RunCatalog, RunNotFound
+from dashboards.catalog import RunCatalog
 from dashboards.pages import DEFAULT_PAGE, PAGES, ranks as ranks_page
+from dashboards.run_keys import RunNotFound
 
 log = logging.getLogger(__name__)
 ARRAY_KEYS = ("x", "y", "customdata", "text")  # per-point arrays that extendData can append to

@@ -28,8 +28,9 @@ from dash import no_update
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dashboards import callbacks  # noqa: E402
-from dashboards.data import LiveRunSource, RunCatalog  # noqa: E402
+from dashboards.catalog import RunCatalog  # noqa: E402
 from dashboards.pages import DEFAULT_PAGE, PAGES  # noqa: E402
+from dashboards.sources import LiveRunSource  # noqa: E402
 from hetero_ray.metrics import run_files  # noqa: E402
 from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, SCHEMAS, STEPS, to_table  # noqa: E402
 from hetero_ray.metrics.store import MetricsStore  # noqa: E402

@@ -12,7 +12,7 @@ from dash import html, no_update
 
 from dashboards import callbacks, figures, frames
 from dashboards.app import create_app
-from dashboards.data import RunCatalog
+from dashboards.catalog import RunCatalog
 from dashboards.pages import PAGES, balancer, bottlenecks, cluster, compare, gpu, ranks, run
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from dashboards.data import (
-    LiveRunSource, OfflineRunSource, RunCatalog, RunNotFound, TableCache, escaping_links, list_offline_runs,
-    normalise_nodes, resolve_run_dir,
-)
+from dashboards.catalog import RunCatalog
+from dashboards.run_dir_files import escaping_links
+from dashboards.run_keys import RunNotFound, list_offline_runs, resolve_run_dir
+from dashboards.sources import LiveRunSource, OfflineRunSource, normalise_nodes
+from dashboards.table_cache import TableCache
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore
 from tests.cli import run_cli

@@ -11,7 +11,7 @@ from typing import Optional
 import pandas as pd
 
 from dashboards import frames
-from dashboards.data import RunSource
+from dashboards.sources import RunSource
 
 NO_STEPS = ("This run has no step records yet. Rows are written a few seconds after training "
             "starts; this page refreshes by itself while the run is going.")

@@ -6,7 +6,7 @@ from dash import dcc, html
 
 from dashboards import figures, frames
 from dashboards import layout as ui
-from dashboards.data import RunNotFound
+from dashboards.run_keys import RunNotFound
 from dashboards.pages import common
 
 NAME, PATH, TITLE = "compare", "/compare", "Compare"

@@ -40,7 +40,7 @@ class LoadedRun:
 
 def check_run_dir(path: str) -> str:
     """The absolute run directory, or a UserError that says what a run directory is."""
-    from dashboards.data import looks_like_run
+    from dashboards.run_keys import looks_like_run
 
     if not os.path.isdir(path):
         raise UserError(f"{path} is not a folder; pass a run directory such as runs/<experiment-name>")
@@ -52,7 +52,8 @@ def check_run_dir(path: str) -> str:
 
 def load_run(run_dir: str) -> LoadedRun:
     from dashboards import figures, frames
-    from dashboards.data import OfflineRunSource, TableCache
+    from dashboards.sources import OfflineRunSource
+    from dashboards.table_cache import TableCache
     from dashboards.pages import bottlenecks, common
 
     run_dir = check_run_dir(run_dir)

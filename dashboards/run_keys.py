@@ -1,0 +1,104 @@
+"""Run keys and the runs folder: which directories are runs, and where a key may lead.
+
+A run is named by a *key*: ``offline:<path under --runs-dir>`` for a run directory, or
+``live:<experiment>`` for a running experiment found through its metrics-store actor.
+Keys arrive from the browser (the run list, the URL), so they are untrusted: an offline
+key resolves only to a directory under ``runs_dir`` that looks like a run (no ``..``, no
+absolute paths, no symlink out of the folder), and a live key only names an actor.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from dashboards.run_dir_files import newest_mtime, read_run_json
+from hetero_ray.metrics import run_files
+
+OFFLINE = "offline:"
+LIVE = "live:"
+MAX_KEY_LENGTH = 512
+MAX_SCAN_DEPTH = 2  # runs/<name> and runs/<group>/<name>
+RUNNING_IF_WRITTEN_WITHIN_S = 30.0  # an unfinished run dir written to this recently is "running"
+_RUN_MARKERS = (run_files.CONFIG_FILE, run_files.SUMMARY_FILE, "steps.parquet", run_files.PARTS_DIR)
+_SKIP_DIRS = {run_files.PARTS_DIR, "ray_train", "__pycache__"}
+
+
+class RunNotFound(LookupError):
+    """The key names no run that may be opened; the message says what to do."""
+
+
+def resolve_run_dir(runs_dir: str, name: str) -> str:
+    """The run directory ``name`` (relative to ``runs_dir``), refusing anything outside it.
+
+    Raises:
+        RunNotFound: for absolute paths, ``..`` components, symlinks leading out of
+            ``runs_dir``, control characters, and directories that are not runs.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_KEY_LENGTH:
+        raise RunNotFound("no run selected")
+    if any(ord(c) < 32 for c in name) or "\\" in name or name.startswith(("/", "~")) or os.path.isabs(name):
+        raise RunNotFound(f"{name!r} is not a run under the runs folder")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise RunNotFound(f"{name!r} is not a run under the runs folder")
+    root = os.path.realpath(runs_dir)
+    path = os.path.realpath(os.path.join(root, *parts))
+    if os.path.commonpath([root, path]) != root or path == root:
+        raise RunNotFound(f"{name!r} is not a run under the runs folder")
+    if not os.path.isdir(path) or not looks_like_run(path):
+        raise RunNotFound(f"no run directory {name!r} under {runs_dir}")
+    return path
+
+
+def looks_like_run(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, marker)) for marker in _RUN_MARKERS)
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    key: str
+    name: str
+    label: str
+    live: bool
+    status: str  # running | finished | failed | unknown
+    mtime: float
+
+
+def list_offline_runs(runs_dir: str) -> list[RunEntry]:
+    """Run directories under ``runs_dir`` (two levels deep at most), newest first."""
+    root = os.path.realpath(runs_dir)
+    if not os.path.isdir(root):
+        return []
+    entries = []
+
+    def scan(directory: str, depth: int) -> None:
+        try:
+            children = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            return
+        for child in children:
+            if child.name.startswith(".") or child.name in _SKIP_DIRS or not child.is_dir():
+                continue
+            real = os.path.realpath(child.path)
+            if os.path.commonpath([root, real]) != root:
+                continue  # a symlink out of the runs folder
+            if looks_like_run(real):
+                name = os.path.relpath(child.path, root).replace(os.sep, "/")
+                status = offline_status(real)
+                entries.append(RunEntry(OFFLINE + name, name, f"{name} ({status})", False, status, newest_mtime(real)))
+            elif depth < MAX_SCAN_DEPTH:
+                scan(child.path, depth + 1)
+
+    scan(root, 1)
+    return sorted(entries, key=lambda e: e.mtime, reverse=True)
+
+
+def offline_status(run_dir: str, now: Optional[float] = None) -> str:
+    summary = read_run_json(run_dir, run_files.SUMMARY_FILE)
+    if isinstance(summary, dict) and summary.get("status"):
+        return str(summary["status"])
+    now = time.time() if now is None else now
+    return "running" if now - newest_mtime(run_dir) <= RUNNING_IF_WRITTEN_WITHIN_S else "unfinished"
