@@ -6,7 +6,7 @@
   pure functions the scheduler turns them into a first plan with;
 - :mod:`~hetero_ray.profiling.inventory`, :mod:`~hetero_ray.profiling.microbench`,
   :mod:`~hetero_ray.profiling.model_probe`: what a profiler runs on its node;
-- :mod:`~hetero_ray.profiling.gpu`: the GPU interface (NVML, a fake for tests, none);
+- :mod:`~hetero_ray.profiling.gpu`: the GPU interface (NVML, or none; tests bring a fake);
 - :mod:`~hetero_ray.profiling.bottlenecks`: the per-rank bottleneck classifier over step records.
 
 Importing this package imports neither torch nor Ray.
