@@ -5,14 +5,15 @@ gradient is weighted so that training follows the same mathematics as one device
 whole batch.
 
 Bring your own loop, in Ray Train's shape: :class:`HeteroTrainer` (driver side, like
-``TorchTrainer``) with :class:`HeteroConfig`, and :mod:`hetero_ray.train` inside the loop
+``TorchTrainer``) with :class:`HeteroConfig` (and a :class:`ProfileModel` to profile the
+nodes with your model before the first step), and :mod:`hetero_ray.train` inside the loop
 (``prepare_model``, ``prepare_data_loader``, ``report``). Or the built-in models and
 datasets: ``hetero-ray train --help``.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["HeteroConfig", "HeteroTrainer"]
+__all__ = ["HeteroConfig", "HeteroTrainer", "ProfileModel"]
 
 
 def __getattr__(name):
@@ -26,4 +27,8 @@ def __getattr__(name):
         from hetero_ray.hetero_config import HeteroConfig
 
         return HeteroConfig
+    if name == "ProfileModel":
+        from hetero_ray.profiling.recipe import ProfileModel
+
+        return ProfileModel
     raise AttributeError(f"module 'hetero_ray' has no attribute {name!r}")

@@ -235,10 +235,11 @@ class TrainConfig:
 
     def probe_batch_sizes(self) -> list[int]:
         """Probe sizes around the mean local batch ``b = B/n``: b/4, b/2, b, 2b (distinct, ≥ 1)."""
+        from hetero_ray.profiling.defaults import probe_batch_sizes_around
+
         if self.profile_batch_sizes:
             return sorted(set(self.profile_batch_sizes))
-        mean = max(1, round(self.batch_size / self.num_workers))
-        return sorted({max(1, mean // 4), max(1, mean // 2), mean, 2 * mean})
+        return probe_batch_sizes_around(self.batch_size, self.num_workers)
 
     @property
     def is_text(self) -> bool:

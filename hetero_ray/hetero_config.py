@@ -17,6 +17,7 @@ from hetero_ray.config import (
     POLICIES, _choice, _int_list, _non_negative_int, _per_rank_length, _positive_int,
 )
 from hetero_ray.errors import ConfigError
+from hetero_ray.profiling.recipe import ProfileModel
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class HeteroConfig:
         seed: the data order (one seeded permutation per epoch).
         record_sample_ids: write ``sample_ids.parquet`` (an exactly-once audit).
         profile_interval: in-training GPU/CPU readings every N steps; 0 turns them off.
+        profile: profile every node before the first step — with ``profile_model``, the
+            model's busy-time line and largest batch on each device, so the first plan is
+            already balanced. Without a ``profile_model`` there is nothing to probe: the
+            first plan is equal shares, and the balancer learns from the first steps.
+        profile_model: a :class:`~hetero_ray.ProfileModel` — how to build the model and
+            make a batch of a given size — that the profiler steps on every node.
+        profile_batch_sizes: probe sizes (default around the mean share: B/n/4 … 2·B/n).
+        profile_timeout_s: for the whole cluster; nodes not done by then start with typical shares.
         output_dir: where the run's tables go when ``RunConfig.storage_path`` is a URI
             (they are copied there at the end); default ``~/hetero_ray/runs``.
     """
@@ -56,6 +65,10 @@ class HeteroConfig:
     record_sample_ids: bool = False
     profile_interval: int = 10  # steps between in-training readings (a daemon thread reads)
     output_dir: Optional[str] = None
+    profile: bool = True
+    profile_model: Optional[ProfileModel] = None
+    profile_batch_sizes: Optional[tuple[int, ...]] = None
+    profile_timeout_s: float = 120.0  # the CLI's default: profiler start and the probes of every node
 
     def __post_init__(self):
         _positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
@@ -68,6 +81,20 @@ class HeteroConfig:
         _non_negative_int("HeteroConfig.rebalance_cooldown", self.rebalance_cooldown)
         _non_negative_int("HeteroConfig.seed", self.seed)
         _non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
+        if not isinstance(self.profile, bool):
+            raise ConfigError(f"HeteroConfig.profile must be True or False, got {self.profile!r}")
+        if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
+            raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
+                              f"make_batch=...), got {type(self.profile_model).__name__}")
+        if self.profile_batch_sizes is not None:
+            sizes = _int_list("HeteroConfig.profile_batch_sizes", self.profile_batch_sizes)
+            if len(set(sizes)) < 2 or any(b < 1 for b in sizes):
+                raise ConfigError(f"HeteroConfig.profile_batch_sizes needs two or more different positive sizes "
+                                  f"to fit t(b) = α + β·b, got {sizes}")
+            object.__setattr__(self, "profile_batch_sizes", tuple(sorted(set(sizes))))
+        timeout = self.profile_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"HeteroConfig.profile_timeout_s must be a positive number of seconds, got {timeout!r}")
         if self.batch_split is not None:
             split = _int_list("HeteroConfig.batch_split", self.batch_split)
             if any(b < 1 for b in split) or sum(split) != self.global_batch_size:
@@ -113,5 +140,13 @@ class HeteroConfig:
         """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""
         return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
 
+    @property
+    def profiles_nodes(self) -> bool:
+        """Whether ``fit()`` profiles the nodes: asked to, and given a model to probe."""
+        return self.profile and self.profile_model is not None
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """JSON-ready (config.json): the profile model by its name."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["profile_model"] = self.profile_model.name if self.profile_model is not None else None
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}

@@ -8,7 +8,8 @@ follow each device's speed.
     result = trainer.fit()          # a ray.train.Result
 
 ``fit()`` checks everything it can before anything is written, starts the run's actors
-(metrics store, scheduler, balancer) on the driver's node, runs a ``TorchTrainer`` whose
+(metrics store, scheduler, balancer) on the driver's node, profiles the nodes with the
+user's model when ``HeteroConfig.profile_model`` says how to build it, runs a ``TorchTrainer`` whose
 workers run the user's loop inside a hetero_ray session (:mod:`hetero_ray.training.entry`),
 and writes the run's tables and ``summary.json`` — also when training fails — where the
 dashboard and ``hetero-ray report`` read them.
@@ -31,8 +32,9 @@ from hetero_ray.constants import (
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
+from hetero_ray.profiling.defaults import probe_batch_sizes_around
 from hetero_ray.runtime import actors, cluster, node_checks, storage
-from hetero_ray.runtime.driver import finish_run
+from hetero_ray.runtime.driver import finish_run, profile_nodes
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
 from hetero_ray.runtime.progress import ProgressPrinter
@@ -128,6 +130,12 @@ class HeteroTrainer:
             self._name, run.run_dir, node_id, policy=hetero.policy, policy_config=hetero.policy_config(),
             rebalance_interval=hetero.rebalance_interval, weights=hetero.emulate_speeds,
         )
+        caps = None
+        if hetero.profiles_nodes:
+            batch_sizes = list(hetero.profile_batch_sizes or
+                               probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
+            caps = profile_nodes(run.run_dir, store, scheduler, self._name, hetero.profile_model, batch_sizes,
+                                 cpus_per_worker=cpus_per_worker, timeout_s=hetero.profile_timeout_s, emit=self._emit)
         started = time.time()
         error: Optional[BaseException] = None
         result = None
@@ -146,7 +154,7 @@ class HeteroTrainer:
         finally:
             signals.finishing()
             summary, failure = finish_run(run.run_dir, store, balancer, result, time.time() - started, error,
-                                          self._summary_base(), emit=self._emit,
+                                          self._summary_base(), caps, emit=self._emit,
                                           interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
             for actor in (balancer, scheduler, store):
                 actors.kill_actor(actor)
@@ -193,7 +201,8 @@ class HeteroTrainer:
 
     def _summary_base(self) -> dict[str, Any]:
         hetero = self._hetero
-        return {"experiment_name": self._name, "model": None, "dataset": None, "policy": hetero.policy,
+        model = hetero.profile_model.name if hetero.profile_model is not None else None
+        return {"experiment_name": self._name, "model": model, "dataset": None, "policy": hetero.policy,
                 "num_workers": self._max_workers, "global_batch_size": hetero.global_batch_size,
                 "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None}
 

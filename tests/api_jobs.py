@@ -47,6 +47,15 @@ def make_model() -> nn.Module:
     )
 
 
+def random_batch(batch_size: int):
+    """A batch shaped like PatternDataset's, for ProfileModel(make_batch=...)."""
+    return torch.randn(batch_size, 3, 8, 8), torch.randint(0, 4, (batch_size,))
+
+
+def broken_batch(batch_size: int):
+    raise ValueError(f"no batch of {batch_size} today")
+
+
 def one_device(num_samples: int, global_batch_size: int, epochs: int, seed: int = 0) -> dict:
     """Weights (and BatchNorm statistics) after training on one device, global batch by global batch."""
     model, data = make_model(), PatternDataset(num_samples)

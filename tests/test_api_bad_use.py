@@ -69,10 +69,27 @@ def test_the_api_outside_a_run_says_where_it_belongs():
     (dict(global_batch_size=8, batch_split=(4, 3)), "sum to global_batch_size 8"),
     (dict(global_batch_size=8, emulate_speeds=(1.0, 2.0)), r"emulate_speeds values must be in \(0, 1\]"),
     (dict(global_batch_size=8, rebalance_threshold=1.5), r"rebalance_threshold must be in \[0, 1\)"),
+    (dict(global_batch_size=8, profile_model="resnet18"), r"profile_model must be a hetero_ray.ProfileModel"),
+    (dict(global_batch_size=8, profile_batch_sizes=(8, 8)), "two or more different positive sizes"),
+    (dict(global_batch_size=8, profile_timeout_s=0), "profile_timeout_s must be a positive number"),
 ])
 def test_hetero_config_rejects_bad_values_naming_the_field(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         HeteroConfig(**kwargs)
+
+
+def test_profile_model_rejects_what_it_cannot_call():
+    from hetero_ray import ProfileModel
+
+    with pytest.raises(ConfigError, match=r"ProfileModel\(make_batch=...\) must be a function, got tuple"):
+        ProfileModel(build=torch.nn.Linear, make_batch=(8, 3))
+
+
+def test_config_json_names_the_profile_model():
+    from hetero_ray import ProfileModel
+
+    recipe = ProfileModel(build=torch.nn.Linear, make_batch=torch.randn, name="linear")
+    assert HeteroConfig(global_batch_size=8, profile_model=recipe).to_dict()["profile_model"] == "linear"
 
 
 def test_global_batch_smaller_than_the_workers_is_refused():

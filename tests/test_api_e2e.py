@@ -7,7 +7,9 @@ worker processes: a user's own model (with BatchNorm), Dataset and loop.
 - exactly once: every sample once per epoch, through prepare_data_loader(num_workers=2);
 - Ray Train's Result: the user's reported metric in Result.metrics, Result.checkpoint loads;
 - nothing lost: a SIGKILL right after a checkpoint resumes at its exact step, with the
-  user's own checkpoint contents, exactly once, and the weights of one device.
+  user's own checkpoint contents, exactly once, and the weights of one device;
+- profiled with the user's model: HeteroConfig(profile_model=ProfileModel(...)) probes it
+  on every node before the first step; a recipe that fails is said, and training goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hetero_ray import HeteroConfig, HeteroTrainer
+from hetero_ray import HeteroConfig, HeteroTrainer, ProfileModel
 from tests import api_jobs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -128,3 +130,39 @@ def test_uri_storage_keeps_checkpoints_there_and_copies_the_tables(ray_session, 
         assert (local / "api-uri" / name).exists(), name
     steps = pd.read_parquet(remote / "api-uri" / "steps.parquet")
     assert steps["global_step"].nunique() == 4
+
+
+def test_nodes_are_profiled_with_the_users_model_before_the_first_step(ray_session, tmp_path):
+    recipe = ProfileModel(build=api_jobs.make_model, make_batch=api_jobs.random_batch, name="pattern-bn")
+    hetero = HeteroConfig(global_batch_size=BATCH, profile_model=recipe, profile_batch_sizes=(4, 16))
+    result = _fit(tmp_path, "api-profiled", hetero)
+
+    run_dir = os.path.join(str(tmp_path), "api-profiled")
+    with open(os.path.join(run_dir, "nodes.json")) as f:
+        document = json.load(f)
+    assert document["model"] == "pattern-bn" and document["batch_sizes"] == [4, 16]
+    cpu = next(d for d in document["nodes"][0]["devices"] if d["kind"] == "cpu")
+    assert [row["batch_size"] for row in cpu["probe"]] == [4, 16]
+    assert cpu["beta_s_per_sample"] > 0 and cpu["max_batch_size"] >= 16
+    first = pd.read_parquet(os.path.join(run_dir, "plans.parquet")).iloc[0]
+    assert first["reason"] == "optimal: split for the profiled cost model", first["reason"]
+    assert result.metrics["epoch"] == EPOCHS - 1
+
+
+def test_a_profile_model_that_fails_is_reported_and_training_starts_with_equal_shares(ray_session, tmp_path):
+    from ray.train import RunConfig, ScalingConfig
+
+    lines: list[str] = []
+    recipe = ProfileModel(build=api_jobs.make_model, make_batch=api_jobs.broken_batch, name="broken")
+    trainer = HeteroTrainer(
+        api_jobs.batchnorm_loop, train_loop_config={"num_samples": NUM_SAMPLES, "epochs": 1},
+        scaling_config=ScalingConfig(num_workers=3),
+        run_config=RunConfig(name="api-broken-profile", storage_path=str(tmp_path)),
+        hetero_config=HeteroConfig(global_batch_size=BATCH, profile_model=recipe, profile_batch_sizes=(4, 16)),
+        emit=lines.append)
+    trainer.fit()
+
+    said = "\n".join(lines)
+    assert "ValueError: no batch of 4 today" in said, said
+    first = pd.read_parquet(os.path.join(str(tmp_path), "api-broken-profile", "plans.parquet")).iloc[0]
+    assert list(first["local_batch_sizes"]) == [10, 10, 10], first

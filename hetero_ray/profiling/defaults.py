@@ -4,3 +4,10 @@ DEFAULT_PROBE_BATCH_SIZES = (8, 16, 32, 64)  # a factor 8 apart: the slope is we
 DEFAULT_RAM_FRACTION = 0.5  # of available RAM one CPU worker's batch may take
 DEFAULT_PROFILE_TIMEOUT_S = 60.0  # per cluster: actor start (~2–5 s) + ~10 s of benchmarks, with room
 DEFAULT_MICROBENCH_S = 1.0  # per micro-benchmark
+
+
+def probe_batch_sizes_around(global_batch_size: int, num_workers: int) -> list[int]:
+    """Probe sizes around the mean local batch ``b = B/n``: b/4, b/2, b, 2b (distinct, ≥ 1),
+    where the first plans' shares will lie."""
+    mean = max(1, round(global_batch_size / num_workers))
+    return sorted({max(1, mean // 4), max(1, mean // 2), mean, 2 * mean})

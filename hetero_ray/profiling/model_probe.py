@@ -199,43 +199,45 @@ def make_batch(spec, batch_size: int, generator: Optional[torch.Generator] = Non
 class StepRunner:
     """Runs and times the forward+backward step of one model on one device."""
 
-    def __init__(self, model: torch.nn.Module, spec, device: torch.device):
+    def __init__(self, model: torch.nn.Module, recipe, device: torch.device):
         self.model = model.to(device).train()
-        self.spec = spec
+        self.recipe = recipe  # a ProfileModel: its batches and its loss
         self.device = torch.device(device)
-        self._generator = torch.Generator().manual_seed(0)
 
     def busy_time_s(self, batch_size: int) -> float:
         """One step at ``batch_size``: host batch → device, forward, loss, backward."""
-        inputs, targets = make_batch(self.spec, batch_size, self._generator)
+        batch = self.recipe.make_batch(batch_size)
         if self.device.type == "cuda":
-            inputs, targets = inputs.pin_memory(), targets.pin_memory()
+            batch = _map_tensors(batch, torch.Tensor.pin_memory)
         self.model.zero_grad(set_to_none=True)
         self._sync()
         start = time.perf_counter()
-        self._step(inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True))
+        self._step(_map_tensors(batch, lambda t: t.to(self.device, non_blocking=True)))
         self._sync()
         return time.perf_counter() - start
 
     def run(self, batch_size: int) -> None:
-        """One untimed step with the batch made on the device (the memory search: a host
-        batch of tens of thousands of samples would cost seconds to make and pin)."""
+        """One untimed step, the batch made on the device where the recipe allows (the
+        memory search: a host batch of tens of thousands of samples would cost seconds to
+        make and copy; torch's factory functions inside ``with device`` make it there)."""
         try:
-            inputs, targets = make_batch(self.spec, batch_size, device=self.device)
-            self._step(inputs, targets)
+            with self.device:
+                batch = self.recipe.make_batch(batch_size)
+            self._step(_map_tensors(batch, lambda t: t.to(self.device)))
             self._sync()
         finally:
             self.model.zero_grad(set_to_none=True)
 
-    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        from hetero_ray.training.models import compute_loss
-
-        compute_loss(self.model(inputs), targets).backward()
+    def _step(self, batch) -> None:
+        loss = self.recipe.compute_loss(self.model, batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"{self.recipe.name}: compute_loss must return a scalar tensor, got "
+                             f"{type(loss).__name__}{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+        loss.backward()
 
     def saved_activation_bytes(self, batch_size: int) -> int:
-        """Bytes of the distinct tensors autograd saves for backward in one forward pass."""
-        from hetero_ray.training.models import compute_loss
-
+        """Bytes of the distinct tensors autograd saves for backward in one forward pass,
+        plus the batch itself."""
         seen: dict[tuple, int] = {}
 
         def pack(tensor: torch.Tensor):
@@ -243,12 +245,13 @@ class StepRunner:
             seen[(storage.data_ptr(), tensor.device.type)] = storage.nbytes()
             return tensor
 
-        inputs, targets = make_batch(self.spec, batch_size, self._generator)
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        batch = _map_tensors(self.recipe.make_batch(batch_size), lambda t: t.to(self.device))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss = compute_loss(self.model(inputs), targets)
+            loss = self.recipe.compute_loss(self.model, batch)
         del loss
-        return sum(seen.values()) + inputs.numel() * inputs.element_size()
+        inputs: list[torch.Tensor] = []
+        _map_tensors(batch, inputs.append)
+        return sum(seen.values()) + sum(t.numel() * t.element_size() for t in inputs)
 
     def parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -256,6 +259,18 @@ class StepRunner:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _map_tensors(batch, fn):
+    """``fn`` applied to every tensor in nested tuples, lists and dicts (other values kept)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, (list, tuple)):
+        mapped = [_map_tensors(b, fn) for b in batch]
+        return type(batch)(*mapped) if hasattr(batch, "_fields") else type(batch)(mapped)
+    if isinstance(batch, dict):
+        return type(batch)({k: _map_tensors(v, fn) for k, v in batch.items()})
+    return batch
 
 
 def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeats: int = DEFAULT_REPEATS,
@@ -298,7 +313,7 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
 
 
 def probe_model(
-    model_name: str,
+    model,
     device: torch.device,
     *,
     dataset: Optional[str] = None,
@@ -311,22 +326,25 @@ def probe_model(
     search_time_budget_s: float = DEFAULT_SEARCH_TIME_BUDGET_S,
     on_stage: Callable[[str], None] = lambda stage: None,
 ) -> ProbeResult:
-    """Probes ``model_name`` on ``device``; see the module docstring.
+    """Probes ``model`` on ``device``; see the module docstring.
 
     Args:
+        model: a :class:`~hetero_ray.profiling.recipe.ProfileModel`, or the name of a
+            built-in model (probed on synthetic data of ``dataset``'s shapes).
         available_ram_bytes: the RAM the CPU cap is a fraction of (default: what psutil
             reports as available now).
     """
-    from hetero_ray.training.models import build_model
+    from hetero_ray.profiling.recipe import ProfileModel, builtin_recipe
 
+    recipe = model if isinstance(model, ProfileModel) else builtin_recipe(model, dataset)
+    model_name = recipe.name
     device = torch.device(device)
     sizes = sorted({int(b) for b in batch_sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"probe batch sizes must be positive integers, got {list(batch_sizes)}")
-    spec = spec_for(model_name, dataset)
     with torch_threads(num_threads if device.type == "cpu" else None), _on_device(device):
         torch.manual_seed(0)
-        runner = StepRunner(build_model(model_name, spec), spec, device)
+        runner = StepRunner(recipe.build(), recipe, device)
         on_stage(f"{model_name} forward+backward at batch {','.join(map(str, sizes))}")
         timings = measure_busy_times(runner, sizes, repeats=repeats, time_budget_s=time_budget_s)
         fit = fit_probe(timings)

@@ -39,7 +39,7 @@ PROFILER_ROLE = "profiler"
 class ProfileConfig:
     """What to profile; validated here, so the CLI and the driver reject the same values."""
 
-    model: Optional[str] = None  # None: inventory and micro-benchmarks only
+    model: Any = None  # a built-in model's name or a ProfileModel; None: inventory and micro-benchmarks only
     dataset: Optional[str] = None  # shapes of its samples (default: the model's synthetic data)
     batch_sizes: tuple[int, ...] = DEFAULT_PROBE_BATCH_SIZES
     cpus_per_worker: float = 1.0  # what one training worker gets, so that is what is measured
@@ -50,8 +50,9 @@ class ProfileConfig:
 
     def __post_init__(self):
         from hetero_ray.config import DATASETS, MODELS
+        from hetero_ray.profiling.recipe import ProfileModel
 
-        if self.model is not None and self.model not in MODELS:
+        if self.model is not None and not isinstance(self.model, ProfileModel) and self.model not in MODELS:
             raise ConfigError(f"--model must be one of {', '.join(MODELS)}; got {self.model!r}")
         if self.dataset is not None and self.dataset not in DATASETS:
             raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
@@ -72,8 +73,17 @@ class ProfileConfig:
     def num_threads(self) -> int:
         return max(1, int(round(self.cpus_per_worker)))
 
+    @property
+    def model_name(self) -> Optional[str]:
+        return model_name(self.model)
+
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def model_name(model) -> Optional[str]:
+    """What nodes.json and the progress lines call ``model`` (a name or a ProfileModel)."""
+    return getattr(model, "name", model)
 
 
 class NodeProfiler:
@@ -207,7 +217,7 @@ class NodeProfiler:
 
 
 def profile_cluster(
-    model: Optional[str] = None,
+    model: Any = None,
     batch_sizes: Optional[Sequence[int]] = None,
     cpus_per_worker: float = 1.0,
     timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S,
@@ -224,7 +234,8 @@ def profile_cluster(
     """Profiles every alive node of the connected Ray cluster in parallel.
 
     Args:
-        model: also probe this model (busy-time line, largest batch); None for hardware only.
+        model: also probe this model (busy-time line, largest batch): a built-in model's
+            name or a :class:`~hetero_ray.profiling.recipe.ProfileModel`; None for hardware only.
         batch_sizes: probe batch sizes (default 8, 16, 32, 64).
         cpus_per_worker: CPUs each profiler takes (and threads it uses): one worker's share.
         timeout_s: for the whole cluster; nodes not done by then are reported as failed.
@@ -259,7 +270,8 @@ def profile_cluster(
         wanted = set(node_ids)
         nodes = [n for n in nodes if n["NodeID"] in wanted]
     facts = [node_facts(n) for n in nodes]
-    what = f" and {model} at batch {','.join(map(str, config.batch_sizes))}" if model else ""
+    name = config.model_name
+    what = f" and {name} at batch {','.join(map(str, config.batch_sizes))}" if model else ""
     emit(f"[profile] profiling {len(nodes)} node(s): inventory, micro-benchmarks{what}…")
 
     started = time.monotonic()
@@ -303,7 +315,7 @@ def profile_cluster(
                 except Exception as e:  # noqa: BLE001 - the actor died or raised
                     capability = NodeCapability.failed(node_id, _short_error(e), **_known_facts(fact))
                 results[node_id] = capability
-                emit(f"[profile] {describe_node(capability, time.monotonic() - started, model)}")
+                emit(f"[profile] {describe_node(capability, time.monotonic() - started, name)}")
             if pending and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
                 stages = _stages({pending[r]: actors[pending[r]] for r in pending})
@@ -318,7 +330,7 @@ def profile_cluster(
                              f"{stages.get(node_id, 'not started: no room for the profiler?')})",
                     **_known_facts(fact))
                 results[node_id] = capability
-                emit(f"[profile] {describe_node(capability, time.monotonic() - started, model)}")
+                emit(f"[profile] {describe_node(capability, time.monotonic() - started, name)}")
     finally:
         for actor in actors.values():
             try:

@@ -210,26 +210,39 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
 
 
 def _profile_nodes(config: TrainConfig, run_dir: str, store, scheduler, emit) -> Optional[dict[int, int]]:
-    """Profiles every node (hardware and this model) for the first plan; writes nodes.json.
+    return profile_nodes(run_dir, store, scheduler, config.experiment_name, config.model, config.probe_batch_sizes(),
+                         cpus_per_worker=config.cpus_per_worker, timeout_s=config.profile_timeout_s,
+                         dataset=config.dataset, emit=emit)
+
+
+def profile_nodes(run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
+                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
+                  emit: Callable[[str], None] = print) -> Optional[dict[str, Optional[int]]]:
+    """Profiles every node (hardware and ``model``: a built-in name or a ProfileModel) for
+    the first plan; hands the profiles to the scheduler and the store; writes nodes.json.
 
     Returns the per-node memory caps for the bottleneck analysis (by node id), or None.
     """
     from hetero_ray.profiling.capability import capabilities_document, write_nodes_json
-    from hetero_ray.profiling.node_profiler import profile_cluster
+    from hetero_ray.profiling.node_profiler import model_name, profile_cluster
 
-    batch_sizes = config.probe_batch_sizes()
-    nodes = profile_cluster(model=config.model, dataset=config.dataset, batch_sizes=batch_sizes,
-                            cpus_per_worker=config.cpus_per_worker, timeout_s=config.profile_timeout_s,
-                            emit=emit, scheduler=scheduler, experiment_name=config.experiment_name)
-    document = capabilities_document(nodes, config.model, batch_sizes)
+    nodes = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
+                            timeout_s=timeout_s, emit=emit, scheduler=scheduler, experiment_name=experiment_name)
+    name = model_name(model)
+    document = capabilities_document(nodes, name, batch_sizes)
     try:
         ray.get(store.set_nodes.remote(document["nodes"]), timeout=30)
     except Exception as e:  # noqa: BLE001 - the file below is the durable copy
         emit(f"[hetero_ray] warning: metrics store did not take the node profiles ({e})")
-    write_nodes_json(os.path.join(run_dir, run_files.NODES_FILE), nodes, config.model, batch_sizes)
+    write_nodes_json(os.path.join(run_dir, run_files.NODES_FILE), nodes, name, batch_sizes)
     failed = [n for n in nodes if not n.ok]
     if failed:
         emit(f"[hetero_ray] {len(failed)} node(s) could not be profiled; their ranks start with typical shares")
+    unprobed = [n for n in nodes if n.ok and not any(d.has_probe for d in n.devices)]
+    if unprobed:  # e.g. the user's ProfileModel raised: say so, not just train unbalanced
+        errors = sorted({d.error for n in unprobed for d in n.devices if d.error})
+        emit(f"[hetero_ray] warning: {name} could not be probed on {len(unprobed)} node(s) "
+             f"({'; '.join(errors) or 'no probe result'}); their ranks start with typical shares")
     return {n.node_id: (n.device("cpu").max_batch_size if n.device("cpu") else None) for n in nodes if n.ok}
 
 
