@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hetero_ray.train
-from hetero_ray import HeteroConfig, HeteroTrainer
+from hetero_ray import HeteroConfig, HeteroTrainer, ProfileModel
 
 
 class NoisyShapes(torch.utils.data.Dataset):
@@ -36,6 +36,13 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4))
+
+
+# How to build the model and a batch of b samples: each node's devices are timed with it
+# before the first step (and, under --emulate-speeds, each worker times itself), so the
+# first plan already follows the speeds.
+PROFILE = ProfileModel(build=make_model, make_batch=lambda b: (torch.randn(b, 3, 16, 16), torch.randint(0, 4, (b,))),
+                       name="own-cnn")
 
 
 def train_loop(config: dict) -> None:
@@ -86,7 +93,8 @@ def main(argv=None) -> ray.train.Result:
                                        "loader_workers": args.loader_workers},
         scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers),
         run_config=ray.train.RunConfig(name=args.name, storage_path=args.storage_path),
-        hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds))
+        hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds,
+                                   profile_model=PROFILE))
     result = trainer.fit()
     print(f"run files: {os.path.join(args.storage_path, args.name)}\nfinal metrics: {result.metrics}")
     return result

@@ -20,9 +20,9 @@ import hetero_ray.train
 from hetero_ray import HeteroConfig, HeteroTrainer
 
 try:  # from the repository root, under `ray job submit --working-dir .`, and in the tests
-    from examples.own_model import NoisyShapes, make_model, make_parser
+    from examples.own_model import PROFILE, NoisyShapes, make_model, make_parser
 except ModuleNotFoundError:  # `python examples/tensorboard_logging.py`: own_model.py sits beside it
-    from own_model import NoisyShapes, make_model, make_parser
+    from own_model import PROFILE, NoisyShapes, make_model, make_parser
 
 
 def train_loop(config: dict) -> None:
@@ -78,7 +78,8 @@ def main(argv=None) -> ray.train.Result:
                                        "loader_workers": args.loader_workers, "logdir": logdir},
         scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers),
         run_config=ray.train.RunConfig(name=args.name, storage_path=args.storage_path),
-        hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds))
+        hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds,
+                                   profile_model=PROFILE))
     result = trainer.fit()
     print(f"run files: {run_dir}\nTensorBoard: tensorboard --logdir {logdir}\nfinal metrics: {result.metrics}")
     return result

@@ -5,10 +5,11 @@ publishes better splits here (``propose``). It answers for a world size it has n
 too, which is what happens after an elastic restart: a fresh first plan for the new
 number of workers, with the same global batch.
 
-The first plan of a worker group comes from measurements when there are any: the node
-profiles (``set_capabilities``) give each rank the busy-time line of the device it runs
-on, so that the first step is already balanced. Plain class; the actor is made in
-:mod:`hetero_ray.runtime.actors`.
+The first plan of a worker group comes from measurements when there are any: the ranks'
+own warm-up lines (under emulated speeds, which only the ranks' emulators know), else the
+node profiles (``set_capabilities``), which give each rank the busy-time line of the
+device it runs on, so that the first step is already balanced. Emulated speeds never
+reach this module. Plain class; the actor is made in :mod:`hetero_ray.runtime.actors`.
 
 Its state (the latest plan, the version counter, the caps, the node profiles, the
 scripted changes still to come) is written to ``scheduler_state.json`` in the run
@@ -38,29 +39,27 @@ def initial_plan(
     num_workers: int,
     version: int = 0,
     batch_split: Optional[Sequence[int]] = None,
-    weights: Optional[Sequence[float]] = None,
     policy_config: Optional[PolicyConfig] = None,
     capacities: Optional[Sequence] = None,
 ) -> tuple[Plan, Optional[list[Optional[int]]]]:
     """The first plan of a worker group, and the per-rank memory caps it respects.
 
     An explicit ``batch_split`` for this number of workers wins. Otherwise the policy's own
-    first plan: equal for ``static``; from the profiled ``capacities`` (per rank: α, β,
+    first plan: equal for ``static``; from the measured ``capacities`` (per rank: α, β,
     largest batch) when every rank has one — throughput at the mean local batch for
     ``proportional``/``dynamic``, the water-filling split of the fitted lines for
-    ``optimal`` — else by ``weights`` (per-rank emulated speed), else equal.
+    ``optimal`` — else equal.
     """
     if batch_split is not None and len(batch_split) == num_workers:
         return Plan(version, tuple(batch_split), "explicit --batch-split"), None
     caps = None
     profiled = None
+    weights = None
     if capacities is not None and len(capacities) == num_workers and all(c is not None for c in capacities):
         from hetero_ray.profiling.capability import first_plan_weights
 
         weights, caps = first_plan_weights(capacities, global_batch_size / num_workers)
         profiled = list(capacities)
-    elif weights is not None and len(weights) != num_workers:
-        weights = None  # weights of another worker group say nothing about this one
     if policy == "proportional" and weights is None:
         weights = [1.0] * num_workers
     if caps is not None and (policy == "static" or sum(c or global_batch_size for c in caps) < global_batch_size):
@@ -76,14 +75,12 @@ class Scheduler:
         global_batch_size: int,
         policy: str,
         batch_split: Optional[Sequence[int]] = None,
-        weights: Optional[Sequence[float]] = None,
         plan_changes: Optional[Sequence[dict]] = None,
         policy_config: Optional[dict] = None,
         run_dir: Optional[str] = None,
     ):
         """
         Args:
-            weights: per-rank emulated speeds (they also scale profiled capacities).
             plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied
                 at the first rebalance point at or after their step (tests and demos).
             run_dir: where the state is kept (see the module docstring); None keeps it in
@@ -92,7 +89,6 @@ class Scheduler:
         self.global_batch_size = global_batch_size
         self.policy = policy
         self.batch_split = list(batch_split) if batch_split else None
-        self.weights = list(weights) if weights else None
         self.policy_config = PolicyConfig(**(policy_config or {}))
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._node_dicts: list[dict] = []
@@ -111,12 +107,15 @@ class Scheduler:
 
     def plan_for(self, num_workers: int, global_step: int = 0,
                  rank_node_ids: Optional[Sequence[str]] = None,
-                 rank_device_kinds: Optional[Sequence[str]] = None) -> dict:
+                 rank_device_kinds: Optional[Sequence[str]] = None,
+                 rank_fits: Optional[Sequence[Optional[dict]]] = None) -> dict:
         """The plan in force for ``num_workers`` ranks at ``global_step``.
 
-        A new first plan if the number of workers changed (from the ranks' devices when
-        their nodes are known); a scripted change once its step is reached. The reply also
-        carries ``caps``, the per-rank memory caps the plan respects (or None).
+        A new first plan if the number of workers changed: from the ranks' own warm-up
+        lines ``rank_fits`` (``{"alpha_s", "beta_s_per_sample"}`` each) when every rank has
+        one, else from the profiles of the ranks' devices when their nodes are known; a
+        scripted change once its step is reached. The reply also carries ``caps``, the
+        per-rank memory caps the plan respects (or None).
         """
         before = (self._plan, len(self._plan_changes))
         while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
@@ -126,11 +125,17 @@ class Scheduler:
                                   f"scripted change at step {change['global_step']}")
                 self._next_version += 1
         if self._plan is None or self._plan.num_workers != num_workers:
+            capacities = self._capacities(num_workers, rank_node_ids, rank_device_kinds)
+            warmed_up = rank_fits is not None and len(rank_fits) == num_workers and all(rank_fits)
+            if warmed_up:
+                capacities = _from_warm_up(rank_fits, capacities)
             self._plan, self._caps = initial_plan(
                 self.policy, self.global_batch_size, num_workers, self._next_version,
-                self.batch_split, self.weights, self.policy_config,
-                self._capacities(num_workers, rank_node_ids, rank_device_kinds),
+                self.batch_split, self.policy_config, capacities,
             )
+            if warmed_up and self._plan.reason.startswith(self.policy):  # not an explicit split
+                self._plan = Plan(self._plan.version, self._plan.local_batch_sizes,
+                                  f"{self._plan.reason}, measured by each rank's warm-up")
             self._next_version = self._plan.version + 1
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
         if (self._plan, len(self._plan_changes)) != before:
@@ -142,9 +147,8 @@ class Scheduler:
             return None
         from hetero_ray.profiling.capability import rank_capacities
 
-        speeds = self.weights if self.weights is not None and len(self.weights) == num_workers else None
         try:
-            return rank_capacities(self._nodes, rank_node_ids, rank_device_kinds, speeds)
+            return rank_capacities(self._nodes, rank_node_ids, rank_device_kinds)
         except ValueError as e:  # inconsistent inputs: plan without measurements
             logger.warning("profiles not usable for the first plan (%s)", e)
             return None
@@ -229,6 +233,14 @@ class Scheduler:
         self.restored_from = self._state_path
         logger.warning("scheduler restored from %s: plan %s, next version %d", self._state_path, self._plan,
                        self._next_version)
+
+
+def _from_warm_up(rank_fits: Sequence[dict], profiled: Optional[Sequence]) -> list:
+    """Each rank's warm-up line, with the memory cap its device's profile measured (if any)."""
+    from hetero_ray.profiling.capability import RankCapacity
+
+    caps = [c.max_batch_size if c is not None else None for c in profiled] if profiled else [None] * len(rank_fits)
+    return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), cap) for f, cap in zip(rank_fits, caps)]
 
 
 def _parse_nodes(nodes: list[dict]) -> list:

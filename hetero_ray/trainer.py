@@ -123,18 +123,17 @@ class HeteroTrainer:
         store = actors.start_metrics_store(self._name, run.run_dir, node_id)
         scheduler = actors.start_scheduler(
             self._name, run.run_dir, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
-            batch_split=hetero.batch_split, weights=hetero.emulate_speeds, plan_changes=hetero.plan_changes,
+            batch_split=hetero.batch_split, plan_changes=hetero.plan_changes,
             policy_config=hetero.policy_config(),
         )
         balancer = actors.start_balancer(
             self._name, run.run_dir, node_id, policy=hetero.policy, policy_config=hetero.policy_config(),
-            rebalance_interval=hetero.rebalance_interval, weights=hetero.emulate_speeds,
+            rebalance_interval=hetero.rebalance_interval,
         )
         caps = None
         if hetero.profiles_nodes:
-            batch_sizes = list(hetero.profile_batch_sizes or
-                               probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
-            caps = profile_nodes(run.run_dir, store, scheduler, self._name, hetero.profile_model, batch_sizes,
+            caps = profile_nodes(run.run_dir, store, scheduler, self._name, hetero.profile_model,
+                                 self._probe_batch_sizes(),
                                  cpus_per_worker=cpus_per_worker, timeout_s=hetero.profile_timeout_s, emit=self._emit)
         started = time.time()
         error: Optional[BaseException] = None
@@ -185,6 +184,9 @@ class HeteroTrainer:
             record_sample_ids=hetero.record_sample_ids, profile_interval=hetero.profile_interval,
             emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
+            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py).
+            warmup_model=hetero.profile_model if hetero.emulate_speeds and hetero.profiles_nodes else None,
+            warmup_batch_sizes=self._probe_batch_sizes(),
         )
         user = self._run_config
         run_config = RunConfig(
@@ -198,6 +200,10 @@ class HeteroTrainer:
         )
         return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
                             scaling_config=self._scaling, run_config=run_config)
+
+    def _probe_batch_sizes(self) -> list[int]:
+        hetero = self._hetero
+        return list(hetero.profile_batch_sizes or probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
 
     def _summary_base(self) -> dict[str, Any]:
         hetero = self._hetero

@@ -50,3 +50,18 @@ def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(ray_session, fas
     three = torch.load(os.path.join(balanced.run_dir, "model_final.pt"), weights_only=True)
     worst = max((one[k] - three[k]).abs().max().item() for k in one)
     assert worst < 1e-5, f"balanced run diverged from one worker by {worst}"
+
+
+def test_emulated_speeds_reach_the_first_plan_only_through_the_ranks_own_measurements(ray_session, fast_config):
+    """--emulate-speeds is read by the emulator alone: the node profile measures one machine
+    (both ranks alike), and the first plan comes from each rank timing its own padded step."""
+    from hetero_ray.runtime.driver import run_training
+
+    run = run_training(fast_config(experiment_name="warm-up", model="simple_cnn", policy="optimal", profile=True,
+                                   emulate_speeds=[1.0, 0.25], batch_size=64, num_samples=128,
+                                   profile_batch_sizes=[8, 32, 64]))
+
+    first = run_files.read_table(run.run_dir, "plans").sort_values("first_global_step").iloc[0]
+    assert first["reason"] == "optimal: split for the profiled cost model, measured by each rank's warm-up"
+    fast, slow = first["local_batch_sizes"]
+    assert fast >= 3 * slow, f"a rank at a quarter of the speed got {slow} of {fast + slow} samples"

@@ -79,16 +79,6 @@ def test_gpu_ranks_take_the_nodes_gpus_in_index_order():
     assert rank_capacities([gpus], ["g"])[0].beta_s_per_sample == 0.0001
 
 
-def test_emulated_speed_stretches_time():
-    caps = rank_capacities([node("n", [cpu_device(alpha=0.002, beta=0.001)])], ["n", "n"], emulated_speeds=[1.0, 0.25])
-    assert caps[1].alpha_s == pytest.approx(0.008) and caps[1].beta_s_per_sample == pytest.approx(0.004)
-    assert caps[0].samples_per_s_at(32) == pytest.approx(4 * caps[1].samples_per_s_at(32))
-    with pytest.raises(ValueError, match="emulated speed"):
-        rank_capacities([node("n", [cpu_device()])], ["n"], emulated_speeds=[0.0])
-    with pytest.raises(ValueError, match="emulated speeds"):
-        rank_capacities([node("n", [cpu_device()])], ["n"], emulated_speeds=[1.0, 1.0])
-
-
 def test_failed_unknown_or_unprobed_nodes_give_none():
     failed = node("f", [cpu_device()], status="failed", error="timed out")
     unprobed = node("u", [DeviceCapability(kind="cpu", name="x", matmul_tflops_fp32=0.1)])

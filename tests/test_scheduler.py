@@ -76,3 +76,21 @@ def test_without_a_run_directory_nothing_is_written(tmp_path, monkeypatch):
     in_memory.plan_for(2, 0)
     in_memory.propose({"version": 1, "local_batch_sizes": [30, 10]})
     assert os.listdir(tmp_path) == []
+
+
+def test_the_ranks_warm_up_lines_make_the_first_plan_with_the_profiled_caps():
+    """Two ranks of ONE node (a profile cannot tell them apart): under emulated speeds their
+    own warm-up lines decide the first plan, and the node's memory cap still holds."""
+    one_node = Scheduler(global_batch_size=B, policy="optimal")
+    one_node.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
+    placement = dict(rank_node_ids=["n", "n"], rank_device_kinds=["cpu", "cpu"])
+    fits = [{"alpha_s": 0.0, "beta_s_per_sample": 0.001}, {"alpha_s": 0.0, "beta_s_per_sample": 0.003}]
+
+    plan = one_node.plan_for(2, 0, **placement, rank_fits=fits)
+    assert plan["local_batch_sizes"] == [30, 10]  # t = 30 ms on both ranks
+    assert plan["reason"] == "optimal: split for the profiled cost model, measured by each rank's warm-up"
+    assert plan["caps"] == [30, 30]  # the node's 60, shared by its two CPU ranks
+
+    profiles_only = Scheduler(global_batch_size=B, policy="optimal")
+    profiles_only.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
+    assert profiles_only.plan_for(2, 0, **placement, rank_fits=[fits[0], None])["local_batch_sizes"] == [20, 20]

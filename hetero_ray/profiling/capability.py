@@ -24,7 +24,9 @@ Per rank, busy time is modelled as in :mod:`hetero_ray.balancing.cost_model`:
 
     t_i(b) = α_i + β_i·b        (the node's probe of its device, fitted by fit_linear)
 
-and an emulated speed ``v_i`` (``--emulate-speeds``) stretches it: ``t_i(b) / v_i``.
+Emulated speeds (``--emulate-speeds``) are not applied here: a node profile cannot tell
+the ranks of one machine apart, so under emulation the ranks measure themselves before
+step 0 (:mod:`hetero_ray.training.warmup`) and only their memory caps come from here.
 """
 
 from __future__ import annotations
@@ -206,7 +208,6 @@ def rank_capacities(
     nodes: Sequence[NodeCapability],
     rank_node_ids: Sequence[str],
     rank_device_kinds: Optional[Sequence[str]] = None,
-    emulated_speeds: Optional[Sequence[float]] = None,
 ) -> list[Optional[RankCapacity]]:
     """Each rank's capacity from the probe of the device it will train on.
 
@@ -216,8 +217,6 @@ def rank_capacities(
         rank_device_kinds: "gpu" or "cpu" per rank; None means "gpu" on nodes that have a
             probed GPU, else "cpu". The k-th GPU rank of a node (in rank order) gets the
             node's k-th GPU (NVML index order).
-        emulated_speeds: per-rank emulated speed ``v`` (0 < v ≤ 1): ``t(b)/v``, i.e. α and β
-            divided by ``v``.
 
     Returns:
         A :class:`RankCapacity` per rank, or None where its node is unknown, failed, or has
@@ -227,8 +226,6 @@ def rank_capacities(
     """
     if rank_device_kinds is not None and len(rank_device_kinds) != len(rank_node_ids):
         raise ValueError(f"{len(rank_device_kinds)} device kinds for {len(rank_node_ids)} ranks")
-    if emulated_speeds is not None and len(emulated_speeds) != len(rank_node_ids):
-        raise ValueError(f"{len(emulated_speeds)} emulated speeds for {len(rank_node_ids)} ranks")
     by_id = {node.node_id: node for node in nodes}
     kinds: list[str] = []
     for rank, node_id in enumerate(rank_node_ids):
@@ -258,13 +255,10 @@ def rank_capacities(
         if device is None or not device.has_probe:
             out.append(None)
             continue
-        speed = 1.0 if emulated_speeds is None else float(emulated_speeds[rank])
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"rank {rank}: emulated speed must be > 0, got {speed}")
         cap = device.max_batch_size
         if cap is not None and kind == CPU:
             cap = cap // cpu_ranks_per_node[node_id]
-        out.append(RankCapacity(device.alpha_s / speed, device.beta_s_per_sample / speed, cap))
+        out.append(RankCapacity(device.alpha_s, device.beta_s_per_sample, cap))
     return out
 
 

@@ -31,7 +31,7 @@ BALANCER_STATE_FILE = "balancer_state.json"  # written into each checkpoint by r
 
 class BalancerActor:
     def __init__(self, experiment_name: str, run_dir: str, policy: str, policy_config: dict,
-                 rebalance_interval: int, weights: Optional[list[float]] = None):
+                 rebalance_interval: int):
         from hetero_ray.constants import METRICS_STORE_ROLE, SCHEDULER_ROLE
         from hetero_ray.runtime.actors import get_actor
 
@@ -39,16 +39,15 @@ class BalancerActor:
         self._scheduler = get_actor(experiment_name, SCHEDULER_ROLE)
         self._policy_name = policy
         self._policy_config = PolicyConfig(**policy_config)
-        self._weights = weights
         self.balancer = Balancer(self._make_policy(None), rebalance_interval)
         self._run_dir = run_dir
         self._restored_from: Optional[str] = None
         self._restore_from_latest_checkpoint()
 
     def _make_policy(self, num_workers: Optional[int], caps=None):
-        weights = self._weights
-        if self._policy_name == "proportional" and (weights is None or len(weights) != num_workers):
-            weights = [1.0] * max(1, num_workers or 1)
+        # Proportional shares are fixed at the first plan (the scheduler's); the balancer's
+        # copy only needs a weight per rank to exist.
+        weights = [1.0] * max(1, num_workers or 1) if self._policy_name == "proportional" else None
         return make_policy(self._policy_name, self._policy_config, weights=weights, caps=caps)
 
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,

@@ -88,13 +88,12 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
     scheduler = actors.start_scheduler(
         config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
-        batch_split=config.batch_split, weights=config.emulate_speeds, plan_changes=config.plan_changes,
+        batch_split=config.batch_split, plan_changes=config.plan_changes,
         policy_config=config.policy_config(),
     )
     balancer = actors.start_balancer(
         config.experiment_name, run_dir, node_id, policy=config.policy,
         policy_config=config.policy_config(), rebalance_interval=config.rebalance_interval,
-        weights=config.emulate_speeds,
     )
     total_steps = _total_steps(config)
     caps = None
@@ -190,6 +189,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         rebalance_interval=config.rebalance_interval, device_mode=device_mode,
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
         emulate_speeds=config.emulate_speeds, speed_changes=speed_changes, end_global_step=total_steps,
+        **_warmup_settings(config),
     )
     return TorchTrainer(
         call_for(train_loop_per_worker, settings.to_dict()),
@@ -207,6 +207,17 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
             callbacks=[RunGuard(config.experiment_name)],
         ),
     )
+
+
+def _warmup_settings(config: TrainConfig) -> dict:
+    """Under emulated speeds (with profiling on), each rank times the built-in model's step
+    before step 0: the first plan is measured under the emulation (training/warmup.py)."""
+    if not (config.emulate_speeds and config.profile):
+        return {}
+    from hetero_ray.profiling.recipe import builtin_recipe
+
+    return {"warmup_model": builtin_recipe(config.model, config.dataset),
+            "warmup_batch_sizes": config.probe_batch_sizes()}
 
 
 def _profile_nodes(config: TrainConfig, run_dir: str, store, scheduler, emit) -> Optional[dict[int, int]]:

@@ -26,16 +26,17 @@ logger = logging.getLogger(__name__)
 
 def fetch_plan(scheduler, num_workers: int, global_batch_size: int, global_step: int,
                current: Optional[Plan], timeout_s: float, rank_node_ids=None,
-               rank_device_kinds=None) -> tuple[Optional[Plan], Optional[list]]:
+               rank_device_kinds=None, rank_fits=None) -> tuple[Optional[Plan], Optional[list]]:
     """Rank 0: the scheduler's plan if it is usable for this group, else ``current``; and
     the per-rank memory caps the scheduler knows (None when it knows none).
 
     The ranks' nodes and device kinds let the scheduler build a group's first plan from
-    the profiles of the devices the ranks actually run on.
+    the profiles of the devices the ranks actually run on; ``rank_fits`` (each rank's
+    warm-up line under emulated speeds) let it build that plan from the ranks themselves.
     """
     try:
-        reply = ray.get(scheduler.plan_for.remote(num_workers, global_step, rank_node_ids, rank_device_kinds),
-                        timeout=timeout_s)
+        reply = ray.get(scheduler.plan_for.remote(num_workers, global_step, rank_node_ids, rank_device_kinds,
+                                                  rank_fits), timeout=timeout_s)
         candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
         logger.warning("scheduler did not answer (%s); keeping plan %s", type(e).__name__, current)

@@ -59,6 +59,10 @@ class WorkerSettings:
     emulate_speeds: Optional[list[float]] = None
     speed_changes: Optional[list[dict]] = None
     end_global_step: Optional[int] = None  # known for built-in runs; None for user loops
+    # Under emulated speeds: the model recipe (a ProfileModel) each rank times itself with
+    # before step 0, and at which batch sizes (see training/warmup.py).
+    warmup_model: Any = None
+    warmup_batch_sizes: Optional[list[int]] = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -90,6 +94,7 @@ class WorkerSession:
     model_prepared: bool = False
     weight_state: Any = None  # the gradient hook's state, shared with BatchNorm layers
     timeline: Optional[timing.StepTimeline] = None  # of the step in progress; read by the hooks
+    rank_fits: Optional[list] = None  # each rank's warm-up line, for the group's first plan
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
     _step_notes: dict = field(default_factory=dict)
 
@@ -139,7 +144,8 @@ class WorkerSession:
                 self.scheduler.resume_from.remote(restored.to_dict())
             proposal, caps = fetch_plan(self.scheduler, self.num_workers, self.settings.global_batch_size,
                                         position.global_step, fallback, _plan_fetch_timeout_s(),
-                                        self.rank_node_ids, self.rank_device_kinds)
+                                        self.rank_node_ids, self.rank_device_kinds,
+                                        self.rank_fits if current is None else None)
             if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(self.settings.global_batch_size, self.num_workers)),
@@ -210,6 +216,8 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
         session.speeds = SpeedSchedule(settings.emulate_speeds or [1.0] * session.num_workers, changes)
         session.emulator = SpeedEmulator(torch.cuda.synchronize if session.device.type == "cuda" else None)
     _begin_attempt(session)
+    if session.speeds is not None and settings.warmup_model is not None:
+        _warm_up(session)
     _CURRENT = session
     return session
 
@@ -254,6 +262,22 @@ def _begin_attempt(session: WorkerSession) -> None:
     where = "from the start" if position.global_step == 0 else (
         f"resuming at global step {position.global_step} (epoch {position.epoch}, step {position.step})")
     session.log(f"attempt {session.attempt}: {session.num_workers} workers, {where}")
+
+
+def _warm_up(session: WorkerSession) -> None:
+    """Collective: every rank measures its own step under its emulated speed (see
+    training/warmup.py); all learn every rank's line."""
+    from hetero_ray.training.warmup import gather_fits, measure_rank
+
+    settings = session.settings
+    started = time.perf_counter()
+    speed = session.speeds.speed(session.rank, session.restored_position.global_step)
+    fit = measure_rank(settings.warmup_model, session.device, list(settings.warmup_batch_sizes), session.emulator,
+                       speed)
+    session.rank_fits = gather_fits(fit, session.num_workers)
+    lines = ", ".join("?" if f is None else f"{f['beta_s_per_sample'] * 1e3:.3g}" for f in session.rank_fits)
+    session.log(f"warm-up: each rank timed its own step in {time.perf_counter() - started:.1f} s; "
+                f"ms per sample by rank: {lines}")
 
 
 def _plan_fetch_timeout_s() -> float:
