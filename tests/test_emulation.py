@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from hetero_ray.training import emulation
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock, fit_to_cores
@@ -144,3 +145,23 @@ def test_the_most_crowded_node_sets_the_scale_and_gpu_ranks_need_no_core():
 def test_a_speed_change_that_asks_for_more_is_planned_for_from_the_start():
     schedule = SpeedSchedule([0.5, 0.5], [SpeedChange(100, 1, 1.0)])
     assert fit_to_cores(schedule, ["a", "a"], [1, 1]) == pytest.approx(0.8 / 1.5)
+
+
+def test_a_ranks_warm_up_measures_its_emulated_speed_and_leaves_torchs_random_state():
+    from hetero_ray.profiling.recipe import ProfileModel, builtin_recipe
+    from hetero_ray.training.warmup import measure_rank
+
+    recipe, cpu = builtin_recipe("mlp"), torch.device("cpu")
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    full = measure_rank(recipe, cpu, [8, 32], SpeedEmulator(), 1.0, time_budget_s=0.5)
+    assert torch.equal(torch.rand(3), expected), "the warm-up moved the user's random state"
+    quarter = measure_rank(recipe, cpu, [8, 32], SpeedEmulator(), 0.25, time_budget_s=0.5)
+    at = 32  # the padded step is 4× the work: far more than the machine's noise
+    assert quarter["alpha_s"] + quarter["beta_s_per_sample"] * at > 2 * (full["alpha_s"] + full["beta_s_per_sample"] * at)
+
+    def broken(batch_size):
+        raise ValueError("no data")
+
+    assert measure_rank(ProfileModel(build=recipe.build, make_batch=broken), cpu, [8, 32], SpeedEmulator(), 1.0) is None

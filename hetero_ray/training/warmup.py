@@ -46,10 +46,12 @@ def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator:
     """This rank's fitted line ``{"alpha_s", "beta_s_per_sample"}`` at its emulated
     ``speed``, or None when the recipe fails or the line is unusable (the plan then does
     without this rank's measurement)."""
+    cuda = [device] if torch.device(device).type == "cuda" else []
     try:
-        torch.manual_seed(0)
-        runner = _PaddedRunner(recipe.build(), recipe, device, emulator, speed)
-        timings = measure_busy_times(runner, batch_sizes, repeats=WARMUP_REPEATS, time_budget_s=time_budget_s)
+        # The user's loop starts after this: it finds torch's random state as it was.
+        with torch.random.fork_rng(devices=cuda):
+            runner = _PaddedRunner(recipe.build(), recipe, device, emulator, speed)
+            timings = measure_busy_times(runner, batch_sizes, repeats=WARMUP_REPEATS, time_budget_s=time_budget_s)
         fit = fit_probe(timings)
     except Exception as e:  # noqa: BLE001 - the first plan goes on without it
         logger.warning("warm-up measurement failed (%s: %s); the first plan does without it", type(e).__name__, e)
