@@ -147,19 +147,29 @@ def test_a_speed_change_that_asks_for_more_is_planned_for_from_the_start():
     assert fit_to_cores(schedule, ["a", "a"], [1, 1]) == pytest.approx(0.8 / 1.5)
 
 
+def _sleepy_step(model, batch):
+    """A step of 0.5 ms per sample, slept: its length does not depend on how busy the machine is."""
+    inputs, batch_size = batch
+    time.sleep(0.0005 * batch_size)
+    return model(inputs).sum()
+
+
 def test_a_ranks_warm_up_measures_its_emulated_speed_and_leaves_torchs_random_state():
-    from hetero_ray.profiling.recipe import ProfileModel, builtin_recipe
+    from hetero_ray.profiling.recipe import ProfileModel
     from hetero_ray.training.warmup import measure_rank
 
-    recipe, cpu = builtin_recipe("mlp"), torch.device("cpu")
+    recipe = ProfileModel(build=lambda: torch.nn.Linear(1, 1), make_batch=lambda b: (torch.rand(b, 1), b),
+                          compute_loss=_sleepy_step)
+    cpu = torch.device("cpu")
+    wall = dict(work_clock=time.perf_counter)  # the slept step is the work
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    full = measure_rank(recipe, cpu, [8, 32], SpeedEmulator(), 1.0, time_budget_s=0.5)
+    full = measure_rank(recipe, cpu, [8, 32], SpeedEmulator(**wall), 1.0, time_budget_s=0.5)
     assert torch.equal(torch.rand(3), expected), "the warm-up moved the user's random state"
-    quarter = measure_rank(recipe, cpu, [8, 32], SpeedEmulator(), 0.25, time_budget_s=0.5)
-    at = 32  # the padded step is 4× the work: far more than the machine's noise
-    assert quarter["alpha_s"] + quarter["beta_s_per_sample"] * at > 2 * (full["alpha_s"] + full["beta_s_per_sample"] * at)
+    quarter = measure_rank(recipe, cpu, [8, 32], SpeedEmulator(**wall), 0.25, time_budget_s=0.5)
+    assert full["beta_s_per_sample"] == pytest.approx(0.0005, rel=0.5)
+    assert quarter["beta_s_per_sample"] == pytest.approx(4 * full["beta_s_per_sample"], rel=0.25)
 
     def broken(batch_size):
         raise ValueError("no data")
