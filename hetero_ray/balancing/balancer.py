@@ -22,6 +22,20 @@ An adopted decision's row waits until the new plan has run ``achieved_window_ste
 complete steps; then its ``achieved_step_time_s`` (median over those steps of the
 slowest rank's busy time — the quantity the prediction is about) is filled in and the row
 is emitted, prediction and outcome side by side.
+
+A worse plan is never kept. A cost line fitted at one batch size can mislead at another
+(under a CPU quota a device looks fast while its step fits in the quota's burst), so a
+prediction can be wrong. After ``rollback_check_steps`` steps of an adopted plan, the
+median of the same quantity is compared with the plan it replaced over its last as many
+steps before the switch (the newest: a device that slowed down just before is measured
+slow on both sides, so adapting to it is not mistaken for a worse plan); if the step got slower by more than :data:`ROLLBACK_MARGIN`, the old shares
+are proposed again at once — in force from the next point, so the worse plan runs at most
+one interval — and the balancer holds the restored plan for one more decision. It also
+stops trusting the extrapolation that misled it: every rank the worse plan gave more
+samples may from then on be given at most half that increase (a cap the policy respects,
+until the worker group restarts). A second wrong move halves it again, so the shares
+approach the largest a rank really runs at its predicted speed instead of swinging between
+two plans.
 """
 
 from __future__ import annotations
@@ -40,6 +54,17 @@ from hetero_ray.plan import Plan
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
 _GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches
 _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the lag
+# A plan whose step is this much slower than its predecessor's is rolled back. Below the
+# 10 % a user would call "worse", with room for the medians' own noise.
+ROLLBACK_MARGIN = 0.07
+
+
+@dataclass
+class _Predecessor:
+    """The plan an adoption replaced (for a rollback)."""
+
+    local_batch_sizes: tuple[int, ...]
+    version: int
 
 
 @dataclass
@@ -67,6 +92,8 @@ class Balancer:
         self.rebalance_interval = rebalance_interval
         self.window_steps = window_steps
         self.achieved_window_steps = achieved_window_steps or max(5, min(rebalance_interval, window_steps))
+        # Half an interval (≥ 3 steps): early enough that the rollback is in force at the next point.
+        self.rollback_check_steps = min(self.achieved_window_steps, max(3, rebalance_interval // 2))
         self.num_workers = 0
         self.attempt = -1
         self.estimates: Optional[ClusterEstimates] = None
@@ -80,6 +107,9 @@ class Balancer:
         self._waiting_since_version: Optional[int] = None  # a proposal made under this version
         self._awaiting_outcome: Optional[tuple[dict, int]] = None  # (row, version it was proposed under)
         self._achieved: list[float] = []
+        self._predecessor: Optional[_Predecessor] = None  # of the adoption awaiting its check
+        self._holds_left = 0  # decisions to skip after a rollback
+        self._learned_caps: list[Optional[int]] = []  # per rank, from rollbacks (see module docstring)
 
     # ------------------------------------------------------------------ lifecycle
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
@@ -99,6 +129,7 @@ class Balancer:
         self._waiting_since_version = None
         self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
         self._gaps_s.clear()
+        self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
 
     @property
     def end_global_step(self) -> Optional[int]:
@@ -171,6 +202,13 @@ class Balancer:
         if info.plan_version <= proposed_under_version:
             return  # the adopted plan is not in force yet
         self._achieved.append(info.max_busy_time_s)
+        if self._predecessor is not None and len(self._achieved) >= self.rollback_check_steps:
+            predecessor, self._predecessor = self._predecessor, None
+            achieved = statistics.median(self._achieved)
+            before = self._step_time_of(predecessor.version)
+            if before is not None and achieved > before * (1 + ROLLBACK_MARGIN):
+                self._roll_back(global_step, info, predecessor, before, achieved, out)
+                return
         if len(self._achieved) >= self.achieved_window_steps:
             row["achieved_step_time_s"] = statistics.median(self._achieved)
             out.decision_rows.append(row)
@@ -186,16 +224,66 @@ class Balancer:
         if sum(sizes) < self._full_window or any(b == 0 for b in sizes):  # an epoch's short last window, not a plan
             return False
         current = Plan(info.plan_version, sizes)
-        decision: Decision = self.policy.decide(current, self.estimates, global_step)
+        if self._holds_left > 0:
+            self._holds_left -= 1
+            decision = Decision(False, current, "hold: the shares were just restored by a rollback; measuring "
+                                "them before moving again", self.policy.name, global_step)
+        else:
+            decision = self._policy_decides(current, global_step)
         row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time()}
         if decision.adopt:
             out.new_plans.append(decision.plan)
             self._waiting_since_version = current.version
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []
+            self._predecessor = _Predecessor(sizes, current.version)
         else:
             out.decision_rows.append(row)
         return True
+
+    def _policy_decides(self, current: Plan, global_step: int) -> Decision:
+        """The policy's decision, within the memory caps and the caps rollbacks taught."""
+        memory_caps = self.policy.caps
+        if any(c is not None for c in self._learned_caps):
+            self.policy.caps = [_tighter(m, learned) for m, learned in
+                                zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
+        try:
+            return self.policy.decide(current, self.estimates, global_step)
+        finally:
+            self.policy.caps = memory_caps
+
+    def _step_time_of(self, version: int) -> Optional[float]:
+        """Median slowest-rank busy time of the newest ``rollback_check_steps`` complete
+        steps run under ``version`` (None: fewer were seen)."""
+        times = [i.max_busy_time_s for i in self._steps.values()
+                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
+        times = times[-self.rollback_check_steps:]
+        return statistics.median(times) if len(times) == self.rollback_check_steps else None
+
+    def _roll_back(self, global_step: int, info: _StepInfo, predecessor: _Predecessor, before_s: float,
+                   achieved_s: float, out: BalancerOutput) -> None:
+        """The plan in force made the step slower: its shares go back to its predecessor's."""
+        row, _ = self._awaiting_outcome
+        row["achieved_step_time_s"] = achieved_s  # the worse plan's outcome, as far as it ran
+        out.decision_rows.append(row)
+        worse = Plan(info.plan_version, tuple(info.local_batch_sizes[r] for r in range(self.num_workers)))
+        reason = (f"rollback: plan v{worse.version} made the step slower ({before_s * 1e3:.1f} ms → "
+                  f"{achieved_s * 1e3:.1f} ms, median of {len(self._achieved)} steps); back to the shares before it")
+        restored = worse.with_sizes(predecessor.local_batch_sizes, reason)
+        out.new_plans.append(restored)
+        for rank, (before, after) in enumerate(zip(predecessor.local_batch_sizes, worse.local_batch_sizes)):
+            if after > before:  # its line was trusted too far: half the way, at most, next time
+                self._learned_caps[rank] = _tighter(self._learned_caps[rank], before + (after - before) // 2)
+        rollback_row = {
+            "global_step": int(global_step), "policy": self.policy.name, "adopted": True, "reason": reason,
+            "plan_version": int(worse.version), "local_batch_sizes": [int(b) for b in restored.local_batch_sizes],
+            "predicted_step_time_s": before_s, "current_predicted_step_time_s": achieved_s,
+            "predicted_gain": (achieved_s - before_s) / achieved_s,
+            "achieved_step_time_s": None, "wall_time": time.time(),
+        }
+        self._awaiting_outcome, self._achieved = (rollback_row, worse.version), []
+        self._waiting_since_version = worse.version
+        self._holds_left = 1
 
     def flush(self) -> list[dict]:
         """Rows still waiting for their outcome (at the end of a run)."""
@@ -221,3 +309,8 @@ class Balancer:
             self.estimates = ClusterEstimates(self.num_workers, window_steps=self.window_steps)
             self.estimates.load_state_dict(state["estimates"])
         self.policy.load_state_dict(state.get("policy") or {})
+
+
+def _tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    """The smaller of two caps; None is no cap."""
+    return b if a is None else a if b is None else min(a, b)
