@@ -49,7 +49,7 @@ def main() -> int:
               f"per {args.period_ms:g} ms", flush=True)
         argv = ["bench", "--address", address, "--no-emulation", "--num-workers", "2", "--steps", str(args.steps),
                 "--batch-size", str(args.batch_size), "--policies", args.policies,
-                "--output-dir", os.path.join(log_dir, "runs")]
+                "--output-dir", os.path.join(log_dir, "runs"), "--plain-anchor"]
         if args.json:
             argv += ["--json", args.json]
         return hetero_ray_main(argv)

@@ -212,6 +212,8 @@ def run_bench(args) -> dict:
     }
     if args.speed_change:
         result["adaptation"] = _adaptation(args, output_dir, speeds)
+    if getattr(args, "plain_anchor", False):
+        result["plain_ray_train"] = _plain_anchor(args, output_dir)
     if args.homogeneous_check:
         homogeneous = _run(args, output_dir, "optimal-homogeneous", "optimal", None)
         analyse(homogeneous)
@@ -226,6 +228,23 @@ def run_bench(args) -> dict:
     result["replay"] = _replay(args, runs, extra_traces=[homogeneous.steps] if args.homogeneous_check else [])
     result["report"] = _write_report(output_dir, runs, result)
     return result
+
+
+def _plain_anchor(args, output_dir: str) -> dict:
+    """Plain Ray Train on the same workers, model and global batch (equal shares), in this
+    run: the anchor for the policies' "× plain Ray Train". Its steady rate is taken as the
+    policies' is: the second half of the steps, by wall time. Emulated speeds are not
+    applied to it (it has no emulator), so the anchor is only meaningful on real devices."""
+    from hetero_ray.bench.overhead import steady_rate
+    from hetero_ray.bench.plain_ray_train import run_plain
+
+    started = time.monotonic()
+    ends = run_plain(args.model, "synthetic_image", args.batch_size * (args.steps + 1), args.batch_size,
+                     args.steps, args.num_workers, lr=0.01, seed=0,
+                     result_path=os.path.join(output_dir, "plain-ray-train.json"))
+    rate = steady_rate(ends, args.batch_size)
+    print(f"[bench] plain Ray Train: {rate:.0f} samples/s ({time.monotonic() - started:.0f} s)", flush=True)
+    return {"samples_per_s": rate}
 
 
 def analyse(run: PolicyRun) -> None:
@@ -323,6 +342,10 @@ def print_result(result: dict) -> None:
     print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "n·min/Σ",
                         "steps to balance",
                         "plan changes", "final plan", "own samples/s per rank"], rows))
+    if "plain_ray_train" in result:
+        plain = result["plain_ray_train"]["samples_per_s"]
+        print(f"plain Ray Train (TorchTrainer, equal shares, measured in this run): {plain:.0f} samples/s; "
+              + ", ".join(f"{r['label']} ÷ plain Ray Train {r['samples_per_s'] / plain:.2f}" for r in result["runs"]))
     _print_factors(result)
     if "adaptation" in result:
         a = result["adaptation"]

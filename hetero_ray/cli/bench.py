@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run optimal with this emulated slowdown mid-run (adaptation)")
     parser.add_argument("--homogeneous-check", action="store_true",
                         help="also run optimal without emulation and count plan changes (thrashing)")
+    parser.add_argument("--plain-anchor", action="store_true",
+                        help="also run plain Ray Train (TorchTrainer, equal shares, same model and global batch) "
+                             "and print each policy ÷ it")
     parser.add_argument("--output-dir", help="where the bench's runs go (default runs/bench-<time>)")
     parser.add_argument("--json", help="write the figures to this file")
 

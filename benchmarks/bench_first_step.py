@@ -1,0 +1,135 @@
+"""How long until the first training step: ``hetero-ray train`` against a plain ``TorchTrainer``.
+
+Each side is a fresh command (its own Python, its own local Ray), timed from the moment
+it is started until its first training step has finished:
+
+- plain: a ``TorchTrainer`` running simple_cnn on in-memory synthetic images, equal
+  shares, the same number of workers and global batch; rank 0 notes when its first
+  optimiser step ends;
+- hetero_ray: ``hetero-ray train`` with the same model, data, workers and batch, profiling
+  on (the default); the first step's end is its row in ``steps.parquet``.
+
+Rounds alternate which side goes first. For hetero_ray the run's files also say where
+the time went: the run directory made (``config.json``), the nodes profiled
+(``nodes.json``), the worker group registered (``attempts.json``), the first step.
+Target: hetero_ray's first step no more than 5 s after plain's.
+
+    python benchmarks/bench_first_step.py [--rounds 2] [--num-workers 4] [--emulate-speeds 1,1,0.5,0.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL, BATCH = "simple_cnn", 96
+
+PLAIN_SCRIPT = r"""
+import json, os, sys, time
+started = float(os.environ["BENCH_STARTED"])
+import ray, ray.train, ray.train.torch, torch
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+def loop(config):
+    from hetero_ray.training.data import load_dataset
+    from hetero_ray.training.models import build_model, compute_loss
+    context = ray.train.get_context()
+    data = load_dataset("synthetic_image", num_samples=config["batch"] * 4, eval_samples=64, seed=0)
+    model = ray.train.torch.prepare_model(build_model("simple_cnn", data.spec))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    local = config["batch"] // context.get_world_size()
+    inputs, targets = data.train.batch(torch.arange(local))
+    loss = compute_loss(model(inputs), targets)
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+    if context.get_world_rank() == 0:
+        with open(config["out"], "w") as f:
+            json.dump({"first_step_end": time.time()}, f)
+
+ray.init(num_cpus=max(os.cpu_count() or 1, int(sys.argv[1])), logging_level="ERROR", log_to_driver=False)
+TorchTrainer(loop, train_loop_config={"batch": int(sys.argv[2]), "out": sys.argv[3]},
+             scaling_config=ScalingConfig(num_workers=int(sys.argv[1])),
+             run_config=RunConfig(name="first-step-plain", storage_path=sys.argv[4])).fit()
+"""
+
+
+def _env(started: float) -> dict:
+    env = dict(os.environ, BENCH_STARTED=repr(started), PYTHONPATH=REPO)
+    env.pop("RAY_ADDRESS", None)  # each side starts its own local Ray
+    return env
+
+
+def plain(workdir: str, num_workers: int) -> float:
+    out = os.path.join(workdir, "plain.json")
+    started = time.time()
+    subprocess.run([sys.executable, "-c", PLAIN_SCRIPT, str(num_workers), str(BATCH), out, workdir],
+                   env=_env(started), check=True, capture_output=True, timeout=600)
+    with open(out) as f:
+        return json.load(f)["first_step_end"] - started
+
+
+def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None) -> dict:
+    import pandas as pd
+
+    cli = os.path.join(os.path.dirname(sys.executable), "hetero-ray")
+    argv = [cli, "train", "--model", MODEL, "--dataset", "synthetic_image", "--num-samples", str(BATCH * 12),
+            "--epochs", "1", "--batch-size", str(BATCH), "--num-workers", str(num_workers),
+            "--output-dir", workdir, "--experiment-name", name]
+    if emulate_speeds:
+        argv += ["--emulate-speeds", emulate_speeds]
+    started = time.time()
+    subprocess.run(argv, env=_env(started), check=True, capture_output=True, timeout=600)
+    run_dir = os.path.join(workdir, name)
+    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
+    first = float(steps[steps["global_step"] == 0]["wall_time"].max())  # the step ends with its slowest rank
+
+    def at(file_name: str) -> float | None:
+        path = os.path.join(run_dir, file_name)
+        return os.path.getmtime(path) - started if os.path.exists(path) else None
+
+    with open(os.path.join(run_dir, "attempts.json")) as f:
+        attempt_started = json.load(f)[0].get("wall_time")
+    return {"first_step_s": first - started, "run_dir_s": at("config.json"), "profiled_s": at("nodes.json"),
+            "group_registered_s": None if attempt_started is None else attempt_started - started}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--num-workers", type=int, default=4)
+    parser.add_argument("--emulate-speeds", help="for hetero_ray, e.g. 1,1,0.5,0.25 (the demo's)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.num_workers < 1:
+        parser.error("--rounds and --num-workers must be ≥ 1")
+    plain_s, hetero_runs = [], []
+    with tempfile.TemporaryDirectory(prefix="bench_first_step_") as workdir:
+        for round_ in range(args.rounds):
+            order = ("plain", "hetero") if round_ % 2 == 0 else ("hetero", "plain")
+            for side in order:
+                if side == "plain":
+                    plain_s.append(plain(workdir, args.num_workers))
+                    print(f"round {round_}: plain Ray Train first step after {plain_s[-1]:5.1f} s", flush=True)
+                else:
+                    run = hetero(workdir, args.num_workers, f"first-step-{round_}", args.emulate_speeds)
+                    hetero_runs.append(run)
+                    print(f"round {round_}: hetero-ray train first step after {run['first_step_s']:5.1f} s "
+                          f"(run dir {run['run_dir_s']:.1f} s, nodes profiled "
+                          f"{'-' if run['profiled_s'] is None else f'{run['profiled_s']:.1f} s'}, worker group "
+                          f"registered {'-' if run['group_registered_s'] is None else f'{run['group_registered_s']:.1f} s'})",
+                          flush=True)
+    gaps = [h["first_step_s"] - p for h, p in zip(hetero_runs, plain_s)]
+    print(f"first step, {args.num_workers} workers, batch {BATCH}: plain median {statistics.median(plain_s):.1f} s, "
+          f"hetero-ray train median {statistics.median(h['first_step_s'] for h in hetero_runs):.1f} s; "
+          f"hetero − plain per round {', '.join(f'{g:+.1f}' for g in gaps)} s (target ≤ +5 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
