@@ -100,6 +100,10 @@ def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None
             "group_registered_s": None if attempt_started is None else attempt_started - started}
 
 
+def _s(seconds) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -120,9 +124,8 @@ def main(argv=None) -> int:
                     run = hetero(workdir, args.num_workers, f"first-step-{round_}", args.emulate_speeds)
                     hetero_runs.append(run)
                     print(f"round {round_}: hetero-ray train first step after {run['first_step_s']:5.1f} s "
-                          f"(run dir {run['run_dir_s']:.1f} s, nodes profiled "
-                          f"{'-' if run['profiled_s'] is None else f'{run['profiled_s']:.1f} s'}, worker group "
-                          f"registered {'-' if run['group_registered_s'] is None else f'{run['group_registered_s']:.1f} s'})",
+                          f"(run dir {_s(run['run_dir_s'])}, nodes profiled {_s(run['profiled_s'])}, "
+                          f"worker group registered {_s(run['group_registered_s'])})",
                           flush=True)
     gaps = [h["first_step_s"] - p for h, p in zip(hetero_runs, plain_s)]
     print(f"first step, {args.num_workers} workers, batch {BATCH}: plain median {statistics.median(plain_s):.1f} s, "
