@@ -185,3 +185,22 @@ def test_adapting_to_a_device_that_just_slowed_down_is_not_rolled_back():
             history.append((step + 1, tuple(sizes), plan.reason))
     assert history and history[0][1][3] < 24, "the balancer never moved work off the slowed rank"
     assert not [h for h in history if h[2].startswith("rollback")], history
+
+
+def test_a_decision_due_before_the_check_judges_the_outcome_first():
+    """Records that arrive late bring the next point's decision forward, before half an
+    interval of the new plan has run: going back is then still a rollback, with the cap
+    it teaches, not an ordinary move the policy could undo again."""
+    balancer = new_balancer(interval=10)
+    sizes, version, history, proposed = [24, 24, 24, 24], 0, [], None
+    for step in range(80):
+        if step % 10 == 0 and proposed is not None:  # workers switch at rebalance points only
+            sizes, version, proposed = list(proposed.local_batch_sizes), version + 1, None
+            history.append((step, tuple(sizes), reason))
+        rows = [dict(r, step_time_s=0.05, wall_time=0.05 * step) for r in _burst_rows(step, sizes, version)]
+        # Each step's records arrive 0.3 s after it ended: the balancer decides 7 steps ahead.
+        for plan in balancer.add_steps(rows, now=0.05 * step + 0.3).new_plans:
+            proposed, reason = plan, plan.reason
+    assert history[1][2].startswith("rollback: plan v1 made the step slower"), history
+    assert history[1][0] - history[0][0] == balancer.rebalance_interval  # the worse plan ran one interval
+    assert all(h[1][0] <= 24 + (history[0][1][0] - 24) // 2 for h in history[2:]), history  # the cap holds

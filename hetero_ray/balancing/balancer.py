@@ -57,6 +57,7 @@ _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the 
 # A plan whose step is this much slower than its predecessor's is rolled back. Below the
 # 10 % a user would call "worse", with room for the medians' own noise.
 ROLLBACK_MARGIN = 0.07
+_MIN_ROLLBACK_STEPS = 3  # a decision due before the check: judge on at least this many steps
 
 
 @dataclass
@@ -202,13 +203,8 @@ class Balancer:
         if info.plan_version <= proposed_under_version:
             return  # the adopted plan is not in force yet
         self._achieved.append(info.max_busy_time_s)
-        if self._predecessor is not None and len(self._achieved) >= self.rollback_check_steps:
-            predecessor, self._predecessor = self._predecessor, None
-            achieved = statistics.median(self._achieved)
-            before = self._step_time_of(predecessor.version)
-            if before is not None and achieved > before * (1 + ROLLBACK_MARGIN):
-                self._roll_back(global_step, info, predecessor, before, achieved, out)
-                return
+        if len(self._achieved) >= self.rollback_check_steps and self._rolled_back(global_step, info, out):
+            return
         if len(self._achieved) >= self.achieved_window_steps:
             row["achieved_step_time_s"] = statistics.median(self._achieved)
             out.decision_rows.append(row)
@@ -224,6 +220,14 @@ class Balancer:
         if sum(sizes) < self._full_window or any(b == 0 for b in sizes):  # an epoch's short last window, not a plan
             return False
         current = Plan(info.plan_version, sizes)
+        # A decision can come before the check's half interval (records arrive late, the
+        # next point is near): the outcome is judged first, on the steps there are, so that
+        # going back is a rollback (with what it teaches), not just another move.
+        if self._predecessor is not None:
+            if len(self._achieved) < _MIN_ROLLBACK_STEPS:
+                return False  # too few steps of the new plan to judge it, or to decide on
+            if self._rolled_back(global_step, info, out):
+                return True
         if self._holds_left > 0:
             self._holds_left -= 1
             decision = Decision(False, current, "hold: the shares were just restored by a rollback; measuring "
@@ -252,13 +256,26 @@ class Balancer:
         finally:
             self.policy.caps = memory_caps
 
-    def _step_time_of(self, version: int) -> Optional[float]:
-        """Median slowest-rank busy time of the newest ``rollback_check_steps`` complete
-        steps run under ``version`` (None: fewer were seen)."""
+    def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:
+        """Median slowest-rank busy time of the newest ``num_steps`` complete steps run
+        under ``version`` (as many as the new plan is judged on; None: fewer were seen)."""
         times = [i.max_busy_time_s for i in self._steps.values()
                  if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
-        times = times[-self.rollback_check_steps:]
-        return statistics.median(times) if len(times) == self.rollback_check_steps else None
+        times = times[-num_steps:]
+        return statistics.median(times) if len(times) == num_steps else None
+
+    def _rolled_back(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> bool:
+        """Judges the adopted plan against its predecessor once (see the module docstring);
+        True when it was rolled back."""
+        if self._predecessor is None or self._awaiting_outcome is None:
+            return False
+        predecessor, self._predecessor = self._predecessor, None
+        achieved = statistics.median(self._achieved)
+        before = self._step_time_of(predecessor.version, len(self._achieved))
+        if before is None or not achieved > before * (1 + ROLLBACK_MARGIN):
+            return False
+        self._roll_back(global_step, info, predecessor, before, achieved, out)
+        return True
 
     def _roll_back(self, global_step: int, info: _StepInfo, predecessor: _Predecessor, before_s: float,
                    achieved_s: float, out: BalancerOutput) -> None:
