@@ -9,10 +9,10 @@ follow each device's speed.
 
 ``fit()`` checks everything it can before anything is written, starts the run's actors
 (metrics store, scheduler, balancer) on the driver's node, profiles the nodes with the
-user's model when ``HeteroConfig.profile_model`` says how to build it, runs a ``TorchTrainer`` whose
-workers run the user's loop inside a hetero_ray session (:mod:`hetero_ray.training.entry`),
-and writes the run's tables and ``summary.json`` — also when training fails — where the
-dashboard and ``hetero-ray report`` read them.
+user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
+``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
+(:mod:`hetero_ray.training.entry`), and writes the run's tables and ``summary.json`` —
+also when training fails — where the dashboard and ``hetero-ray report`` read them.
 """
 
 from __future__ import annotations
