@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
+
+
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A right-aligned text table with a rule under the headers (None prints empty)."""
+    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def format_duration(seconds: Optional[float], compact: bool = True) -> str:

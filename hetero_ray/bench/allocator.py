@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from hetero_ray.cli.report_text import format_table
+from hetero_ray.formatting import format_table
 
 SIDES = ("glibc default", "hetero_ray")
 _WARMUP_STEPS = 10

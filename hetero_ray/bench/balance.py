@@ -56,7 +56,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from hetero_ray.cli.report_text import format_table
+from hetero_ray.formatting import format_table
 from hetero_ray.metrics.summary import per_step
 
 ROLLING_STEPS = 20

@@ -20,7 +20,7 @@ import statistics
 import tempfile
 from typing import Optional
 
-from hetero_ray.cli.report_text import format_table
+from hetero_ray.formatting import format_table
 
 
 def steady_rate(step_end_times: list[float], global_batch_size: int) -> float:

@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 
-from hetero_ray.cli.report_text import format_table
+from hetero_ray.formatting import format_table
 
 PROFILE_INTERVAL = 10  # steps between readings: the default the loop runs with
 TARGET_RATIO = 1.02

@@ -176,7 +176,7 @@ def run_soak(steps: int = DEFAULT_STEPS, num_workers: int = DEFAULT_NUM_WORKERS,
 
 
 def format_report(result: SoakResult) -> str:
-    from hetero_ray.cli.report_text import format_table
+    from hetero_ray.formatting import format_table
 
     f = result.figures()
     rows = [[f"{s.elapsed_s:.0f}", f"{s.cursor:,}", f"{s.rss_bytes / 1024**2:.1f}", f"{s.steps_held:,}",

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 def profile_report(nodes, model=None) -> str:
     """The table (a row per node and device), node facts, and failures."""
-    from hetero_ray.cli.report_text import format_table
+    from hetero_ray.formatting import format_table
 
     rows = []
     for node in nodes:

@@ -5,13 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-
-def format_table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+from hetero_ray.formatting import format_table
 
 
 def run_summary_text(summary: dict[str, Any]) -> str:

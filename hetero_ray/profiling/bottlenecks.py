@@ -198,7 +198,7 @@ def verdicts_table(verdicts: list[Verdict]) -> pd.DataFrame:
 
 def format_verdicts(verdicts: list[Verdict]) -> str:
     """The CLI summary's bottleneck section: a table, then one recommendation per rank."""
-    from hetero_ray.cli.report_text import format_table
+    from hetero_ray.formatting import format_table
 
     if not verdicts:
         return "bottlenecks: no step records to judge"

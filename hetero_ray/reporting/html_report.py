@@ -125,7 +125,7 @@ def summary_text(run: LoadedRun) -> str:
 
 def compare_text(runs: list[LoadedRun]) -> str:
     from dashboards import frames
-    from hetero_ray.cli.report_text import format_table
+    from hetero_ray.formatting import format_table
 
     table = frames.compare_table([{"name": r.name, "config": r.config, "cluster": r.cluster, "evals": r.evals}
                                   for r in runs])
