@@ -85,7 +85,7 @@ def resume_args(output_dir, name: str, *extra: str) -> list[str]:
 
 
 def other_model_weights(model: str = "simple_cnn") -> dict:
-    from hetero_ray.profiling.model_probe import spec_for
+    from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model
 
     return build_model(model, spec_for(model)).state_dict()

@@ -15,8 +15,9 @@ import pytest
 
 from hetero_ray.profiling.model_probe import (
     CPU_FIXED_STATE_FACTOR, DEFAULT_PROBE_BATCH_SIZES, ProbeResult, fit_probe, measure_busy_times, probe_model,
-    ram_bound_batch_size, search_max_batch_size, spec_for,
+    ram_bound_batch_size, search_max_batch_size,
 )
+from hetero_ray.training.data import spec_for
 from hetero_ray.training.models import build_model
 
 

@@ -32,7 +32,8 @@ def measure_steps(model: str, batch_size: int, steps: int) -> dict:
     """In this process: per-step CPU time and page faults of ``steps`` training steps."""
     import torch
 
-    from hetero_ray.profiling.model_probe import make_batch, spec_for
+    from hetero_ray.profiling.model_probe import make_batch
+    from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model, compute_loss
 
     torch.set_num_threads(1)

@@ -52,7 +52,8 @@ def in_process_ratio(model: str, batch_size: int, blocks: int, steps_per_block: 
     """Median step time with a sampler over without, alternating blocks of steps."""
     import torch
 
-    from hetero_ray.profiling.model_probe import make_batch, spec_for
+    from hetero_ray.profiling.model_probe import make_batch
+    from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model, compute_loss
     from hetero_ray.training.resource_sampler import ResourceSampler
 

@@ -172,19 +172,6 @@ def ram_bound_batch_size(per_sample_bytes: float, fixed_bytes: float, available_
     return int(min(limit, max(0, math.floor(budget / per_sample_bytes))))
 
 
-def spec_for(model: str, dataset: Optional[str] = None):
-    """The :class:`DataSpec` a probe feeds ``model`` (synthetic shapes of ``dataset``)."""
-    from hetero_ray.config import TEXT_MODELS
-    from hetero_ray.training.data import (
-        IMAGE_SHAPE, SYNTHETIC_IMAGE_CLASSES, SYNTHETIC_TEXT_SEQ_LEN, SYNTHETIC_TEXT_VOCAB, DataSpec,
-    )
-
-    if model in TEXT_MODELS:
-        return DataSpec("text", SYNTHETIC_TEXT_VOCAB, (SYNTHETIC_TEXT_SEQ_LEN,))
-    classes = 100 if dataset == "cifar100" else SYNTHETIC_IMAGE_CLASSES
-    return DataSpec("image", classes, IMAGE_SHAPE)
-
-
 def make_batch(spec, batch_size: int, generator: Optional[torch.Generator] = None,
                device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A random batch shaped like the data (inputs, targets); on the host unless ``device``."""

@@ -63,7 +63,8 @@ def builtin_recipe(model: str, dataset: Optional[str] = None) -> ProfileModel:
     """A built-in model (``hetero-ray train --model``) as a recipe, on synthetic data of ``dataset``'s shapes."""
     import functools
 
-    from hetero_ray.profiling.model_probe import make_batch, spec_for
+    from hetero_ray.profiling.model_probe import make_batch
+    from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model
 
     spec = spec_for(model, dataset)

@@ -87,7 +87,7 @@ def model_shapes(model: str, dataset: str) -> dict[str, tuple[int, ...]]:
     Built on the meta device: no memory, no arithmetic, milliseconds even for resnet50,
     so the driver can check a checkpoint before any worker starts.
     """
-    from hetero_ray.profiling.model_probe import spec_for
+    from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model
 
     with torch.device("meta"):

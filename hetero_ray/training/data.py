@@ -51,6 +51,17 @@ class DataSpec:
             raise ValueError(f"DataSpec.{what} is defined for {kind} data, this spec is {self.kind}")
 
 
+def spec_for(model: str, dataset: Optional[str] = None) -> DataSpec:
+    """What ``model`` is fed when no dataset is loaded (the profiler's probe, a checkpoint's
+    model rebuilt): synthetic shapes of ``dataset``, the text shape for a text model."""
+    from hetero_ray.config import TEXT_MODELS
+
+    if model in TEXT_MODELS:
+        return DataSpec("text", SYNTHETIC_TEXT_VOCAB, (SYNTHETIC_TEXT_SEQ_LEN,))
+    classes = 100 if dataset == "cifar100" else SYNTHETIC_IMAGE_CLASSES
+    return DataSpec("image", classes, IMAGE_SHAPE)
+
+
 class DataSplit:
     """In-memory samples; :meth:`batch` gathers the samples at given indices.
 
