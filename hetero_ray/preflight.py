@@ -13,7 +13,8 @@ from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
-from hetero_ray.training.checkpointing import POSITION_FILE, load_state, model_shapes, run_fingerprint
+from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir
+from hetero_ray.training.checkpointing import load_state, model_shapes, run_fingerprint
 
 
 def run_dir_of(config: TrainConfig) -> str:
@@ -58,44 +59,6 @@ def check_output_dir(output_dir: str) -> None:
     if problem:
         raise UserError(f"--output-dir {output_dir} cannot be written ({problem}); "
                         "choose a directory you can write to")
-
-
-RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
-
-
-def latest_checkpoint_dir(run_dir: str) -> str | None:
-    """The checkpoint a restart or --resume continues from: the one Ray Train registered.
-
-    Ray Train's snapshot decides. A checkpoint folder can exist on storage seconds before
-    Ray registers it (its controller takes the workers' reports in turn), and Ray does not
-    restore an unregistered one, so neither does anything here.
-    """
-    train_dir = ray_train_dir(run_dir)
-    snapshot = read_json(os.path.join(train_dir, RAY_CHECKPOINT_SNAPSHOT)) or {}
-    latest = (snapshot.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
-    if latest and any(os.path.exists(os.path.join(train_dir, latest, marker)) for marker in _POSITION_MARKERS):
-        return os.path.join(train_dir, latest)
-    return None
-
-
-# A checkpoint of hetero_ray's: the built-in loop's position file, or the state a user
-# loop's checkpoint carries (hetero_ray.train.report).
-_POSITION_MARKERS = (POSITION_FILE, os.path.join("hetero_ray", "state.json"))
-
-
-def ray_train_dir(run_dir: str) -> str:
-    """Where Ray Train keeps a run's checkpoints: ``ray_train/`` for runs of
-    ``hetero-ray train``, the run directory itself for HeteroTrainer runs (Ray Train's
-    ``storage_path / name``)."""
-    nested = os.path.join(run_dir, RAY_TRAIN_SUBDIR)
-    return nested if os.path.isdir(nested) else run_dir
-
-
-def registered_checkpoint_names(run_dir: str) -> set[str]:
-    """Names of the checkpoint folders Ray Train's snapshot lists (the only ones it restores)."""
-    snapshot = read_json(os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)) or {}
-    results = list(snapshot.get("checkpoint_results") or []) + [snapshot.get("latest_checkpoint_result") or {}]
-    return {r["checkpoint_dir_name"] for r in results if r.get("checkpoint_dir_name")}
 
 
 def check_resumable(run_dir: str, config: TrainConfig) -> None:

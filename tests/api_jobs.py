@@ -126,7 +126,7 @@ def _maybe_crash(config: dict, completed_step: int) -> None:
     marker = os.path.join(crash["run_dir"], "crashed_once")
     if os.path.exists(marker):
         return
-    from hetero_ray.preflight import latest_checkpoint_dir
+    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 
     deadline = time.monotonic() + 60
     while not (latest_checkpoint_dir(crash["run_dir"]) or "").endswith(crash["after_checkpoint"]):

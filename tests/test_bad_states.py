@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from hetero_ray.metrics import run_files
-from hetero_ray.preflight import latest_checkpoint_dir, registered_checkpoint_names
+from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, registered_checkpoint_names
 from hetero_ray.training.checkpointing import STATE_FILE, load_state, save_state
 from tests.cli import run_cli
 

@@ -26,7 +26,7 @@ import time
 import pytest
 
 from hetero_ray.metrics import run_files
-from hetero_ray.preflight import latest_checkpoint_dir
+from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL_STEPS = 256  # 8192 samples / 32: long enough (~15 s, emulated) to stop in the middle

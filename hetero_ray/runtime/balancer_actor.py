@@ -95,7 +95,7 @@ class BalancerActor:
         """After a restart of this actor (or a --resume): the newest checkpoint's state, and
         the attempt in progress with its caps and end step, so that the records arriving now
         are used within the same bounds."""
-        from hetero_ray.preflight import latest_checkpoint_dir
+        from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 
         from hetero_ray.training.reporting import BALANCER_STATE_FILE as API_STATE_FILE, STATE_DIR
 

@@ -30,7 +30,7 @@ from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.metrics.summary import build_summary
-from hetero_ray.runtime import actors, cluster, node_checks
+from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
 from hetero_ray.runtime.failures import RunGuard, failure_for_user, is_disk_full
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
 from hetero_ray.runtime.progress import ProgressPrinter
@@ -134,7 +134,7 @@ def _interrupted(run_dir: str, summary: dict[str, Any], signum: int) -> RunInter
     name = SIGNAL_NAMES[signum] + (" (Ctrl-C)" if signum == signal.SIGINT else "")
     recorded = (f"interrupted by {name} at global step {summary['global_steps']}: summary.json says "
                 f"\"interrupted\", and the steps trained so far are in {run_dir}")
-    if preflight.latest_checkpoint_dir(run_dir) is None:
+    if checkpoints.latest_checkpoint_dir(run_dir) is None:
         return RunInterrupted(f"{recorded}. No checkpoint was saved before the stop, so there is nothing to "
                               "--resume: start again under another --experiment-name", signum, resumable=False)
     return RunInterrupted(f"{recorded}. --resume continues from {_describe_checkpoint(run_dir)}", signum,
@@ -336,9 +336,9 @@ def _remove_unregistered_checkpoints(run_dir: str) -> None:
     checkpoint must not look like a good one to a person or a later tool."""
     import shutil
 
-    train_dir = preflight.ray_train_dir(run_dir)
+    train_dir = checkpoints.ray_train_dir(run_dir)
     try:
-        registered = preflight.registered_checkpoint_names(run_dir)
+        registered = checkpoints.registered_checkpoint_names(run_dir)
         names = [n for n in os.listdir(train_dir) if n.startswith("checkpoint_") and n not in registered
                  and os.path.isdir(os.path.join(train_dir, n))]
     except (OSError, ValueError):  # no folder, or a snapshot that cannot be read: delete nothing
@@ -378,7 +378,7 @@ def _write_final_model(checkpoint, path: str) -> None:
 
 
 def _describe_checkpoint(run_dir: str) -> str:
-    directory = preflight.latest_checkpoint_dir(run_dir)
+    directory = checkpoints.latest_checkpoint_dir(run_dir)
     position = run_files.read_json(os.path.join(directory, "position.json"), {}).get("position", {})
     return (f"the checkpoint at global step {position.get('global_step')} "
             f"(epoch {position.get('epoch')}, step {position.get('step')}): {directory}")

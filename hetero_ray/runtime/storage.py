@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hetero_ray.errors import UserError
-from hetero_ray.preflight import RAY_CHECKPOINT_SNAPSHOT
+from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT
 
 RAY_DEFAULT_STORAGE = "~/ray_results"  # Ray Train's own default
 DEFAULT_URI_OUTPUT_DIR = "~/hetero_ray/runs"
