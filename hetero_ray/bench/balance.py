@@ -212,7 +212,7 @@ def run_bench(args) -> dict:
     }
     if args.speed_change:
         result["adaptation"] = _adaptation(args, output_dir, speeds)
-    if getattr(args, "plain_anchor", False):
+    if args.plain_anchor:
         result["plain_ray_train"] = _plain_anchor(args, output_dir)
     if args.homogeneous_check:
         homogeneous = _run(args, output_dir, "optimal-homogeneous", "optimal", None)

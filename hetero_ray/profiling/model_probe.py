@@ -43,6 +43,7 @@ import torch
 from hetero_ray.balancing.cost_model import LinearFit, fit_linear
 from hetero_ray.profiling.defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
 from hetero_ray.profiling.microbench import torch_threads
+from hetero_ray.training.data import map_tensors
 
 DEFAULT_REPEATS = 3  # blocks per size: their median rejects one disturbed block
 # Each timing is the mean of back-to-back steps spanning ≥ 0.3 s: a CPU quota throttles in
@@ -195,11 +196,11 @@ class StepRunner:
         """One step at ``batch_size``: host batch → device, forward, loss, backward."""
         batch = self.recipe.make_batch(batch_size)
         if self.device.type == "cuda":
-            batch = _map_tensors(batch, torch.Tensor.pin_memory)
+            batch = map_tensors(batch, torch.Tensor.pin_memory)
         self.model.zero_grad(set_to_none=True)
         self._sync()
         start = time.perf_counter()
-        self._step(_map_tensors(batch, lambda t: t.to(self.device, non_blocking=True)))
+        self._step(map_tensors(batch, lambda t: t.to(self.device, non_blocking=True)))
         self._sync()
         return time.perf_counter() - start
 
@@ -210,7 +211,7 @@ class StepRunner:
         try:
             with self.device:
                 batch = self.recipe.make_batch(batch_size)
-            self._step(_map_tensors(batch, lambda t: t.to(self.device)))
+            self._step(map_tensors(batch, lambda t: t.to(self.device)))
             self._sync()
         finally:
             self.model.zero_grad(set_to_none=True)
@@ -232,12 +233,12 @@ class StepRunner:
             seen[(storage.data_ptr(), tensor.device.type)] = storage.nbytes()
             return tensor
 
-        batch = _map_tensors(self.recipe.make_batch(batch_size), lambda t: t.to(self.device))
+        batch = map_tensors(self.recipe.make_batch(batch_size), lambda t: t.to(self.device))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             loss = self.recipe.compute_loss(self.model, batch)
         del loss
         inputs: list[torch.Tensor] = []
-        _map_tensors(batch, inputs.append)
+        map_tensors(batch, inputs.append)
         return sum(seen.values()) + sum(t.numel() * t.element_size() for t in inputs)
 
     def parameter_bytes(self) -> int:
@@ -246,18 +247,6 @@ class StepRunner:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-def _map_tensors(batch, fn):
-    """``fn`` applied to every tensor in nested tuples, lists and dicts (other values kept)."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, (list, tuple)):
-        mapped = [_map_tensors(b, fn) for b in batch]
-        return type(batch)(*mapped) if hasattr(batch, "_fields") else type(batch)(mapped)
-    if isinstance(batch, dict):
-        return type(batch)({k: _map_tensors(v, fn) for k, v in batch.items()})
-    return batch
 
 
 def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeats: int = DEFAULT_REPEATS,

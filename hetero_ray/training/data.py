@@ -13,7 +13,7 @@ rank i see at step s" is exactly the sampler's answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -60,6 +60,19 @@ def spec_for(model: str, dataset: Optional[str] = None) -> DataSpec:
         return DataSpec("text", SYNTHETIC_TEXT_VOCAB, (SYNTHETIC_TEXT_SEQ_LEN,))
     classes = 100 if dataset == "cifar100" else SYNTHETIC_IMAGE_CLASSES
     return DataSpec("image", classes, IMAGE_SHAPE)
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``fn`` applied to every tensor in nested tuples, lists (named tuples too) and dicts
+    of a batch; other values are kept. Moves batches to a device, pins them, lists them."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, (list, tuple)):
+        mapped = [map_tensors(b, fn) for b in batch]
+        return type(batch)(*mapped) if hasattr(batch, "_fields") else type(batch)(mapped)
+    if isinstance(batch, dict):
+        return type(batch)({k: map_tensors(v, fn) for k, v in batch.items()})
+    return batch
 
 
 class DataSplit:

@@ -33,6 +33,7 @@ from hetero_ray.errors import UserError
 from hetero_ray.plan import Plan
 from hetero_ray.sampler import GlobalSampler, Position
 from hetero_ray.training import timing
+from hetero_ray.training.data import map_tensors
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.weighting import rank_weight
@@ -133,7 +134,8 @@ class PlanFollowingLoader:
         if session.device.type == "cuda":
             timeline.mark(timing.HOST_BATCH_READY)
         if self._move_to_device:
-            batch = _to_device(batch, session.device)
+            # Asynchronously from pinned memory.
+            batch = map_tensors(batch, lambda t: t.to(session.device, non_blocking=True))
         timeline.mark(timing.DATA_READY)
         self._pending = {"position": position, "plan": plan, "local_batch_size": local_batch_size,
                          "window_size": window_size, "timeline": timeline}
@@ -234,19 +236,6 @@ class _StepBatches:
 
     def __len__(self) -> int:
         return len(self._loader)
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors anywhere in tuples, lists and dicts, moved to ``device`` (asynchronously
-    from pinned memory)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        moved = [_to_device(b, device) for b in batch]
-        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-    if isinstance(batch, dict):
-        return type(batch)({k: _to_device(v, device) for k, v in batch.items()})
-    return batch
 
 
 def _resource_sampler(session: WorkerSession):

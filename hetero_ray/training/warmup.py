@@ -56,8 +56,6 @@ def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator:
     except Exception as e:  # noqa: BLE001 - the first plan goes on without it
         logger.warning("warm-up measurement failed (%s: %s); the first plan does without it", type(e).__name__, e)
         return None
-    finally:
-        emulator.padded_s = 0.0
     if not fit.beta_s_per_sample > 0:
         return None
     return {"alpha_s": fit.alpha_s, "beta_s_per_sample": fit.beta_s_per_sample}
