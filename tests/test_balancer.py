@@ -162,6 +162,8 @@ def test_a_plan_that_makes_the_step_slower_is_rolled_back_within_one_interval():
     assert rollback[1] == (24, 24, 24, 24)
     assert rollback[0] - first_move[0] <= balancer.rebalance_interval, "the worse plan ran more than one interval"
     assert any(r["reason"].startswith("hold:") for r in rows), "the restored shares were not held"
+    rollback_row = next(r for r in rows if r["reason"].startswith("rollback"))
+    assert rollback_row["plan_version"] == 2, "the row names the plan it adopts, like every adopted row"
     worse = next(r for r in rows if r["adopted"] and r["local_batch_sizes"] == list(first_move[1]))
     assert worse["achieved_step_time_s"] > 1.07 * 0.048  # its outcome is in the decisions table
     # What misled it is not trusted again: later moves give rank 0 less than half the first

@@ -293,7 +293,7 @@ class Balancer:
                 self._learned_caps[rank] = _tighter(self._learned_caps[rank], before + (after - before) // 2)
         rollback_row = {
             "global_step": int(global_step), "policy": self.policy.name, "adopted": True, "reason": reason,
-            "plan_version": int(worse.version), "local_batch_sizes": [int(b) for b in restored.local_batch_sizes],
+            "plan_version": int(restored.version), "local_batch_sizes": [int(b) for b in restored.local_batch_sizes],
             "predicted_step_time_s": before_s, "current_predicted_step_time_s": achieved_s,
             "predicted_gain": (achieved_s - before_s) / achieved_s,
             "achieved_step_time_s": None, "wall_time": time.time(),
