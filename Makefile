@@ -35,6 +35,7 @@ bench: setup
 	$(PY) jobs/bench_allocator.py
 	$(PY) jobs/bench_profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (README)
 	$(PY) jobs/bench_dashboard.py
+	$(PY) benchmarks/bench_first_step.py
 	-$(PY) jobs/bench_cgroup_cluster.py --period-ms 10 --batch-size 256  # needs a writable cgroup v1 cpu controller
 
 clean:

@@ -6,10 +6,13 @@ too, which is what happens after an elastic restart: a fresh first plan for the 
 number of workers, with the same global batch.
 
 The first plan of a worker group comes from measurements when there are any: the ranks'
-own warm-up lines (under emulated speeds, which only the ranks' emulators know), else the
-node profiles (``set_capabilities``), which give each rank the busy-time line of the
-device it runs on, so that the first step is already balanced. Emulated speeds never
-reach this module. Plain class; the actor is made in :mod:`hetero_ray.runtime.actors`.
+own warm-up lines (under emulated speeds, which only the ranks' emulators know: see
+training/warmup.py), with the memory caps of the node profiles (``set_capabilities``);
+else the profiles alone, which give each rank the busy-time line of the device it runs
+on. Either way the first step is already balanced. While profiles are on their way (``await_capabilities``: the nodes are profiled
+beside the workers' start), a first plan that would use them is not made: ``plan_for``
+answers ``{"awaiting": ...}`` and rank 0 asks again. Emulated speeds never reach this
+module. Plain class; the actor is made in :mod:`hetero_ray.runtime.actors`.
 
 Its state (the latest plan, the version counter, the caps, the node profiles, the
 scripted changes still to come) is written to ``scheduler_state.json`` in the run
@@ -94,28 +97,38 @@ class Scheduler:
         self._node_dicts: list[dict] = []
         self._nodes: list = []
         self._caps: Optional[list[Optional[int]]] = None
+        self._awaiting_capabilities = False
         self._plan: Optional[Plan] = None
         self._next_version = 0
         self._state_path = os.path.join(run_dir, SCHEDULER_STATE_FILE) if run_dir else None
         self.restored_from: Optional[str] = None
         self._restore()
 
+    def await_capabilities(self) -> None:
+        """Node profiles are on their way: a first plan that would use them waits for them."""
+        self._awaiting_capabilities = True
+        self._save()
+
     def set_capabilities(self, nodes: list[dict]) -> None:
-        """The profiled nodes (``NodeCapability.to_dict()`` each)."""
+        """The profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed)."""
         self._nodes, self._node_dicts = _parse_nodes(nodes), list(nodes)
+        self._awaiting_capabilities = False
         self._save()
 
     def plan_for(self, num_workers: int, global_step: int = 0,
                  rank_node_ids: Optional[Sequence[str]] = None,
                  rank_device_kinds: Optional[Sequence[str]] = None,
-                 rank_fits: Optional[Sequence[Optional[dict]]] = None) -> dict:
+                 rank_fits: Optional[Sequence[Optional[dict]]] = None,
+                 wait_for_capabilities: bool = True) -> dict:
         """The plan in force for ``num_workers`` ranks at ``global_step``.
 
         A new first plan if the number of workers changed: from the ranks' own warm-up
         lines ``rank_fits`` (``{"alpha_s", "beta_s_per_sample"}`` each) when every rank has
         one, else from the profiles of the ranks' devices when their nodes are known; a
         scripted change once its step is reached. The reply also carries ``caps``, the
-        per-rank memory caps the plan respects (or None).
+        per-rank memory caps the plan respects (or None). While profiles are awaited, a
+        first plan that would use them is ``{"awaiting": "node profiles"}`` instead (with
+        ``wait_for_capabilities=False``: made without them).
         """
         before = (self._plan, len(self._plan_changes))
         while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
@@ -124,7 +137,15 @@ class Scheduler:
                 self._plan = Plan(self._next_version, tuple(change["local_batch_sizes"]),
                                   f"scripted change at step {change['global_step']}")
                 self._next_version += 1
-        if self._plan is None or self._plan.num_workers != num_workers:
+        first_plan = self._plan is None or self._plan.num_workers != num_workers
+        if first_plan and self._awaiting_capabilities and self._first_plan_uses_capabilities(num_workers):
+            if wait_for_capabilities:
+                if len(self._plan_changes) != before[1]:
+                    self._save()
+                return {"awaiting": "node profiles"}
+            logger.warning("node profiles still awaited: the first plan for %d workers does without them",
+                           num_workers)
+        if first_plan:
             capacities = self._capacities(num_workers, rank_node_ids, rank_device_kinds)
             warmed_up = rank_fits is not None and len(rank_fits) == num_workers and all(rank_fits)
             if warmed_up:
@@ -141,6 +162,11 @@ class Scheduler:
         if (self._plan, len(self._plan_changes)) != before:
             self._save()
         return {**self._plan.to_dict(), "caps": self._caps}
+
+    def _first_plan_uses_capabilities(self, num_workers: int) -> bool:
+        """An explicit split and ``static``'s equal one use no profiles (nor caps)."""
+        explicit = self.batch_split is not None and len(self.batch_split) == num_workers
+        return not explicit and self.policy != "static"
 
     def _capacities(self, num_workers, rank_node_ids, rank_device_kinds):
         if not self._nodes or rank_node_ids is None or len(rank_node_ids) != num_workers:
@@ -193,6 +219,7 @@ class Scheduler:
             "caps": self._caps,
             "nodes": self._node_dicts,
             "plan_changes": self._plan_changes,
+            "awaiting_capabilities": self._awaiting_capabilities,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -205,6 +232,7 @@ class Scheduler:
         self._caps = state.get("caps")
         self._plan_changes = list(state.get("plan_changes") or [])
         self._nodes, self._node_dicts = parsed_nodes, nodes
+        self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
 
     def _save(self) -> None:
         if self._state_path is None:

@@ -34,7 +34,8 @@ from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profiling.defaults import probe_batch_sizes_around
 from hetero_ray.runtime import actors, cluster, node_checks, storage
-from hetero_ray.runtime.driver import finish_run, profile_nodes
+from hetero_ray.runtime.driver import finish_run
+from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
 from hetero_ray.runtime.progress import ProgressPrinter
@@ -130,18 +131,23 @@ class HeteroTrainer:
             self._name, run.run_dir, node_id, policy=hetero.policy, policy_config=hetero.policy_config(),
             rebalance_interval=hetero.rebalance_interval,
         )
-        caps = None
+        profiling = None
         if hetero.profiles_nodes:
-            caps = profile_nodes(run.run_dir, store, scheduler, self._name, hetero.profile_model,
-                                 self._probe_batch_sizes(),
-                                 cpus_per_worker=cpus_per_worker, timeout_s=hetero.profile_timeout_s, emit=self._emit)
+            profiling = NodeProfiling(run.run_dir, store, scheduler, self._name, hetero.profile_model,
+                                      self._probe_batch_sizes(), cpus_per_worker=cpus_per_worker,
+                                      timeout_s=hetero.profile_timeout_s, emit=self._emit)
+            if use_gpu:  # see runtime/node_profiling.py
+                profiling.run()
+            else:
+                profiling.start_beside_workers()
         started = time.time()
         error: Optional[BaseException] = None
         result = None
         stopped_by: Optional[int] = None  # the signal that stopped training by hand
         signals = StopSignals().install()  # Ctrl-C and SIGTERM, as for the CLI: see runtime/interrupts.py
         try:
-            trainer = self._torch_trainer(run, "gpu" if use_gpu else "cpu")
+            trainer = self._torch_trainer(run, "gpu" if use_gpu else "cpu",
+                                          profiling.first_plan_wait_s if profiling else 0.0)
             with ProgressPrinter(store, None, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S),
                                  self._emit):
                 result = trainer.fit()
@@ -152,6 +158,7 @@ class HeteroTrainer:
                 stopped_by = signals.stopped_by()
         finally:
             signals.finishing()
+            caps = profiling.caps(wait=stopped_by is None) if profiling else None
             summary, failure = finish_run(run.run_dir, store, balancer, result, time.time() - started, error,
                                           self._summary_base(), caps, emit=self._emit,
                                           interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
@@ -174,7 +181,7 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] finished: {summary['global_steps']} global steps; files in {run.run_dir}")
         return result
 
-    def _torch_trainer(self, run: storage.RunStorage, device_mode: str):
+    def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
         from ray.train.torch import TorchTrainer
 
         hetero = self._hetero
@@ -186,7 +193,7 @@ class HeteroTrainer:
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
             # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py).
             warmup_model=hetero.profile_model if hetero.emulate_speeds and hetero.profiles_nodes else None,
-            warmup_batch_sizes=self._probe_batch_sizes(),
+            warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
         )
         user = self._run_config
         run_config = RunConfig(

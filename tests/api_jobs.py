@@ -47,6 +47,15 @@ def make_model() -> nn.Module:
     )
 
 
+SLOW_BUILD_S = 8.0
+
+
+def slow_model() -> nn.Module:
+    """make_model, built slowly: node profiling that ends after the workers have started."""
+    time.sleep(SLOW_BUILD_S)
+    return make_model()
+
+
 def random_batch(batch_size: int):
     """A batch shaped like PatternDataset's, for ProfileModel(make_batch=...)."""
     return torch.randn(batch_size, 3, 8, 8), torch.randint(0, 4, (batch_size,))

@@ -132,12 +132,18 @@ def test_uri_storage_keeps_checkpoints_there_and_copies_the_tables(ray_session, 
     assert steps["global_step"].nunique() == 4
 
 
-def test_nodes_are_profiled_with_the_users_model_before_the_first_step(ray_session, tmp_path):
-    recipe = ProfileModel(build=api_jobs.make_model, make_batch=api_jobs.random_batch, name="pattern-bn")
+def test_nodes_are_profiled_with_the_users_model_beside_the_workers_start(ray_session, tmp_path):
+    """Profiling (slowed here by a recipe that builds for seconds) runs while the worker
+    group starts, and the first plan waits for the profiles instead of going without."""
+    recipe = ProfileModel(build=api_jobs.slow_model, make_batch=api_jobs.random_batch, name="pattern-bn")
     hetero = HeteroConfig(global_batch_size=BATCH, profile_model=recipe, profile_batch_sizes=(4, 16))
     result = _fit(tmp_path, "api-profiled", hetero)
 
     run_dir = os.path.join(str(tmp_path), "api-profiled")
+    profiled_at = os.path.getmtime(os.path.join(run_dir, "nodes.json"))
+    with open(os.path.join(run_dir, "attempts.json")) as f:
+        group_started_at = json.load(f)[0]["wall_time"]
+    assert group_started_at < profiled_at, "the workers started only after profiling: nothing overlapped"
     with open(os.path.join(run_dir, "nodes.json")) as f:
         document = json.load(f)
     assert document["model"] == "pattern-bn" and document["batch_sizes"] == [4, 16]
@@ -146,6 +152,7 @@ def test_nodes_are_profiled_with_the_users_model_before_the_first_step(ray_sessi
     assert cpu["beta_s_per_sample"] > 0 and cpu["max_batch_size"] >= 16
     first = pd.read_parquet(os.path.join(run_dir, "plans.parquet")).iloc[0]
     assert first["reason"] == "optimal: split for the profiled cost model", first["reason"]
+    assert first["wall_time"] >= profiled_at - 1.0, "the first plan did not wait for the profiles"
     assert result.metrics["epoch"] == EPOCHS - 1
 
 

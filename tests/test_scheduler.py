@@ -94,3 +94,32 @@ def test_the_ranks_warm_up_lines_make_the_first_plan_with_the_profiled_caps():
     profiles_only = Scheduler(global_batch_size=B, policy="optimal")
     profiles_only.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
     assert profiles_only.plan_for(2, 0, **placement, rank_fits=[fits[0], None])["local_batch_sizes"] == [20, 20]
+
+
+def test_a_first_plan_waits_for_the_node_profiles_on_their_way(tmp_path):
+    """Profiling beside the workers' start: the first plan is not made without the
+    profiles while they are awaited (a restarted scheduler still awaits them); once they
+    are in it is the profiled plan, with its caps."""
+    waiting = scheduler(tmp_path)
+    waiting.await_capabilities()
+    assert waiting.plan_for(2, 0, **PLACEMENT) == {"awaiting": "node profiles"}
+    assert scheduler(tmp_path).plan_for(2, 0, **PLACEMENT) == {"awaiting": "node profiles"}  # after a crash
+
+    waiting.set_capabilities(NODES)
+    profiled = waiting.plan_for(2, 0, **PLACEMENT)
+    assert profiled["version"] == 0 and profiled["caps"] is not None and profiled["local_batch_sizes"][0] <= 26
+
+
+def test_no_wait_where_the_first_plan_needs_no_profiles_or_the_wait_is_over():
+    def awaiting(**overrides) -> Scheduler:
+        made = Scheduler(**{**dict(global_batch_size=B, policy="optimal"), **overrides})
+        made.await_capabilities()
+        return made
+
+    assert "awaiting" not in awaiting(policy="static").plan_for(2, 0, **PLACEMENT)
+    assert awaiting(batch_split=[30, 10]).plan_for(2, 0, **PLACEMENT)["local_batch_sizes"] == [30, 10]
+    gave_up = awaiting().plan_for(2, 0, **PLACEMENT, wait_for_capabilities=False)
+    assert gave_up["local_batch_sizes"] == [20, 20]
+    failed = awaiting()
+    failed.set_capabilities([])  # profiling failed: nothing more is coming
+    assert failed.plan_for(2, 0, **PLACEMENT)["local_batch_sizes"] == [20, 20]

@@ -230,6 +230,7 @@ def profile_cluster(
     experiment_name: Optional[str] = None,
     node_ids: Optional[Sequence[str]] = None,
     profiler_cls: type = NodeProfiler,
+    reserve_cpus: bool = True,
 ) -> list[NodeCapability]:
     """Profiles every alive node of the connected Ray cluster in parallel.
 
@@ -247,6 +248,8 @@ def profile_cluster(
         node_ids: profile only these nodes (default: all alive nodes).
         profiler_cls: the class each actor runs, ``(config_dict, gpu_reader, node_facts)``
             (a subclass of :class:`NodeProfiler`, e.g. a test's NVML that fails on one node).
+        reserve_cpus: False: the profilers take no logical CPUs (they run beside a worker
+            group that holds them all; see :mod:`hetero_ray.runtime.node_profiling`).
 
     Returns:
         One :class:`NodeCapability` per node, in ``ray.nodes()`` order; failed nodes have
@@ -286,7 +289,7 @@ def profile_cluster(
             node_cpus = float(fact["resources"].get("CPU", 0.0))
             options = dict(
                 namespace=RAY_NAMESPACE,
-                num_cpus=min(config.cpus_per_worker, node_cpus),
+                num_cpus=min(config.cpus_per_worker, node_cpus) if reserve_cpus else 0,
                 num_gpus=math.floor(fact["resources"].get("GPU", 0.0)),  # all of them: it benchmarks each
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
                 max_restarts=0,

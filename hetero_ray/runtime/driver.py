@@ -33,6 +33,7 @@ from hetero_ray.metrics.summary import build_summary
 from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
 from hetero_ray.runtime.failures import RunGuard, failure_for_user, is_disk_full
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
+from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.progress import ProgressPrinter
 
 
@@ -96,16 +97,23 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         policy_config=config.policy_config(), rebalance_interval=config.rebalance_interval,
     )
     total_steps = _total_steps(config)
-    caps = None
+    profiling = None
     if config.profile:
-        caps = _profile_nodes(config, run_dir, store, scheduler, emit)
+        profiling = NodeProfiling(run_dir, store, scheduler, config.experiment_name, config.model,
+                                  config.probe_batch_sizes(), cpus_per_worker=config.cpus_per_worker,
+                                  timeout_s=config.profile_timeout_s, dataset=config.dataset, emit=emit)
+        if device_mode == "cpu":  # see runtime/node_profiling.py
+            profiling.start_beside_workers()
+        else:
+            profiling.run()
     started = time.time()
     error: Optional[BaseException] = None
     result = None
     stopped_by: Optional[int] = None  # the signal that stopped training by hand
     signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
     try:
-        trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes, total_steps)
+        trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes, total_steps,
+                                profiling.first_plan_wait_s if profiling else 0.0)
         with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()
     except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
@@ -116,6 +124,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     finally:
         signals.finishing()
         wall_time_s = time.time() - started
+        caps = profiling.caps(wait=stopped_by is None) if profiling else None
         summary, failure = finish_run(run_dir, store, balancer, result, wall_time_s, error, _summary_base(config),
                                       caps, emit, write_final_model=True,
                                       interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
@@ -163,7 +172,7 @@ def _remove_empty_dir(path: str) -> None:
 
 
 def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
-                  speed_changes: Optional[list[dict]], total_steps: int):
+                  speed_changes: Optional[list[dict]], total_steps: int, first_plan_wait_s: float):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -189,7 +198,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         rebalance_interval=config.rebalance_interval, device_mode=device_mode,
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
         emulate_speeds=config.emulate_speeds, speed_changes=speed_changes, end_global_step=total_steps,
-        **_warmup_settings(config),
+        first_plan_wait_s=first_plan_wait_s, **_warmup_settings(config),
     )
     return TorchTrainer(
         call_for(train_loop_per_worker, settings.to_dict()),
@@ -218,43 +227,6 @@ def _warmup_settings(config: TrainConfig) -> dict:
 
     return {"warmup_model": builtin_recipe(config.model, config.dataset),
             "warmup_batch_sizes": config.probe_batch_sizes()}
-
-
-def _profile_nodes(config: TrainConfig, run_dir: str, store, scheduler, emit) -> Optional[dict[int, int]]:
-    return profile_nodes(run_dir, store, scheduler, config.experiment_name, config.model, config.probe_batch_sizes(),
-                         cpus_per_worker=config.cpus_per_worker, timeout_s=config.profile_timeout_s,
-                         dataset=config.dataset, emit=emit)
-
-
-def profile_nodes(run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
-                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
-                  emit: Callable[[str], None] = print) -> Optional[dict[str, Optional[int]]]:
-    """Profiles every node (hardware and ``model``: a built-in name or a ProfileModel) for
-    the first plan; hands the profiles to the scheduler and the store; writes nodes.json.
-
-    Returns the per-node memory caps for the bottleneck analysis (by node id), or None.
-    """
-    from hetero_ray.profiling.capability import capabilities_document, write_nodes_json
-    from hetero_ray.profiling.node_profiler import model_name, profile_cluster
-
-    nodes = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
-                            timeout_s=timeout_s, emit=emit, scheduler=scheduler, experiment_name=experiment_name)
-    name = model_name(model)
-    document = capabilities_document(nodes, name, batch_sizes)
-    try:
-        ray.get(store.set_nodes.remote(document["nodes"]), timeout=30)
-    except Exception as e:  # noqa: BLE001 - the file below is the durable copy
-        emit(f"[hetero_ray] warning: metrics store did not take the node profiles ({e})")
-    write_nodes_json(os.path.join(run_dir, run_files.NODES_FILE), nodes, name, batch_sizes)
-    failed = [n for n in nodes if not n.ok]
-    if failed:
-        emit(f"[hetero_ray] {len(failed)} node(s) could not be profiled; their ranks start with typical shares")
-    unprobed = [n for n in nodes if n.ok and not any(d.has_probe for d in n.devices)]
-    if unprobed:  # e.g. the user's ProfileModel raised: say so, not just train unbalanced
-        errors = sorted({d.error for n in unprobed for d in n.devices if d.error})
-        emit(f"[hetero_ray] warning: {name} could not be probed on {len(unprobed)} node(s) "
-             f"({'; '.join(errors) or 'no probe result'}); their ranks start with typical shares")
-    return {n.node_id: (n.device("cpu").max_batch_size if n.device("cpu") else None) for n in nodes if n.ok}
 
 
 def _summary_base(config: TrainConfig) -> dict[str, Any]:

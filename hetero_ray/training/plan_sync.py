@@ -13,7 +13,8 @@ will not enter.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 import ray
 import torch
@@ -23,20 +24,26 @@ from hetero_ray.plan import Plan
 
 logger = logging.getLogger(__name__)
 
+WAIT_POLL_S = 0.2  # asking again while the scheduler awaits node profiles
+WAIT_NOTE_EVERY_S = 5.0
+
 
 def fetch_plan(scheduler, num_workers: int, global_batch_size: int, global_step: int,
                current: Optional[Plan], timeout_s: float, rank_node_ids=None,
-               rank_device_kinds=None, rank_fits=None) -> tuple[Optional[Plan], Optional[list]]:
+               rank_device_kinds=None, rank_fits=None, *, wait_s: float = 0.0,
+               note: Callable[[str], None] = logger.info) -> tuple[Optional[Plan], Optional[list]]:
     """Rank 0: the scheduler's plan if it is usable for this group, else ``current``; and
     the per-rank memory caps the scheduler knows (None when it knows none).
 
     The ranks' nodes and device kinds let the scheduler build a group's first plan from
     the profiles of the devices the ranks actually run on; ``rank_fits`` (each rank's
     warm-up line under emulated speeds) let it build that plan from the ranks themselves.
+    While the scheduler awaits node profiles for that plan, asks again for up to
+    ``wait_s`` seconds (telling ``note`` what it waits for), then takes a plan without them.
     """
     try:
-        reply = ray.get(scheduler.plan_for.remote(num_workers, global_step, rank_node_ids, rank_device_kinds,
-                                                  rank_fits), timeout=timeout_s)
+        reply = _ask_until_planned(scheduler, (num_workers, global_step, rank_node_ids, rank_device_kinds, rank_fits),
+                                   timeout_s, wait_s, note)
         candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
         logger.warning("scheduler did not answer (%s); keeping plan %s", type(e).__name__, current)
@@ -46,6 +53,21 @@ def fetch_plan(scheduler, num_workers: int, global_batch_size: int, global_step:
                        global_batch_size)
         return current, None
     return candidate, reply.get("caps")
+
+
+def _ask_until_planned(scheduler, args: tuple, timeout_s: float, wait_s: float, note) -> dict:
+    started = time.monotonic()
+    said = started - WAIT_NOTE_EVERY_S  # the first wait is said at once
+    while True:
+        waiting = time.monotonic() - started < wait_s
+        reply = ray.get(scheduler.plan_for.remote(*args, wait_for_capabilities=waiting), timeout=timeout_s)
+        if "awaiting" not in reply:
+            return reply
+        if time.monotonic() - said >= WAIT_NOTE_EVERY_S:
+            said = time.monotonic()
+            note(f"waiting for the {reply['awaiting']} before the first plan ({said - started:.0f}s, "
+                 f"at most {wait_s:.0f}s)…")
+        time.sleep(WAIT_POLL_S)
 
 
 def broadcast_plan(plan: Optional[Plan], rank: int, num_workers: int, device: torch.device) -> Plan:

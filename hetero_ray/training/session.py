@@ -63,6 +63,9 @@ class WorkerSettings:
     # before step 0, and at which batch sizes (see training/warmup.py).
     warmup_model: Any = None
     warmup_batch_sizes: Optional[list[int]] = None
+    # Node profiles made beside the workers' start: how long rank 0 waits for them at the
+    # first plan (see runtime/node_profiling.py).
+    first_plan_wait_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -145,7 +148,8 @@ class WorkerSession:
             proposal, caps = fetch_plan(self.scheduler, self.num_workers, self.settings.global_batch_size,
                                         position.global_step, fallback, _plan_fetch_timeout_s(),
                                         self.rank_node_ids, self.rank_device_kinds,
-                                        self.rank_fits if current is None else None)
+                                        self.rank_fits if current is None else None,
+                                        wait_s=self.settings.first_plan_wait_s, note=self.log)
             if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(self.settings.global_batch_size, self.num_workers)),

@@ -1,0 +1,109 @@
+"""Profiling a run's nodes for its first plan, beside the worker group's start.
+
+A node profile (the hardware, and the model's busy-time line and largest batch on each
+device) takes seconds: a profiler process per node, micro-benchmarks, the model at a few
+batch sizes. Run before the workers start, those seconds come before every run's first
+step. So on clusters without GPUs the profilers run while the worker group starts
+(reserving no logical CPUs, so that none keeps a worker from its slot), and the scheduler
+holds the group's first plan until the profiles are in: rank 0's first plan request
+waits for them, saying so, no longer than the profiling's own timeout. Nodes are then
+measured while their workers start; the balancer corrects what that blurs from the first
+steps on.
+
+On clusters with GPUs profiling still comes first: its out-of-memory search fills the
+very GPUs the workers are about to take.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Optional
+
+import ray
+
+from hetero_ray.metrics import run_files
+
+# Beyond the profiling's own timeout: the profilers' start, and handing the result over.
+JOIN_SLACK_S = 30.0
+
+
+class NodeProfiling:
+    """One run's node profiling: :meth:`run` (before the workers) or
+    :meth:`start_beside_workers`; then :meth:`caps` for the summary's verdicts."""
+
+    def __init__(self, run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
+                 cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
+                 emit: Callable[[str], None] = print):
+        self._args = (run_dir, store, scheduler, experiment_name, model, batch_sizes)
+        self._kwargs = dict(cpus_per_worker=cpus_per_worker, timeout_s=timeout_s, dataset=dataset, emit=emit)
+        self._scheduler, self._emit, self.timeout_s = scheduler, emit, timeout_s
+        self._caps: Optional[dict] = None
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def first_plan_wait_s(self) -> float:
+        """How long rank 0 waits for the profiles at its first plan request."""
+        return self.timeout_s + JOIN_SLACK_S
+
+    def run(self) -> None:
+        """Profiles now; returns when the scheduler has the profiles."""
+        self._caps = profile_nodes(*self._args, **self._kwargs)
+
+    def start_beside_workers(self) -> None:
+        """Profiles in a thread; the scheduler holds the first plan until the profiles are in."""
+        ray.get(self._scheduler.await_capabilities.remote(), timeout=30)
+        self._thread = threading.Thread(target=self._run_beside, name="hetero_ray-node-profiling", daemon=True)
+        self._thread.start()
+
+    def _run_beside(self) -> None:
+        try:
+            self._caps = profile_nodes(*self._args, reserve_cpus=False, **self._kwargs)
+        except Exception as e:  # noqa: BLE001 - training goes on without profiles; it must not wait for them
+            self._emit(f"[hetero_ray] warning: node profiling failed ({type(e).__name__}: {e}); the first plan "
+                       "does without it")
+            try:
+                ray.get(self._scheduler.set_capabilities.remote([]), timeout=30)
+            except Exception:  # noqa: BLE001 - a scheduler that is gone waits for nothing
+                pass
+
+    def caps(self, wait: bool = True) -> Optional[dict]:
+        """Each profiled node's largest batch (by node id), or None: no profiles, or (with
+        ``wait=False``, e.g. after Ctrl-C) not finished yet."""
+        if self._thread is not None and self._thread.is_alive() and wait:
+            self._emit("[hetero_ray] waiting for the node profiling to finish…")
+            self._thread.join(timeout=self.first_plan_wait_s)
+        return self._caps
+
+
+def profile_nodes(run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
+                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
+                  emit: Callable[[str], None] = print,
+                  reserve_cpus: bool = True) -> Optional[dict[str, Optional[int]]]:
+    """Profiles every node (hardware and ``model``: a built-in name or a ProfileModel) for
+    the first plan; hands the profiles to the scheduler and the store; writes nodes.json.
+
+    Returns the per-node memory caps for the bottleneck analysis (by node id), or None.
+    """
+    from hetero_ray.profiling.capability import capabilities_document, write_nodes_json
+    from hetero_ray.profiling.node_profiler import model_name, profile_cluster
+
+    nodes = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
+                            timeout_s=timeout_s, emit=emit, scheduler=scheduler, experiment_name=experiment_name,
+                            reserve_cpus=reserve_cpus)
+    name = model_name(model)
+    document = capabilities_document(nodes, name, batch_sizes)
+    try:
+        ray.get(store.set_nodes.remote(document["nodes"]), timeout=30)
+    except Exception as e:  # noqa: BLE001 - the file below is the durable copy
+        emit(f"[hetero_ray] warning: metrics store did not take the node profiles ({e})")
+    write_nodes_json(os.path.join(run_dir, run_files.NODES_FILE), nodes, name, batch_sizes)
+    failed = [n for n in nodes if not n.ok]
+    if failed:
+        emit(f"[hetero_ray] {len(failed)} node(s) could not be profiled; their ranks start with typical shares")
+    unprobed = [n for n in nodes if n.ok and not any(d.has_probe for d in n.devices)]
+    if unprobed:  # e.g. the user's ProfileModel raised: say so, not just train unbalanced
+        errors = sorted({d.error for n in unprobed for d in n.devices if d.error})
+        emit(f"[hetero_ray] warning: {name} could not be probed on {len(unprobed)} node(s) "
+             f"({'; '.join(errors) or 'no probe result'}); their ranks start with typical shares")
+    return {n.node_id: (n.device("cpu").max_batch_size if n.device("cpu") else None) for n in nodes if n.ok}
