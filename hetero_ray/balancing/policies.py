@@ -18,11 +18,16 @@ The adaptive policies adopt a proposal only when
     gain = (P_current − P_proposed) / P_current  >  threshold + noise margin
 
 where ``P`` is the predicted step time over the fresh ranks and the noise margin is the
-gain that estimation noise alone would fake: with ``n`` fresh ranks whose medians have
-relative standard error ``se``, the largest of ``n`` noisy estimates of equal times
-exceeds their mean by about ``se·sqrt(2·ln n)``, which a rebalance to "equal" would
-promise to win back. Stale ranks (no recent records) keep their size; the rest is
-balanced around them.
+gain that estimation noise alone would fake: with ``n`` ranks whose medians have relative
+standard error ``se``, the largest of ``n`` noisy estimates of equal times exceeds their
+mean by about ``se·sqrt(2·ln n)``, which a rebalance to "equal" would promise to win back.
+Only ranks that could be the slowest count in that ``n`` (the *contenders*: busy times
+within :data:`CONTENDER_SIGMAS` standard errors of the slowest one's). When the measured
+busy times themselves show one rank clearly slower than the rest — the step is unbalanced
+beyond noise, as after a first move from equal shares that fell short — there is one
+contender and no margin, and the move the imbalance calls for is not blocked by noise it
+does not have. Stale ranks (no recent records) keep their size; the rest is balanced
+around them.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from hetero_ray.plan import Plan, equal_split, proportional_split
 
 POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
 DEFAULT_POLICY = "optimal"
+# A rank this many standard errors (of the difference of the two medians) faster than the
+# slowest is not what made the slowest one the largest: it is no contender (see above).
+CONTENDER_SIGMAS = 3.0
 
 
 @dataclass(frozen=True)
@@ -272,10 +280,10 @@ class _AdaptivePolicy(_BasePolicy):
         proposed_pred = float(np.max(alphas[usable] + betas[usable] * proposal_arr[usable]))
         gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
 
-        num_fresh = int(usable.sum())
         se = est.busy_time_rel_se[usable]
         se = float(np.median(se[np.isfinite(se)])) if np.isfinite(se).any() else 0.0
-        margin = cfg.noise_margin * se * math.sqrt(2.0 * math.log(num_fresh)) if num_fresh > 1 else 0.0
+        contenders = _contenders(est.busy_time_s[usable], est.busy_time_rel_se[usable])
+        margin = cfg.noise_margin * se * math.sqrt(2.0 * math.log(contenders)) if contenders > 1 else 0.0
         required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
 
         stale = np.flatnonzero(~usable)
@@ -373,6 +381,17 @@ def estimates_of(estimates: EstimatesLike, global_step: int) -> Optional[Estimat
     if isinstance(estimates, ClusterEstimates):
         return estimates.estimates(global_step)
     return Estimates.from_rank_estimates(list(estimates), global_step)
+
+
+def _contenders(busy_time_s: np.ndarray, rel_se: np.ndarray) -> int:
+    """Ranks whose busy time is within :data:`CONTENDER_SIGMAS` standard errors of the
+    slowest one's (the slowest included); every rank where the noise is unknown."""
+    if not (np.isfinite(busy_time_s).all() and np.isfinite(rel_se).all()) or busy_time_s.size == 0:
+        return int(busy_time_s.size)
+    slowest = int(np.argmax(busy_time_s))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.log(busy_time_s[slowest] / busy_time_s) / np.sqrt(rel_se[slowest] ** 2 + rel_se ** 2)
+    return int(np.sum(~(z >= CONTENDER_SIGMAS)))  # NaN (0/0: identical, no noise) counts as a contender
 
 
 def _finite_or_none(x: float) -> Optional[float]:
