@@ -13,10 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from hetero_ray.config import (
-    POLICIES, _choice, _int_list, _non_negative_int, _per_rank_length, _positive_int,
-)
+from hetero_ray import validate
+from hetero_ray.config import POLICIES
 from hetero_ray.errors import ConfigError
+from hetero_ray.profiling.defaults import DEFAULT_PROFILE_TIMEOUT_S
 from hetero_ray.profiling.recipe import ProfileModel
 
 
@@ -68,54 +68,44 @@ class HeteroConfig:
     profile: bool = True
     profile_model: Optional[ProfileModel] = None
     profile_batch_sizes: Optional[tuple[int, ...]] = None
-    profile_timeout_s: float = 120.0  # the CLI's default: profiler start and the probes of every node
+    profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S  # profiler start and the probes of every node
 
     def __post_init__(self):
-        _positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
-        _choice("HeteroConfig.policy", self.policy, POLICIES)
-        _positive_int("HeteroConfig.rebalance_interval", self.rebalance_interval)
-        threshold = self.rebalance_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
-            raise ConfigError(f"HeteroConfig.rebalance_threshold must be in [0, 1) (a fraction of the step "
-                              f"time), got {threshold!r}")
-        _non_negative_int("HeteroConfig.rebalance_cooldown", self.rebalance_cooldown)
-        _non_negative_int("HeteroConfig.seed", self.seed)
-        _non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
-        if not isinstance(self.profile, bool):
-            raise ConfigError(f"HeteroConfig.profile must be True or False, got {self.profile!r}")
+        validate.positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
+        validate.choice("HeteroConfig.policy", self.policy, POLICIES)
+        validate.positive_int("HeteroConfig.rebalance_interval", self.rebalance_interval)
+        validate.fraction_below_one("HeteroConfig.rebalance_threshold", self.rebalance_threshold, of="the step time")
+        validate.non_negative_int("HeteroConfig.rebalance_cooldown", self.rebalance_cooldown)
+        validate.non_negative_int("HeteroConfig.seed", self.seed)
+        validate.non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
+        validate.switch("HeteroConfig.profile", self.profile)
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
                               f"make_batch=...), got {type(self.profile_model).__name__}")
         if self.profile_batch_sizes is not None:
-            sizes = _int_list("HeteroConfig.profile_batch_sizes", self.profile_batch_sizes)
-            if len(set(sizes)) < 2 or any(b < 1 for b in sizes):
-                raise ConfigError(f"HeteroConfig.profile_batch_sizes needs two or more different positive sizes "
-                                  f"to fit t(b) = α + β·b, got {sizes}")
-            object.__setattr__(self, "profile_batch_sizes", tuple(sorted(set(sizes))))
-        timeout = self.profile_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"HeteroConfig.profile_timeout_s must be a positive number of seconds, got {timeout!r}")
+            self._store(profile_batch_sizes=validate.probe_sizes("HeteroConfig.profile_batch_sizes",
+                                                                 self.profile_batch_sizes))
+        validate.positive_number("HeteroConfig.profile_timeout_s", self.profile_timeout_s, unit="seconds")
         if self.batch_split is not None:
-            split = _int_list("HeteroConfig.batch_split", self.batch_split)
-            if any(b < 1 for b in split) or sum(split) != self.global_batch_size:
-                raise ConfigError(f"HeteroConfig.batch_split {split} must hold shares ≥ 1 that sum to "
-                                  f"global_batch_size {self.global_batch_size}")
-            object.__setattr__(self, "batch_split", tuple(split))
+            self._store(batch_split=validate.shares("HeteroConfig.batch_split", self.batch_split,
+                                                    self.global_batch_size, "HeteroConfig.global_batch_size"))
         if self.emulate_speeds is not None:
-            speeds = tuple(float(v) for v in self.emulate_speeds)
-            if not speeds or any(not 0 < v <= 1 for v in speeds):
-                raise ConfigError(f"HeteroConfig.emulate_speeds values must be in (0, 1] (a fraction of the "
-                                  f"real speed), got {list(speeds)}")
-            object.__setattr__(self, "emulate_speeds", speeds)
-        for change in self.emulate_speed_changes or ():
-            if set(change) != {"global_step", "rank", "speed"} or not 0 < float(change["speed"]) <= 1:
-                raise ConfigError("HeteroConfig.emulate_speed_changes: each change has the keys global_step, "
-                                  f"rank and speed, with speed in (0, 1]; got {change!r}")
-        for change in self.plan_changes or ():
-            sizes = _int_list("HeteroConfig.plan_changes", change.get("local_batch_sizes", []))
-            if any(b < 1 for b in sizes) or sum(sizes) != self.global_batch_size:
-                raise ConfigError(f"HeteroConfig.plan_changes at step {change.get('global_step')}: shares "
-                                  f"{sizes} must be ≥ 1 and sum to global_batch_size {self.global_batch_size}")
+            self._store(emulate_speeds=validate.fractions("HeteroConfig.emulate_speeds", self.emulate_speeds,
+                                                          of="the real speed"))
+        if self.emulate_speed_changes is not None:
+            self._store(emulate_speed_changes=validate.speed_changes("HeteroConfig.emulate_speed_changes",
+                                                                     self.emulate_speed_changes))
+        if self.plan_changes is not None:
+            changes = validate.plan_changes("HeteroConfig.plan_changes", self.plan_changes)
+            for change in changes:
+                validate.shares(f"HeteroConfig.plan_changes at step {change['global_step']}",
+                                change["local_batch_sizes"], self.global_batch_size, "HeteroConfig.global_batch_size")
+            self._store(plan_changes=changes)
+
+    def _store(self, **values) -> None:
+        """Keeps the checked form of sequences, as tuples (a frozen config holds no lists)."""
+        for name, value in values.items():
+            object.__setattr__(self, name, tuple(value))
 
     def check_workers(self, max_workers: int) -> None:
         """What depends on the number of workers (the most the run may have)."""
@@ -125,16 +115,18 @@ class HeteroConfig:
                 "workers of ScalingConfig: every worker needs at least one sample per step; raise the global "
                 "batch or use fewer workers"
             )
+        workers = "ScalingConfig.num_workers"
         if self.batch_split is not None:
-            _per_rank_length("HeteroConfig.batch_split", self.batch_split, max_workers)
+            validate.per_rank("HeteroConfig.batch_split", self.batch_split, max_workers, workers)
         if self.emulate_speeds is not None:
-            _per_rank_length("HeteroConfig.emulate_speeds", self.emulate_speeds, max_workers)
+            validate.per_rank("HeteroConfig.emulate_speeds", self.emulate_speeds, max_workers, workers)
         for change in self.emulate_speed_changes or ():
-            if not 0 <= int(change["rank"]) < max_workers:
+            if change["rank"] >= max_workers:
                 raise ConfigError(f"HeteroConfig.emulate_speed_changes: rank {change['rank']} does not exist "
                                   f"with {max_workers} workers")
         for change in self.plan_changes or ():
-            _per_rank_length("HeteroConfig.plan_changes", change["local_batch_sizes"], max_workers)
+            validate.per_rank(f"HeteroConfig.plan_changes at step {change['global_step']}",
+                              change["local_batch_sizes"], max_workers, workers)
 
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""

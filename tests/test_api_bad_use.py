@@ -66,7 +66,7 @@ def test_the_api_outside_a_run_says_where_it_belongs():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(global_batch_size=0), "global_batch_size must be a positive integer"),
     (dict(global_batch_size=8, policy="fastest"), "policy must be one of"),
-    (dict(global_batch_size=8, batch_split=(4, 3)), "sum to global_batch_size 8"),
+    (dict(global_batch_size=8, batch_split=(4, 3)), "batch_split sums to 7, but HeteroConfig.global_batch_size is 8"),
     (dict(global_batch_size=8, emulate_speeds=(1.0, 2.0)), r"emulate_speeds values must be in \(0, 1\]"),
     (dict(global_batch_size=8, rebalance_threshold=1.5), r"rebalance_threshold must be in \[0, 1\)"),
     (dict(global_batch_size=8, profile_model="resnet18"), r"profile_model must be a hetero_ray.ProfileModel"),

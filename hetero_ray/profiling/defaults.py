@@ -2,7 +2,12 @@
 
 DEFAULT_PROBE_BATCH_SIZES = (8, 16, 32, 64)  # a factor 8 apart: the slope is well determined
 DEFAULT_RAM_FRACTION = 0.5  # of available RAM one CPU worker's batch may take
-DEFAULT_PROFILE_TIMEOUT_S = 60.0  # per cluster: actor start (~2–5 s) + ~10 s of benchmarks, with room
+# For the whole cluster: actor start (~2–5 s), ~10 s of micro-benchmarks, and the model probe
+# (a few batch sizes and the largest batch that fits), which grows with the model and is
+# slowest on a CPU node. A node not done by then is reported failed and starts on typical
+# shares, so too short a limit costs a healthy node its measured first plan, while too long
+# a one costs time only when a node is broken (the first plan waits for it).
+DEFAULT_PROFILE_TIMEOUT_S = 120.0
 DEFAULT_MICROBENCH_S = 1.0  # per micro-benchmark
 
 

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from hetero_ray.errors import ConfigError
+from hetero_ray import validate
 from hetero_ray.profiling.capability import (
     CPU, FAILED, GPU, DeviceCapability, NodeCapability,
 )
@@ -52,22 +52,15 @@ class ProfileConfig:
         from hetero_ray.config import DATASETS, MODELS
         from hetero_ray.profiling.recipe import ProfileModel
 
-        if self.model is not None and not isinstance(self.model, ProfileModel) and self.model not in MODELS:
-            raise ConfigError(f"--model must be one of {', '.join(MODELS)}; got {self.model!r}")
-        if self.dataset is not None and self.dataset not in DATASETS:
-            raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
-        sizes = tuple(self.batch_sizes or ())
-        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-            raise ConfigError(f"--batch-sizes must be positive integers like 8,16,32,64; got {list(sizes)}")
-        if len(set(sizes)) < 2:
-            raise ConfigError(f"--batch-sizes needs at least two different sizes to fit t(b) = α + β·b; "
-                              f"got {list(sizes)}")
-        self.batch_sizes = tuple(sorted(set(sizes)))
-        _positive("--cpus-per-worker", self.cpus_per_worker)
-        _positive("--timeout", self.timeout_s)
-        _positive("microbench_s", self.microbench_s)
-        if not (isinstance(self.ram_fraction, (int, float)) and 0 < self.ram_fraction <= 1):
-            raise ConfigError(f"--ram-fraction must be in (0, 1], got {self.ram_fraction!r}")
+        if self.model is not None and not isinstance(self.model, ProfileModel):
+            validate.choice("--model", self.model, MODELS)
+        if self.dataset is not None:
+            validate.choice("--dataset", self.dataset, DATASETS)
+        self.batch_sizes = tuple(validate.probe_sizes("--batch-sizes", self.batch_sizes or ()))
+        validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
+        validate.positive_number("--timeout", self.timeout_s, unit="seconds")
+        validate.positive_number("microbench_s", self.microbench_s, unit="seconds")
+        validate.fraction("--ram-fraction", self.ram_fraction, of="the available RAM")
 
     @property
     def num_threads(self) -> int:
@@ -409,8 +402,3 @@ def _gpu_fields(gpu: dict) -> dict:
     fields = {k: v for k, v in gpu.items() if k in DeviceCapability.__dataclass_fields__ and k != "error"}
     fields.setdefault("name", f"GPU {gpu['index']}")
     return fields
-
-
-def _positive(flag: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ConfigError(f"{flag} must be a positive number, got {value!r}")
