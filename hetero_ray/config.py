@@ -1,20 +1,36 @@
 """The training configuration: one typed object built by the CLI, the job entrypoints and
 the Python API alike, validated when it is made.
 
-:class:`TrainConfig` checks everything that can be checked without touching the disk or
-the cluster (``__post_init__``); :func:`hetero_ray.preflight.check` then checks files,
-directories and the cluster before anything is written.
+:class:`TrainConfig` is made of small parts (what to train, optimisation, cluster, plan,
+emulation, profiling, fault tolerance, output), each a frozen dataclass that checks its
+own fields when it is built; :class:`TrainConfig` then checks the rules that join parts
+(the global batch against the workers, one share per rank, …). The checks are
+:mod:`hetero_ray.validate`'s, shared with :class:`~hetero_ray.hetero_config.HeteroConfig`
+and the profiler's :class:`~hetero_ray.profiling.node_profiler.ProfileConfig`. Every field
+also declares its flag (:func:`hetero_ray.flags.setting`): ``hetero-ray train``'s
+parser is built from these parts.
+
+:func:`hetero_ray.preflight.check` then checks files, directories and the cluster before
+anything is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import time
+import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+from hetero_ray import validate
 from hetero_ray.errors import ConfigError
+from hetero_ray.flags import (
+    float_list, flag_name, int_list, label_selectors, plan_change, setting, speed_change, str_list,
+    worker_range,
+)
+from hetero_ray.profiling.defaults import DEFAULT_PROFILE_TIMEOUT_S, probe_batch_sizes_around
 
 MODELS = ("mlp", "simple_cnn", "resnet18", "resnet50", "gpt_tiny")
 DATASETS = ("synthetic_image", "synthetic_text", "cifar10", "cifar100")
@@ -26,6 +42,7 @@ OPTIMIZERS = ("sgd", "adamw")
 LR_SCHEDULES = ("cosine", "constant")
 USE_GPU_CHOICES = ("auto", "yes", "no")
 BACKENDS = ("auto", "nccl", "gloo")
+DEVICE_KINDS = ("gpu", "cpu")
 
 _EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -34,183 +51,127 @@ def default_experiment_name() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S")
 
 
-@dataclass
-class TrainConfig:
-    """Everything a training run needs; defaults carry their reason."""
+def _one_of(choices) -> str:
+    return f"one of {', '.join(choices)}"
 
-    # --- what to train
-    model: str = "simple_cnn"  # small enough for a CPU demo, real convolutions
-    dataset: str = "synthetic_image"  # needs no download
-    data_dir: Optional[str] = None  # for cifar10/cifar100 (python-pickle batches)
-    download: bool = False  # fetch CIFAR into --data-dir (needs internet)
-    verify_checksums: bool = True  # CIFAR files must have the published md5; off only for copies you trust
-    num_samples: int = 4096  # synthetic datasets: training samples
-    eval_samples: int = 512  # synthetic datasets: held-out samples for evaluation
 
-    # --- optimisation: depends on the global batch only, never on workers or speeds
-    batch_size: int = 64  # global batch B
-    epochs: int = 1
-    max_steps: Optional[int] = None  # stop after this many global steps (≤ epochs' worth)
-    lr: float = 0.05
-    optimizer: str = "sgd"  # SGD with momentum 0.9
-    lr_schedule: str = "cosine"  # cosine decay over the run's total steps
-    drop_last: bool = False  # keep the last short window (cut by the same rule)
-    seed: int = 0
+def _store(part, **values) -> None:
+    """Keeps the checked form of values (a list for any sequence) on a frozen part."""
+    for name, value in values.items():
+        object.__setattr__(part, name, value)
 
-    # --- the cluster
-    address: Optional[str] = None  # None: RAY_ADDRESS or a local Ray
-    num_workers: int = 2  # ranks; with min_workers, the most there may be
-    min_workers: Optional[int] = None  # elastic: keep training with this many or more
-    cpus_per_worker: float = 1.0
-    use_gpu: str = "auto"  # auto: GPU workers when the cluster has GPUs
-    backend: str = "auto"  # auto: nccl when every rank has a GPU, else gloo
-    # Per-worker Ray label selectors, e.g. [{"gpu": "h100"}, {"cpu-only": "1"}]: which node
-    # each rank may run on (one TorchTrainer gives every worker the same resources).
-    worker_label_selectors: Optional[list[dict]] = None
-    # Per-worker device kinds ["gpu", "gpu", "cpu"]: mixed GPU and CPU workers in one job
-    # (placed on nodes labelled hetero-ray.io/device=gpu|cpu; gloo between them).
-    worker_devices: Optional[list[str]] = None
 
-    # --- the plan
-    policy: str = "optimal"  # minimise the predicted step time with the fitted cost model
-    batch_split: Optional[list[int]] = None  # explicit initial plan, e.g. [40, 24]
-    rebalance_interval: int = 20  # steps between plan checks (rank 0 fetch + broadcast)
-    rebalance_threshold: float = 0.05  # adopt only if the predicted step time drops > 5 %
-    rebalance_cooldown: int = 0  # steps after a change before the next may be adopted
-    emulate_speeds: Optional[list[float]] = None  # per-rank fraction of real speed
-    # Scripted plan changes {"global_step", "local_batch_sizes"} (tests and demos).
-    plan_changes: Optional[list[dict]] = None
+@dataclass(frozen=True)
+class DataConfig:
+    """What to train, on which data."""
 
-    # --- profiling
-    profile: bool = True  # profile every node (hardware + this model) before the first step
-    profile_batch_sizes: Optional[list[int]] = None  # probe sizes; default around B/n
-    profile_interval: int = 10  # in-training readings (GPU, CPU, RSS) every N steps; 0: off
-    profile_timeout_s: float = 120.0  # for the whole cluster; slower nodes are reported failed
-
-    # --- fault tolerance
-    checkpoint_every: int = 100  # steps; also at every epoch end
-    max_failures: int = 3  # worker-group restarts from the last checkpoint
-    resume: bool = False  # continue the run of the same name in --output-dir
-
-    # --- output
-    experiment_name: str = field(default_factory=default_experiment_name)
-    output_dir: str = "runs"
-    record_sample_ids: bool = False  # write sample_ids.parquet (for exactly-once audits)
+    model: str = setting("simple_cnn", _one_of(MODELS))  # small enough for a CPU demo, real convolutions
+    dataset: str = setting("synthetic_image", _one_of(DATASETS))  # needs no download
+    data_dir: Optional[str] = setting(None, "folder with the CIFAR python-pickle batches (cifar10/cifar100)")
+    download: bool = setting(False, "download CIFAR into --data-dir (needs internet)")
+    # CIFAR files must have the published md5; off only for copies you trust.
+    verify_checksums: bool = setting(
+        True, "accept CIFAR files whose md5 is not the published one (a copy or subset you made and trust); "
+              "they are still unpickled with only the format's types allowed")
+    num_samples: int = setting(4096, "synthetic datasets: training samples", type=int)
+    eval_samples: int = setting(512, "synthetic datasets: held-out samples", type=int)
 
     def __post_init__(self):
-        _choice("--model", self.model, MODELS)
-        _choice("--dataset", self.dataset, DATASETS)
-        _choice("--policy", self.policy, POLICIES)
-        _choice("--optimizer", self.optimizer, OPTIMIZERS)
-        _choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
-        _choice("--use-gpu", self.use_gpu, USE_GPU_CHOICES)
-        _choice("--backend", self.backend, BACKENDS)
-        is_text_model = self.model in TEXT_MODELS
-        if is_text_model != (self.dataset in TEXT_DATASETS):
-            kind = "a text dataset (synthetic_text)" if is_text_model else "an image dataset"
+        validate.choice("--model", self.model, MODELS)
+        validate.choice("--dataset", self.dataset, DATASETS)
+        if self.is_text != (self.dataset in TEXT_DATASETS):
+            kind = "a text dataset (synthetic_text)" if self.is_text else "an image dataset"
             raise ConfigError(f"--model {self.model} needs {kind}, got --dataset {self.dataset}")
         if self.dataset in FILE_DATASETS and not self.data_dir:
             raise ConfigError(
                 f"--dataset {self.dataset} reads its files from --data-dir; pass the folder "
                 f"that holds (or should receive, with --download) the {self.dataset} batches"
             )
-        for name in ("num_samples", "eval_samples", "batch_size", "epochs", "num_workers",
-                     "rebalance_interval", "checkpoint_every"):
-            _positive_int(_flag(name), getattr(self, name))
+        validate.positive_int("--num-samples", self.num_samples)
+        validate.positive_int("--eval-samples", self.eval_samples)
+
+    @property
+    def is_text(self) -> bool:
+        return self.model in TEXT_MODELS
+
+
+@dataclass(frozen=True)
+class OptimizationConfig:
+    """Depends on the global batch only, never on the workers or their speeds."""
+
+    batch_size: int = setting(64, "global batch size B", type=int)
+    epochs: int = setting(1, "passes over the training samples", type=int)
+    max_steps: Optional[int] = setting(None, "stop after this many global steps", type=int)  # ≤ epochs' worth
+    lr: float = setting(0.05, "learning rate", type=float)
+    optimizer: str = setting("sgd", _one_of(OPTIMIZERS))  # SGD with momentum 0.9
+    lr_schedule: str = setting("cosine", _one_of(LR_SCHEDULES))  # cosine decay over the run's total steps
+    drop_last: bool = setting(False, "drop each epoch's last short window")  # default: cut it by the same rule
+    seed: int = setting(0, "the data order (one seeded permutation per epoch) and the initial weights", type=int)
+
+    def __post_init__(self):
+        validate.positive_int("--batch-size", self.batch_size)
+        validate.positive_int("--epochs", self.epochs)
         if self.max_steps is not None:
-            _positive_int("--max-steps", self.max_steps)
-        _non_negative_int("--max-failures", self.max_failures)
-        _non_negative_int("--profile-interval", self.profile_interval)
-        if not (isinstance(self.profile_timeout_s, (int, float)) and self.profile_timeout_s > 0):
-            raise ConfigError(f"--profile-timeout must be a positive number of seconds, got {self.profile_timeout_s!r}")
-        if self.profile_batch_sizes is not None:
-            self.profile_batch_sizes = _int_list("--profile-batch-sizes", self.profile_batch_sizes)
-            if not self.profile_batch_sizes or any(b < 1 for b in self.profile_batch_sizes):
-                raise ConfigError(f"--profile-batch-sizes must be positive integers, got {self.profile_batch_sizes}")
-        _non_negative_int("--seed", self.seed)
-        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
-            raise ConfigError(f"--lr must be a positive number, got {self.lr!r}")
-        if isinstance(self.rebalance_threshold, bool) or not isinstance(self.rebalance_threshold, (int, float)) \
-                or not 0 <= self.rebalance_threshold < 1:
-            raise ConfigError(f"--rebalance-threshold must be in [0, 1) (a fraction of the step time), "
-                              f"got {self.rebalance_threshold!r}")
-        _non_negative_int("--rebalance-cooldown", self.rebalance_cooldown)
-        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
-            raise ConfigError(f"--cpus-per-worker must be positive, got {self.cpus_per_worker!r}")
+            validate.positive_int("--max-steps", self.max_steps)
+        validate.positive_number("--lr", self.lr)
+        validate.choice("--optimizer", self.optimizer, OPTIMIZERS)
+        validate.choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        validate.non_negative_int("--seed", self.seed)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where the ranks run, and how many there may be."""
+
+    address: Optional[str] = setting(
+        None, "Ray cluster to join (HOST:PORT, auto, ray://…); default RAY_ADDRESS or a local Ray")
+    num_workers: int = setting(
+        2, "training workers (ranks); MIN-MAX trains elastically: nodes may leave and join",
+        type=worker_range, metavar="N|MIN-MAX", sets=("min_workers", "num_workers"))
+    min_workers: Optional[int] = None  # elastic: keep training with this many or more (--num-workers MIN-MAX)
+    cpus_per_worker: float = setting(1.0, "CPUs each worker gets", type=float)
+    use_gpu: str = setting("auto", _one_of(USE_GPU_CHOICES))  # auto: GPU workers when the cluster has GPUs
+    backend: str = setting("auto", f"{_one_of(BACKENDS)}; auto: nccl when all ranks have GPUs, else gloo")
+    # Per-worker Ray label selectors, e.g. [{"gpu": "h100"}, {"cpu-only": "1"}]: which node
+    # each rank may run on (one TorchTrainer gives every worker the same resources).
+    worker_label_selectors: Optional[list[dict]] = setting(
+        None, "per-worker node label selectors, ';' between workers (e.g. gpu=h100;gpu=h100;cpu-only=1)",
+        name="--worker-labels", type=label_selectors, metavar="K=V[,K=V];…")
+    # Per-worker device kinds ["gpu", "gpu", "cpu"]: mixed GPU and CPU workers in one job
+    # (placed on nodes labelled hetero-ray.io/device=gpu|cpu; gloo between them).
+    worker_devices: Optional[list[str]] = setting(
+        None, "device kind per worker, e.g. gpu,gpu,cpu: mixed GPU and CPU workers in one job, on nodes "
+              "labelled hetero-ray.io/device (see cluster_configs/)", type=str_list, metavar="gpu|cpu,…")
+
+    def __post_init__(self):
+        validate.positive_int("--num-workers", self.num_workers)
         if self.min_workers is not None:
-            _positive_int("--num-workers (minimum)", self.min_workers)
+            validate.positive_int("--num-workers (minimum)", self.min_workers)
             if self.min_workers > self.num_workers:
                 raise ConfigError(f"--num-workers {self.min_workers}-{self.num_workers}: the minimum must not "
                                   "exceed the maximum")
-        if self.batch_size < self.num_workers:
-            raise ConfigError(
-                f"--batch-size {self.batch_size} is smaller than --num-workers {self.num_workers}: "
-                "every worker needs at least one sample per step; raise the global batch or use fewer workers"
-            )
-        if self.dataset not in FILE_DATASETS and self.num_samples < self.batch_size:
-            raise ConfigError(
-                f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}; "
-                "one epoch would not fill one global batch"
-            )
-        if self.batch_split is not None:
-            self.batch_split = _int_list("--batch-split", self.batch_split)
-            _per_rank_length("--batch-split", self.batch_split, self.num_workers)
-            if any(b < 1 for b in self.batch_split):
-                raise ConfigError(f"--batch-split values must be ≥ 1, got {self.batch_split}")
-            if sum(self.batch_split) != self.batch_size:
-                raise ConfigError(
-                    f"--batch-split {','.join(map(str, self.batch_split))} sums to "
-                    f"{sum(self.batch_split)}, but --batch-size is {self.batch_size}"
-                )
+        validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
+        validate.choice("--use-gpu", self.use_gpu, USE_GPU_CHOICES)
+        validate.choice("--backend", self.backend, BACKENDS)
         if self.worker_label_selectors is not None:
-            _per_rank_length("--worker-labels", self.worker_label_selectors, self.num_workers)
-            for selector in self.worker_label_selectors:
+            selectors = validate.sequence("--worker-labels", self.worker_label_selectors)
+            validate.per_rank("--worker-labels", selectors, self.num_workers)
+            for selector in selectors:
                 if not isinstance(selector, dict) or not all(
                         isinstance(k, str) and k and isinstance(v, str) for k, v in selector.items()):
                     raise ConfigError(f"--worker-labels: each worker's selector must map label names to "
                                       f"values (KEY=VALUE), got {selector!r}")
+            _store(self, worker_label_selectors=selectors)
         if self.worker_devices is not None:
-            _per_rank_length("--worker-devices", self.worker_devices, self.num_workers)
-            if any(kind not in ("gpu", "cpu") for kind in self.worker_devices):
-                raise ConfigError(f"--worker-devices values must be gpu or cpu, got {self.worker_devices}")
+            devices = validate.sequence("--worker-devices", self.worker_devices)
+            validate.per_rank("--worker-devices", devices, self.num_workers)
+            if any(kind not in DEVICE_KINDS for kind in devices):
+                raise ConfigError(f"--worker-devices values must be gpu or cpu, got {devices}")
             if self.worker_label_selectors is not None:
                 raise ConfigError("--worker-devices and --worker-labels both place workers; give one of them")
-            if self.use_gpu == "no" and "gpu" in self.worker_devices:
+            if self.use_gpu == "no" and "gpu" in devices:
                 raise ConfigError("--worker-devices asks for GPU workers but --use-gpu is no")
-        for change in self.plan_changes or ():
-            sizes = _int_list("--plan-change", change.get("local_batch_sizes", []))
-            _per_rank_length("--plan-change", sizes, self.num_workers)
-            if any(b < 1 for b in sizes) or sum(sizes) != self.batch_size:
-                raise ConfigError(
-                    f"--plan-change at step {change.get('global_step')}: shares {sizes} must be ≥ 1 "
-                    f"and sum to --batch-size {self.batch_size}"
-                )
-        if self.emulate_speeds is not None:
-            self.emulate_speeds = [float(v) for v in self.emulate_speeds]
-            _per_rank_length("--emulate-speeds", self.emulate_speeds, self.num_workers)
-            if any(not 0 < v <= 1 for v in self.emulate_speeds):
-                raise ConfigError(
-                    f"--emulate-speeds values must be in (0, 1] (a fraction of the real speed), "
-                    f"got {self.emulate_speeds}"
-                )
-        if not isinstance(self.experiment_name, str) or not _EXPERIMENT_NAME.match(self.experiment_name):
-            raise ConfigError(
-                f"--experiment-name {self.experiment_name!r} must be 1-100 characters of letters, "
-                "digits, '.', '_' or '-', starting with a letter or digit"
-            )
-        if not self.output_dir:
-            raise ConfigError("--output-dir must not be empty")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
-        return cls(**d)
+            _store(self, worker_devices=devices)
 
     @property
     def elastic(self) -> bool:
@@ -228,22 +189,221 @@ class TrainConfig:
             return [{DEVICE_LABEL: kind} for kind in self.worker_devices]
         return self.worker_label_selectors
 
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How the global batch is shared out, and when the shares may change."""
+
+    # optimal: minimise the predicted step time with the fitted cost model.
+    policy: str = setting("optimal", _one_of(POLICIES))
+    batch_split: Optional[list[int]] = setting(
+        None, "explicit initial shares, e.g. 40,24 (sum = --batch-size)", type=int_list)
+    # Often enough to follow a device, rare enough to measure (rank 0 fetches + broadcasts).
+    rebalance_interval: int = setting(20, "steps between plan checks", type=int)
+    rebalance_threshold: float = setting(  # adopt only if the predicted step time drops > 5 %
+        0.05, "adopt a new plan only if it predicts a step this much faster", type=float)
+    rebalance_cooldown: int = setting(0, "steps after a plan change before the next may be adopted", type=int)
+    # Scripted plan changes {"global_step", "local_batch_sizes"} (tests and demos).
+    plan_changes: Optional[list[dict]] = setting(
+        None, "scripted plan change at a global step (tests, demos; repeatable)",
+        name="--plan-change", type=plan_change, metavar="STEP:B0,B1,...", repeat=True)
+
+    def __post_init__(self):
+        validate.choice("--policy", self.policy, POLICIES)
+        if self.batch_split is not None:
+            # Shares of the global batch: TrainConfig checks them against --batch-size and the ranks.
+            _store(self, batch_split=validate.int_list("--batch-split", self.batch_split))
+        validate.positive_int("--rebalance-interval", self.rebalance_interval)
+        validate.fraction_below_one("--rebalance-threshold", self.rebalance_threshold, of="the step time")
+        validate.non_negative_int("--rebalance-cooldown", self.rebalance_cooldown)
+        if self.plan_changes is not None:
+            _store(self, plan_changes=validate.plan_changes("--plan-change", self.plan_changes))
+
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""
-        return {"rebalance_threshold": float(self.rebalance_threshold),
-                "cooldown_steps": self.rebalance_cooldown}
+        return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
+
+
+@dataclass(frozen=True)
+class EmulationConfig:
+    """Heterogeneity on one machine: only the emulator reads these; planning measures."""
+
+    emulate_speeds: Optional[list[float]] = setting(
+        None, "per-rank fraction of real speed, e.g. 1,1,0.5,0.25", type=float_list)
+    emulate_speed_changes: Optional[list[dict]] = setting(
+        None, "from global STEP on, RANK runs at SPEED (repeatable)",
+        name="--emulate-speed-change", type=speed_change, metavar="STEP:RANK:SPEED", repeat=True)
+
+    def __post_init__(self):
+        if self.emulate_speeds is not None:
+            _store(self, emulate_speeds=validate.fractions("--emulate-speeds", self.emulate_speeds,
+                                                           of="the real speed"))
+        if self.emulate_speed_changes is not None:
+            _store(self, emulate_speed_changes=validate.speed_changes("--emulate-speed-change",
+                                                                      self.emulate_speed_changes))
+
+
+@dataclass(frozen=True)
+class ProfilingConfig:
+    """Measuring the nodes before the first step, and the devices while training runs."""
+
+    # Profile every node (hardware + this model) before the first step.
+    profile: bool = setting(True, "skip profiling the nodes before training")
+    profile_batch_sizes: Optional[list[int]] = setting(
+        None, "probe batch sizes (default around B/n: B/n/4 … 2·B/n)", type=int_list)
+    # In-training readings (GPU, CPU, RSS) from a daemon thread; 0: off.
+    profile_interval: int = setting(
+        10, "in-training GPU/CPU readings every N steps; 0 turns them off", type=int)
+    profile_timeout_s: float = setting(  # slower nodes are reported failed and start with typical shares
+        DEFAULT_PROFILE_TIMEOUT_S, "seconds for profiling the whole cluster", name="--profile-timeout", type=float,
+        metavar="SECONDS")
+
+    def __post_init__(self):
+        if self.profile_batch_sizes is not None:
+            _store(self, profile_batch_sizes=validate.probe_sizes("--profile-batch-sizes", self.profile_batch_sizes))
+        validate.non_negative_int("--profile-interval", self.profile_interval)
+        validate.positive_number("--profile-timeout", self.profile_timeout_s, unit="seconds")
+
+
+@dataclass(frozen=True)
+class FaultToleranceConfig:
+    """Checkpoints, restarts, and continuing a stopped run."""
+
+    checkpoint_every: int = setting(100, "steps between checkpoints (and every epoch end)", type=int)
+    max_failures: int = setting(3, "worker-group restarts allowed, each from the last checkpoint", type=int)
+    resume: bool = setting(False, "continue the run of the same --experiment-name")
+
+    def __post_init__(self):
+        validate.positive_int("--checkpoint-every", self.checkpoint_every)
+        validate.non_negative_int("--max-failures", self.max_failures)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Which run this is, and where its files go."""
+
+    experiment_name: str = setting(help="run name (default run-YYYYmmdd-HHMMSS)",
+                                   default_factory=default_experiment_name)
+    output_dir: str = setting("runs", "runs go to OUTPUT_DIR/EXPERIMENT_NAME")
+    record_sample_ids: bool = setting(False, "write sample_ids.parquet (exactly-once audit)")
+
+    def __post_init__(self):
+        if not isinstance(self.experiment_name, str) or not _EXPERIMENT_NAME.match(self.experiment_name):
+            raise ConfigError(
+                f"--experiment-name {self.experiment_name!r} must be 1-100 characters of letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        if not self.output_dir:
+            raise ConfigError("--output-dir must not be empty")
+
+
+TITLE = "hetero_ray.title"  # a part's heading in --help
+
+
+def _part(title: str) -> Any:
+    return field(metadata={TITLE: title})
+
+
+@dataclass(frozen=True, init=False)
+class TrainConfig:
+    """Everything a training run needs, in parts that check themselves.
+
+    Built from settings by name, as the CLI's flags, the job entrypoints and config.json
+    name them — ``TrainConfig(model="mlp", batch_size=64, num_workers=2)`` — each going
+    to the part that declares it; read the same way (``config.batch_size``) or by part
+    (``config.cluster.elastic``).
+
+    Raises:
+        ConfigError: a value, or a combination of values, no run can have (naming the flag).
+        TypeError: a setting no part declares.
+    """
+
+    data: DataConfig = _part("what to train")
+    optimization: OptimizationConfig = _part("optimisation (depends on the global batch only)")
+    cluster: ClusterConfig = _part("cluster")
+    plan: PlanConfig = _part("the plan (each rank's share of the global batch)")
+    emulation: EmulationConfig = _part("emulation (heterogeneity on one machine)")
+    profiling: ProfilingConfig = _part("profiling")
+    fault_tolerance: FaultToleranceConfig = _part("fault tolerance")
+    output: OutputConfig = _part("output")
+
+    def __init__(self, **settings: Any):
+        unknown = sorted(set(settings) - set(_PART_OF))
+        if unknown:
+            raise TypeError(f"TrainConfig() got unknown settings: {', '.join(unknown)}")
+        for name, part in parts().items():
+            object.__setattr__(self, name, part(**{k: v for k, v in settings.items() if _PART_OF[k] == name}))
+        self._check_across_parts()
+
+    def _check_across_parts(self) -> None:
+        """The rules that join parts (each part has checked its own fields)."""
+        batch_size, num_workers = self.batch_size, self.num_workers
+        if batch_size < num_workers:
+            raise ConfigError(
+                f"--batch-size {batch_size} is smaller than --num-workers {num_workers}: "
+                "every worker needs at least one sample per step; raise the global batch or use fewer workers"
+            )
+        if self.dataset not in FILE_DATASETS and self.num_samples < batch_size:
+            raise ConfigError(
+                f"--num-samples {self.num_samples} is smaller than --batch-size {batch_size}; "
+                "one epoch would not fill one global batch"
+            )
+        if self.batch_split is not None:
+            validate.per_rank("--batch-split", self.batch_split, num_workers)
+            validate.shares("--batch-split", self.batch_split, batch_size, "--batch-size")
+        for change in self.plan_changes or ():
+            name = f"--plan-change at step {change['global_step']}"
+            validate.per_rank(name, change["local_batch_sizes"], num_workers)
+            validate.shares(name, change["local_batch_sizes"], batch_size, "--batch-size")
+        if self.emulate_speeds is not None:
+            validate.per_rank("--emulate-speeds", self.emulate_speeds, num_workers)
+        for change in self.emulate_speed_changes or ():
+            if change["rank"] >= num_workers:
+                raise ConfigError(f"--emulate-speed-change rank {change['rank']} does not exist with "
+                                  f"--num-workers {num_workers}")
+
+    @classmethod
+    def from_dict(cls, settings: dict) -> "TrainConfig":
+        """From :meth:`to_dict`'s shape (a run's config.json, of this version or an older one)."""
+        unknown = sorted(set(settings) - set(_PART_OF))
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+        return cls(**settings)
+
+    def to_dict(self) -> dict:
+        """Every setting by name (config.json): flat, as the flags and the dashboard name them."""
+        return {name: value for part in parts() for name, value in dataclasses.asdict(getattr(self, part)).items()}
+
+    def replace(self, **settings: Any) -> "TrainConfig":
+        """A copy with these settings changed, checked as a new configuration."""
+        return TrainConfig(**{**self.to_dict(), **settings})
 
     def probe_batch_sizes(self) -> list[int]:
-        """Probe sizes around the mean local batch ``b = B/n``: b/4, b/2, b, 2b (distinct, ≥ 1)."""
-        from hetero_ray.profiling.defaults import probe_batch_sizes_around
-
+        """The profile's sizes, else sizes around the mean local batch ``b = B/n``: b/4, b/2, b, 2b."""
         if self.profile_batch_sizes:
-            return sorted(set(self.profile_batch_sizes))
+            return list(self.profile_batch_sizes)
         return probe_batch_sizes_around(self.batch_size, self.num_workers)
 
-    @property
-    def is_text(self) -> bool:
-        return self.model in TEXT_MODELS
+
+def parts() -> dict[str, type]:
+    """TrainConfig's parts by name, in order: ``{"data": DataConfig, …}``."""
+    return dict(_PARTS)
+
+
+def setting_names() -> tuple[str, ...]:
+    """Every setting of :class:`TrainConfig` (the keys of config.json), in declaration order."""
+    return tuple(_PART_OF)
+
+
+def part_title(name: str) -> str:
+    """A part's heading (``--help`` groups its flags under it)."""
+    return next(f.metadata[TITLE] for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
+_PARTS: dict[str, type] = typing.get_type_hints(TrainConfig)
+_PART_OF: dict[str, str] = {f.name: part for part, cls in _PARTS.items() for f in dataclasses.fields(cls)}
+for _name, _part_name in _PART_OF.items():  # config.batch_size reads config.optimization.batch_size
+    setattr(TrainConfig, _name, property(operator.attrgetter(f"{_part_name}.{_name}")))
 
 
 # --- --resume: what a resumed run may change
@@ -251,9 +411,9 @@ class TrainConfig:
 # A resumed run must go on training the way it started. The optimiser's trajectory depends
 # on the global batch only (its size, the samples in it, their order), never on the ranks,
 # their speeds or the plan, so settings of those may change and take effect at the
-# resume. Every other field changes the math, the data order or what each epoch is
+# resume. Every other setting changes the math, the data order or what each epoch is
 # measured on, and must repeat the run's first value (hetero_ray.preflight refuses
-# otherwise, naming each). A field added to TrainConfig is compared unless listed here.
+# otherwise, naming each). A setting added to TrainConfig is compared unless listed here.
 RESUME_MAY_CHANGE = frozenset({
     # how long: training continues to the new end (a cosine schedule decays over the new total)
     "epochs", "max_steps",
@@ -261,8 +421,8 @@ RESUME_MAY_CHANGE = frozenset({
     "address", "num_workers", "min_workers", "cpus_per_worker", "use_gpu", "backend",
     "worker_label_selectors", "worker_devices",
     # the plan: each rank's share of the same global batch
-    "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown",
-    "emulate_speeds", "plan_changes",
+    "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown", "plan_changes",
+    "emulate_speeds", "emulate_speed_changes",
     # measuring, recording, fault tolerance
     "profile", "profile_batch_sizes", "profile_interval", "profile_timeout_s", "record_sample_ids",
     "checkpoint_every", "max_failures",
@@ -274,25 +434,30 @@ RUN_IDENTITY = frozenset({"experiment_name", "output_dir", "resume"})
 
 
 def resume_fixed_fields() -> tuple[str, ...]:
-    """The fields a --resume must repeat: all but :data:`RESUME_MAY_CHANGE` and
+    """The settings a --resume must repeat: all but :data:`RESUME_MAY_CHANGE` and
     :data:`RUN_IDENTITY`, in declaration order."""
-    return tuple(f.name for f in dataclasses.fields(TrainConfig)
-                 if f.name not in RESUME_MAY_CHANGE and f.name not in RUN_IDENTITY)
+    return tuple(name for name in setting_names() if name not in RESUME_MAY_CHANGE and name not in RUN_IDENTITY)
 
 
 def changed_on_resume(recorded: dict, config: TrainConfig) -> list[str]:
-    """``--flag was OLD, now NEW`` for every field of :func:`resume_fixed_fields` that
+    """``--flag was OLD, now NEW`` for every setting of :func:`resume_fixed_fields` that
     differs between ``recorded`` (a run's config.json) and ``config``.
 
-    A field ``recorded`` lacks (a run of an older version) is not compared.
+    A setting ``recorded`` lacks (a run of an older version) is not compared.
     """
     missing = object()
     changes = []
     for name in resume_fixed_fields():
         before, now = recorded.get(name, missing), getattr(config, name)
         if before is not missing and before != now:
-            changes.append(f"{_flag(name)} was {_flag_value(before)}, now {_flag_value(now)}")
+            changes.append(f"{setting_flag(name)} was {_flag_value(before)}, now {_flag_value(now)}")
     return changes
+
+
+def setting_flag(name: str) -> str:
+    """The flag that sets ``name`` (``profile_timeout_s`` → ``--profile-timeout``)."""
+    part = dataclasses.fields(_PARTS[_PART_OF[name]])
+    return flag_name(next(f for f in part if f.name == name))
 
 
 def _flag_value(value) -> str:
@@ -304,38 +469,3 @@ def _flag_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     return str(value)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _choice(flag: str, value, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def _positive_int(flag: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
-
-
-def _non_negative_int(flag: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{flag} must be a non-negative integer, got {value!r}")
-
-
-def _int_list(flag: str, values) -> list[int]:
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"{flag} values must be integers, got {list(values)}")
-        out.append(int(v))
-    return out
-
-
-def _per_rank_length(flag: str, values, num_workers: int) -> None:
-    if len(values) != num_workers:
-        raise ConfigError(
-            f"{flag} has {len(values)} values but --num-workers is {num_workers}; give one value per rank"
-        )

@@ -257,15 +257,13 @@ def test_resume_applies_the_settings_that_may_change(trained_run, tmp_path, caps
 
 
 def test_every_setting_is_compared_or_may_change_on_resume():
-    """One list decides: every TrainConfig field is either allowed to change on a resume,
+    """One list decides: every TrainConfig setting is either allowed to change on a resume,
     names the run, or is compared (and recorded in every checkpoint's fingerprint)."""
-    import dataclasses
-
     from hetero_ray.config import RESUME_MAY_CHANGE, RUN_IDENTITY, TrainConfig, changed_on_resume, \
-        resume_fixed_fields
+        resume_fixed_fields, setting_names
     from hetero_ray.training.checkpointing import run_fingerprint
 
-    fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    fields = list(setting_names())
     assert RESUME_MAY_CHANGE <= set(fields) and RUN_IDENTITY <= set(fields), "a listed name is not a field"
     assert not RESUME_MAY_CHANGE & RUN_IDENTITY
     fixed = resume_fixed_fields()

@@ -25,8 +25,8 @@ def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(ray_session, fas
     reference = run_training(fast_config(num_workers=1, experiment_name="reference", **common))
     balanced = run_training(
         fast_config(num_workers=3, experiment_name="optimal", policy="optimal", batch_split=[16, 16, 16],
-                    emulate_speeds=[1.0, 0.5, 0.25], rebalance_interval=3, record_sample_ids=True, **common),
-        speed_changes=[{"global_step": 20, "rank": 0, "speed": 0.2}],
+                    emulate_speeds=[1.0, 0.5, 0.25], emulate_speed_changes=[{"global_step": 20, "rank": 0, "speed": 0.2}],
+                    rebalance_interval=3, record_sample_ids=True, **common),
     )
 
     plans = run_files.read_table(balanced.run_dir, "plans").sort_values("first_global_step")

@@ -38,8 +38,8 @@ def test_gpu_label_without_cuda_falls_back_to_cpu_and_says_so():
 
 def test_worker_devices_become_label_selectors():
     config = TrainConfig(num_workers=3, batch_size=48, worker_devices=["gpu", "gpu", "cpu"], experiment_name="x")
-    assert config.mixed_devices
-    assert config.label_selectors() == [{DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "cpu"}]
+    assert config.cluster.mixed_devices
+    assert config.cluster.label_selectors() == [{DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "cpu"}]
 
 
 def test_selectors_no_node_satisfies_are_reported():

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from hetero_ray.cli.args import int_list
 from hetero_ray.config import DATASETS, MODELS
 from hetero_ray.errors import ConfigError, UserError
+from hetero_ray.flags import int_list
 
 HELP = "measure each node's compute, memory bandwidth and (with --model) the model's per-sample cost"
 

@@ -48,7 +48,8 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     """Runs one training job end to end; see the module docstring for the order of things.
 
     Args:
-        speed_changes: emulated speed changes, ``{"global_step", "rank", "speed"}`` each.
+        speed_changes: an older spelling of ``config.emulate_speed_changes`` (benchmarks/ still
+            passes it); given, it replaces that setting, checked as the configuration checks it.
 
     Raises:
         UserError: bad input or a cluster that cannot run the job (nothing was written);
@@ -57,6 +58,8 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         TrainingFailed: the job failed after it started (the run directory holds what was
             recorded up to the failure).
     """
+    if speed_changes is not None:
+        config = config.replace(emulate_speed_changes=speed_changes)
     run_dir = preflight.check(config)
     connection = cluster.connect(
         config.address,
@@ -66,8 +69,8 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     device_mode = _device_mode(config)
     use_gpu = device_mode == "gpu"  # Ray reserves GPUs only when every worker has one
     cluster.check_capacity(config.min_workers or config.num_workers, config.cpus_per_worker,
-                           1.0 if use_gpu else 0.0, config.label_selectors())
-    node_checks.check_nodes(run_dir, config.label_selectors(), node_checks.dataset_of(config), emit)
+                           1.0 if use_gpu else 0.0, config.cluster.label_selectors())
+    node_checks.check_nodes(run_dir, config.cluster.label_selectors(), node_checks.dataset_of(config), emit)
     backend = config.backend if config.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and not use_gpu:
         raise UserError("--backend nccl needs every worker on a GPU; use --backend gloo (or auto) with CPU "
@@ -90,11 +93,11 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     scheduler = actors.start_scheduler(
         config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
         batch_split=config.batch_split, plan_changes=config.plan_changes,
-        policy_config=config.policy_config(),
+        policy_config=config.plan.policy_config(),
     )
     balancer = actors.start_balancer(
         config.experiment_name, run_dir, node_id, policy=config.policy,
-        policy_config=config.policy_config(), rebalance_interval=config.rebalance_interval,
+        policy_config=config.plan.policy_config(), rebalance_interval=config.rebalance_interval,
     )
     total_steps = _total_steps(config)
     profiling = None
@@ -112,7 +115,7 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
     stopped_by: Optional[int] = None  # the signal that stopped training by hand
     signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
     try:
-        trainer = _make_trainer(config, run_dir, device_mode, backend, speed_changes, total_steps,
+        trainer = _make_trainer(config, run_dir, device_mode, backend, total_steps,
                                 profiling.first_plan_wait_s if profiling else 0.0)
         with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()
@@ -172,7 +175,7 @@ def _remove_empty_dir(path: str) -> None:
 
 
 def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
-                  speed_changes: Optional[list[dict]], total_steps: int, first_plan_wait_s: float):
+                  total_steps: int, first_plan_wait_s: float):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -184,20 +187,21 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
     # elastic run would rather continue at once with the workers it can have than wait for
     # the full size, so losing a node costs seconds, not a minute.
     start_timeout_s = env_float(PLACEMENT_TIMEOUT_S_ENV_VAR,
-                                DEFAULT_ELASTIC_START_TIMEOUT_S if config.elastic else DEFAULT_PLACEMENT_TIMEOUT_S)
+                                DEFAULT_ELASTIC_START_TIMEOUT_S if config.cluster.elastic
+                                else DEFAULT_PLACEMENT_TIMEOUT_S)
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(start_timeout_s)
     use_gpu = device_mode == "gpu"
     resources = {"CPU": config.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = 1
-    num_workers = (config.min_workers, config.num_workers) if config.elastic else config.num_workers
+    num_workers = (config.min_workers, config.num_workers) if config.cluster.elastic else config.num_workers
     # The built-in job is a user of the public API: the same session wraps it as wraps a
     # HeteroTrainer user's loop.
     settings = WorkerSettings(
         experiment_name=config.experiment_name, global_batch_size=config.batch_size, seed=config.seed,
         rebalance_interval=config.rebalance_interval, device_mode=device_mode,
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
-        emulate_speeds=config.emulate_speeds, speed_changes=speed_changes, end_global_step=total_steps,
+        emulate_speeds=config.emulate_speeds, speed_changes=config.emulate_speed_changes, end_global_step=total_steps,
         first_plan_wait_s=first_plan_wait_s, **_warmup_settings(config),
     )
     return TorchTrainer(
@@ -205,7 +209,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         train_loop_config={"train": config.to_dict()},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=resources, label_selector=config.label_selectors()),
+                                     resources_per_worker=resources, label_selector=config.cluster.label_selectors()),
         run_config=RunConfig(
             name=RAY_TRAIN_SUBDIR,
             storage_path=run_dir,
@@ -359,7 +363,7 @@ def _describe_checkpoint(run_dir: str) -> str:
 def _device_mode(config: TrainConfig) -> str:
     """gpu (every worker gets a GPU from Ray), cpu, or mixed (see training/devices.py)."""
     if config.worker_devices is not None:
-        if config.mixed_devices:
+        if config.cluster.mixed_devices:
             return "mixed"
         if config.worker_devices[0] == "cpu":
             return "cpu"

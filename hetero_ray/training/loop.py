@@ -121,7 +121,7 @@ def _end_epoch(session, config: TrainConfig, model, data, loader: PlanFollowingL
     """Collective: evaluate, and rank 0 records the epoch; the totals start again."""
     last_global_step = loader.position.global_step - 1
     results = evaluate(model.module, data.eval, loader.plan, session.rank, session.device, totals.loss_sum,
-                       totals.samples, config.is_text)
+                       totals.samples, config.data.is_text)
     elapsed = totals.elapsed_s()
     if session.rank == 0:
         session.store.add_epoch.remote({

@@ -1,0 +1,195 @@
+"""The training configuration: TrainConfig's parts, the rules across parts, the flat
+contract (construction, reads, config.json) and the CLI generated from the parts.
+
+Pure Python, no Ray. The shared validators are in test_validate.py, the CLI's messages
+for bad flags in test_cli_bad_input.py, the public API's in test_api_bad_use.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hetero_ray.config import (
+    ClusterConfig, EmulationConfig, PlanConfig, ProfilingConfig, TrainConfig, parts, setting_flag, setting_names,
+)
+from hetero_ray.errors import ConfigError
+
+
+# --- the parts check their own fields
+
+
+@pytest.mark.parametrize("part, settings, message", [
+    (ClusterConfig, dict(num_workers=2, min_workers=3), "--num-workers 3-2: the minimum must not exceed the maximum"),
+    (ClusterConfig, dict(num_workers=2, worker_devices=["gpu", "gpu"], use_gpu="no"), "but --use-gpu is no"),
+    (ClusterConfig, dict(num_workers=1, worker_devices=["cpu"], worker_label_selectors=[{"a": "b"}]),
+     "give one of them"),
+    (PlanConfig, dict(rebalance_threshold=1.0), "--rebalance-threshold must be in [0, 1)"),
+    (PlanConfig, dict(plan_changes=[{"global_step": -1, "local_batch_sizes": [1]}]), "--plan-change: each change"),
+    (EmulationConfig, dict(emulate_speeds=[1, 2]), "--emulate-speeds values must be in (0, 1]"),
+    (EmulationConfig, dict(emulate_speed_changes=[{"global_step": 1, "rank": 0, "speed": 2}]),
+     "--emulate-speed-change: each change"),
+    (ProfilingConfig, dict(profile_batch_sizes=[8]), "--profile-batch-sizes needs two or more different"),
+    (ProfilingConfig, dict(profile_timeout_s=0), "--profile-timeout must be a positive number of seconds"),
+])
+def test_a_part_rejects_its_own_bad_fields(part, settings, message):
+    with pytest.raises(ConfigError) as raised:
+        part(**settings)
+    assert message in str(raised.value)
+
+
+def test_parts_keep_the_checked_form_and_cannot_be_changed_after():
+    speeds = EmulationConfig(emulate_speeds=(1, 0.5))
+    assert speeds.emulate_speeds == [1.0, 0.5]
+    assert ProfilingConfig(profile_batch_sizes=(16, 8)).profile_batch_sizes == [8, 16]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        speeds.emulate_speeds = [0.0]
+
+
+def test_train_config_rejects_a_single_probe_size_naming_its_flag():
+    """Before, TrainConfig let it through and the profiler refused it later under the
+    profile command's --batch-sizes, a flag `train` does not have."""
+    with pytest.raises(ConfigError, match="--profile-batch-sizes needs two or more different positive sizes"):
+        TrainConfig(profile_batch_sizes=[8])
+    assert TrainConfig(profile_batch_sizes=[16, 8]).probe_batch_sizes() == [8, 16]
+
+
+# --- rules across parts: checked once, by TrainConfig
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(batch_size=3, num_workers=4), "--batch-size 3 is smaller than --num-workers 4"),
+    (dict(batch_size=64, num_samples=32), "--num-samples 32 is smaller than --batch-size 64"),
+    (dict(batch_size=64, batch_split=[40, 24, 0]), "--batch-split has 3 values but --num-workers is 2"),
+    (dict(batch_size=64, batch_split=[40, 20]), "--batch-split sums to 60, but --batch-size is 64"),
+    (dict(batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [64]}]),
+     "--plan-change at step 4 has 1 values but --num-workers is 2"),
+    (dict(batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [60, 3]}]),
+     "--plan-change at step 4 sums to 63, but --batch-size is 64"),
+    (dict(emulate_speeds=[1.0, 0.5, 0.5]), "--emulate-speeds has 3 values but --num-workers is 2"),
+    (dict(emulate_speed_changes=[{"global_step": 4, "rank": 2, "speed": 0.5}]),
+     "--emulate-speed-change rank 2 does not exist with --num-workers 2"),
+])
+def test_rules_across_parts(settings, message):
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(experiment_name="x", **settings)
+    assert message in str(raised.value)
+
+
+def test_a_file_dataset_is_not_held_to_num_samples():
+    config = TrainConfig(dataset="cifar10", data_dir="/data", batch_size=8192, num_samples=16, experiment_name="x")
+    assert config.batch_size == 8192
+
+
+# --- the flat contract: construction, reads, config.json
+
+
+def test_flat_settings_go_to_their_parts_and_read_back_flat():
+    config = TrainConfig(model="mlp", batch_size=48, num_workers=3, policy="static", emulate_speeds=[1, 1, 0.5],
+                         profile_timeout_s=30, experiment_name="x")
+    assert (config.data.model, config.optimization.batch_size, config.cluster.num_workers) == ("mlp", 48, 3)
+    assert (config.plan.policy, config.emulation.emulate_speeds) == ("static", [1.0, 1.0, 0.5])
+    assert (config.batch_size, config.num_workers, config.profile_timeout_s) == (48, 3, 30)
+    with pytest.raises(AttributeError):
+        config.batch_size = 64  # read-only: a change goes through replace(), which checks it
+    assert config.replace(batch_size=96).batch_size == 96 and config.batch_size == 48
+    with pytest.raises(ConfigError, match="--batch-size 2 is smaller than --num-workers 3"):
+        config.replace(batch_size=2)
+
+
+def test_every_setting_belongs_to_exactly_one_part():
+    names = [f.name for part in parts().values() for f in dataclasses.fields(part)]
+    assert len(names) == len(set(names)) == len(setting_names())
+    assert not set(names) & set(parts()), "a setting named like a part would hide it"
+    with pytest.raises(TypeError, match="unknown settings: bogus"):
+        TrainConfig(bogus=1)
+
+
+def test_config_json_round_trips_and_keeps_the_keys_the_dashboard_reads():
+    config = TrainConfig(batch_size=48, num_workers=3, batch_split=[16, 16, 16], min_workers=2,
+                         plan_changes=[{"global_step": 4, "local_batch_sizes": [8, 16, 24]}], experiment_name="x")
+    recorded = config.to_dict()
+    assert list(recorded) == list(setting_names())
+    assert {"epochs", "max_steps", "batch_size", "dataset", "num_samples", "drop_last", "policy", "num_workers",
+            "model", "emulate_speeds", "experiment_name"} <= set(recorded)
+    assert TrainConfig.from_dict(recorded) == config
+    recorded["batch_split"].append(1)
+    assert config.batch_split == [16, 16, 16], "to_dict hands out copies"
+
+
+def test_a_config_json_of_an_older_version_still_loads():
+    older = TrainConfig(experiment_name="x").to_dict()
+    del older["emulate_speed_changes"]  # recorded before the speed changes were a setting
+    assert TrainConfig.from_dict(older).emulate_speed_changes is None
+    with pytest.raises(ConfigError, match="unknown configuration keys: bogus"):
+        TrainConfig.from_dict({**older, "bogus": 1})
+
+
+def test_one_profile_timeout_default_everywhere():
+    from hetero_ray import HeteroConfig
+    from hetero_ray.profiling.defaults import DEFAULT_PROFILE_TIMEOUT_S
+    from hetero_ray.profiling.node_profiler import ProfileConfig
+
+    assert TrainConfig().profile_timeout_s == ProfileConfig().timeout_s == DEFAULT_PROFILE_TIMEOUT_S
+    assert HeteroConfig(global_batch_size=8).profile_timeout_s == DEFAULT_PROFILE_TIMEOUT_S
+
+
+def test_hetero_config_has_the_defaults_of_the_cli():
+    from hetero_ray import HeteroConfig
+
+    api, cli = HeteroConfig(global_batch_size=8), TrainConfig()
+    shared = {f.name for f in dataclasses.fields(HeteroConfig)} & set(setting_names())
+    shared.remove("output_dir")  # not the same thing: where the tables of a run on a URI storage go
+    assert {"policy", "rebalance_interval", "rebalance_threshold", "profile_timeout_s", "seed"} <= shared
+    assert {name: getattr(api, name) for name in shared} == {name: getattr(cli, name) for name in shared}
+
+
+# --- the CLI is generated from the parts
+
+
+def _train_args(*flags: str):
+    from hetero_ray.cli.main import build_parser
+
+    return build_parser().parse_args(["train", *flags])
+
+
+def test_every_setting_has_a_flag_and_the_flags_defaults_are_the_configs():
+    from hetero_ray.cli.train import config_from_args
+
+    args = _train_args("--experiment-name", "x")
+    assert set(setting_names()) - set(vars(args)) == {"min_workers"}  # set by --num-workers MIN-MAX
+    assert config_from_args(args) == TrainConfig(experiment_name="x")
+    assert setting_flag("profile_timeout_s") == "--profile-timeout"
+    assert setting_flag("profile") == "--no-profile"
+    assert setting_flag("worker_label_selectors") == "--worker-labels"
+
+
+def test_flags_become_settings():
+    from hetero_ray.cli.train import config_from_args
+
+    config = config_from_args(_train_args(
+        "--model", "mlp", "--batch-size", "48", "--num-workers", "2-3", "--batch-split", "16,16,16",
+        "--emulate-speeds", "1,1,0.5", "--emulate-speed-change", "10:2:0.25", "--emulate-speed-change", "20:2:1",
+        "--plan-change", "5:8,16,24", "--no-profile", "--no-verify-checksums", "--profile-timeout", "30",
+        "--worker-labels", "a=1;a=1;b=2", "--drop-last", "--experiment-name", "flags"))
+    assert (config.model, config.batch_size, config.min_workers, config.num_workers) == ("mlp", 48, 2, 3)
+    assert config.cluster.elastic and config.batch_split == [16, 16, 16]
+    assert config.emulate_speed_changes == [{"global_step": 10, "rank": 2, "speed": 0.25},
+                                            {"global_step": 20, "rank": 2, "speed": 1.0}]
+    assert config.plan_changes == [{"global_step": 5, "local_batch_sizes": [8, 16, 24]}]
+    assert (config.profile, config.verify_checksums, config.drop_last) == (False, False, True)
+    assert config.profile_timeout_s == 30 and config.worker_label_selectors == [{"a": "1"}, {"a": "1"}, {"b": "2"}]
+
+
+def test_help_groups_the_flags_by_part_and_shows_the_defaults(capsys):
+    from hetero_ray.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split("options:")[1].split())  # the flags, one line
+    order = ["what to train:", "--model MODEL", "optimisation (depends on the global batch only):", "--lr LR",
+             "emulation (heterogeneity on one machine):", "--emulate-speed-change STEP:RANK:SPEED", "profiling:"]
+    assert [text.index(heading) for heading in order] == sorted(text.index(heading) for heading in order)
+    assert "(default 2)" in text.split("--num-workers N|MIN-MAX")[1].split("--cpus-per-worker")[0]
+    assert "--profile-timeout SECONDS seconds for profiling the whole cluster (default 120.0)" in text
