@@ -456,8 +456,8 @@ def changed_on_resume(recorded: dict, config: TrainConfig) -> list[str]:
 
 def setting_flag(name: str) -> str:
     """The flag that sets ``name`` (``profile_timeout_s`` → ``--profile-timeout``)."""
-    part = dataclasses.fields(_PARTS[_PART_OF[name]])
-    return flag_name(next(f for f in part if f.name == name))
+    fields = dataclasses.fields(parts()[_PART_OF[name]])
+    return flag_name(next(f for f in fields if f.name == name))
 
 
 def _flag_value(value) -> str:
