@@ -295,7 +295,7 @@ def test_optimal_first_plan_from_profiled_fits():
         ({"rebalance_threshold": "5%"}, r"rebalance_threshold must be in \[0, 1\)"),
         ({"cooldown_steps": -1}, "cooldown_steps must be a non-negative integer"),
         ({"cooldown_steps": 2.5}, "cooldown_steps must be a non-negative integer"),
-        ({"min_local_batch_size": 0}, "min_local_batch_size must be an integer ≥ 1"),
+        ({"min_local_batch_size": 0}, "min_local_batch_size must be a positive integer"),
         ({"noise_margin": -1}, "noise_margin must be a finite number ≥ 0"),
         ({"noise_margin": math.inf}, "noise_margin must be a finite number ≥ 0"),
     ],

@@ -41,6 +41,7 @@ import numpy as np
 from hetero_ray.balancing.cost_model import LinearFit
 from hetero_ray.balancing.estimates import ClusterEstimates, Estimates, RankEstimate
 from hetero_ray.balancing.solver import solve_split
+from hetero_ray import validate
 from hetero_ray.errors import ConfigError
 from hetero_ray.plan import Plan, equal_split, proportional_split
 
@@ -66,15 +67,9 @@ class PolicyConfig:
     noise_margin: float = 1.0
 
     def __post_init__(self):
-        t = self.rebalance_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < 1:
-            raise ConfigError(f"rebalance_threshold must be in [0, 1) (a fraction of the step time), got {t!r}")
-        c = self.cooldown_steps
-        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-            raise ConfigError(f"cooldown_steps must be a non-negative integer, got {c!r}")
-        m = self.min_local_batch_size
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ConfigError(f"min_local_batch_size must be an integer ≥ 1, got {m!r}")
+        validate.fraction_below_one("rebalance_threshold", self.rebalance_threshold, of="the step time")
+        validate.non_negative_int("cooldown_steps", self.cooldown_steps)
+        validate.positive_int("min_local_batch_size", self.min_local_batch_size)
         k = self.noise_margin
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k < math.inf:
             raise ConfigError(f"noise_margin must be a finite number ≥ 0, got {k!r}")
