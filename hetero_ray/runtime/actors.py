@@ -26,6 +26,7 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.runtime.balancer_actor import BalancerActor
 from hetero_ray.scheduler import Scheduler
 
 EXPERIMENT_ROLES = (METRICS_STORE_ROLE, SCHEDULER_ROLE, BALANCER_ROLE)  # what every run starts
@@ -104,10 +105,10 @@ def start_scheduler(experiment_name: str, run_dir: str, node_id: str, **kwargs: 
 
 
 def start_balancer(experiment_name: str, run_dir: str, node_id: str, **kwargs: Any):
-    """Needs the store and the scheduler running: it looks them up by name."""
-    from hetero_ray.runtime.balancer_actor import BalancerActor
-
-    return start_actor(BalancerActor, experiment_name, BALANCER_ROLE, experiment_name, run_dir,
+    """Needs the store and the scheduler running: the balancer is handed their handles."""
+    store = get_actor(experiment_name, METRICS_STORE_ROLE)
+    scheduler = get_actor(experiment_name, SCHEDULER_ROLE)
+    return start_actor(BalancerActor, experiment_name, BALANCER_ROLE, store, scheduler, run_dir,
                        node_id=node_id, **kwargs)
 
 

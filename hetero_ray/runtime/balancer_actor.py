@@ -30,13 +30,16 @@ BALANCER_STATE_FILE = "balancer_state.json"  # written into each checkpoint by r
 
 
 class BalancerActor:
-    def __init__(self, experiment_name: str, run_dir: str, policy: str, policy_config: dict,
-                 rebalance_interval: int):
-        from hetero_ray.constants import METRICS_STORE_ROLE, SCHEDULER_ROLE
-        from hetero_ray.runtime.actors import get_actor
+    """Args:
+        store, scheduler: handles of the experiment's metrics store and scheduler actors,
+            handed in by :func:`hetero_ray.runtime.actors.start_balancer` (this module
+            looks up no peer); a restart of this actor gets the same handles again.
+    """
 
-        self._store = get_actor(experiment_name, METRICS_STORE_ROLE)
-        self._scheduler = get_actor(experiment_name, SCHEDULER_ROLE)
+    def __init__(self, store, scheduler, run_dir: str, policy: str, policy_config: dict,
+                 rebalance_interval: int):
+        self._store = store
+        self._scheduler = scheduler
         self._policy_name = policy
         self._policy_config = PolicyConfig(**policy_config)
         self.balancer = Balancer(self._make_policy(None), rebalance_interval)
