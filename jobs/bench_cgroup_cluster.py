@@ -15,7 +15,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hetero_ray.bench.local_cluster import (  # noqa: E402
+from benchmarks.local_cluster import (  # noqa: E402
     cgroup_unusable_reason, free_port, set_cpu_quota, start_node, wait_for_nodes,
 )
 from hetero_ray.cli.main import main as hetero_ray_main  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hetero_ray.bench.profiler_overhead import main  # noqa: E402
+from benchmarks.profiler_overhead import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,7 +39,7 @@ def test_freed_activations_are_reused_without_page_faults():
 def test_the_benchmark_compares_both_sides(tmp_path, capsys):
     import json
 
-    from hetero_ray.bench.allocator import SIDES, main
+    from benchmarks.allocator import SIDES, main
 
     out = tmp_path / "allocator.json"
     assert main(["--batch-sizes", "16", "--steps", "3", "--rounds", "1", "--json", str(out)]) == 0
@@ -51,7 +51,7 @@ def test_the_benchmark_compares_both_sides(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["--batch-sizes", "x,1"], ["--batch-sizes", "0"], ["--steps", "0"]])
 def test_the_benchmark_refuses_bad_flags(argv, capsys):
-    from hetero_ray.bench.allocator import main
+    from benchmarks.allocator import main
 
     with pytest.raises(SystemExit) as stopped:
         main(argv)

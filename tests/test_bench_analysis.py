@@ -1,4 +1,5 @@
-"""`hetero-ray bench`: the figures it prints, from step records (pure), and one real run."""
+"""`hetero-ray bench`: the figures it prints, from step records (pure), one real run, and the command
+without the repository's benchmarks/ (an installed wheel)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hetero_ray.bench.balance import (
+from benchmarks.balance_analysis import (
     PolicyRun,
     analyse,
     jitter_ceiling,
@@ -140,3 +141,13 @@ def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
     assert "split efficiency" in stdout  # the replay of the runs' noise
     assert {p["policy"] for p in result["replay"]["policies"]} == {"dynamic", "optimal", "mean speeds known"}
     assert (tmp_path / "runs" / "bench.html").exists()
+
+
+def test_bench_without_the_repository_says_where_the_harness_is(tmp_path, monkeypatch, capsys):
+    import hetero_ray.cli.bench
+
+    monkeypatch.setattr(hetero_ray.cli.bench, "REPO_ROOT", str(tmp_path))  # as an installed wheel: no benchmarks/
+    code, _, stderr = run_cli(["bench", "--output-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2
+    assert "benchmarks/ folder" in stderr and "clone the repository" in stderr
+    assert not (tmp_path / "runs").exists()

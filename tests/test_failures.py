@@ -29,10 +29,10 @@ import pytest
 import ray
 import torch
 
+from benchmarks.local_cluster import local_cluster
 from hetero_ray.constants import BALANCER_ROLE, METRICS_STORE_ROLE, SCHEDULER_ROLE
 from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 from hetero_ray.runtime.actors import get_actor
-from hetero_ray.bench.local_cluster import local_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

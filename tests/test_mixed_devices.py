@@ -14,8 +14,8 @@ import os
 import pandas as pd
 import pytest
 
+from benchmarks.local_cluster import start_node, wait_for_nodes
 from hetero_ray.constants import DEVICE_LABEL, GPU_MODEL_LABEL
-from hetero_ray.bench.local_cluster import start_node, wait_for_nodes
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -86,7 +86,7 @@ def nodes(tmp_path_factory):
     at --data-dir); yields (address, paths, {role: node_id})."""
     if os.geteuid() != 0:
         pytest.skip("a node with its own view of the disk needs a mount namespace (root)")
-    from hetero_ray.bench.local_cluster import free_port, start_node, wait_for_nodes
+    from benchmarks.local_cluster import free_port, start_node, wait_for_nodes
 
     tmp = tmp_path_factory.mktemp("node_checks")
     paths = {"runs": tmp / "runs", "data": write_cifar10(tmp / "data", seed=0),

@@ -14,9 +14,9 @@ import urllib.request
 
 import pytest
 
+from benchmarks.local_cluster import CFS_PERIOD_US, cgroup_unusable_reason, set_cpu_quota, start_node
 from hetero_ray.profiling.capability import NodeCapability
 from hetero_ray.profiling.node_profiler import NodeProfiler, profile_cluster
-from hetero_ray.bench.local_cluster import CFS_PERIOD_US, cgroup_unusable_reason, set_cpu_quota, start_node
 from tests.fakes import FakeGpuReader
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -19,7 +19,7 @@ GROWTH_BOUND_MIB = 50
 
 
 def test_a_long_run_keeps_the_store_bounded_and_its_files_complete(ray_session, tmp_path):
-    from hetero_ray.bench.soak import format_report, run_soak
+    from benchmarks.soak import format_report, run_soak
 
     # 8,192 samples: 256 steps an epoch, so 12 epoch ends (evaluation, checkpoint) in the run.
     result = run_soak(steps=STEPS, num_workers=WORKERS, max_recent_steps=WINDOW_ROWS, interval_s=2.0,

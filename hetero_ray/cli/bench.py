@@ -1,14 +1,24 @@
-"""``hetero-ray bench``: static, proportional, dynamic and optimal on the same job, against the ideal."""
+"""``hetero-ray bench``: static, proportional, dynamic and optimal on the same job, against the ideal.
+
+The harness is not part of the installed package: it lives in the repository's
+``benchmarks/`` folder (with the other benchmarks), and this command runs it from the
+checkout hetero_ray was installed from (``pip install -e .``, as ``make setup`` does).
+An installed wheel has no checkout beside it, and the command says so.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 from hetero_ray.cli.args import float_list, speed_change
 from hetero_ray.config import POLICIES
-from hetero_ray.errors import ConfigError
+from hetero_ray.errors import ConfigError, UserError
 
+# The checkout this package was installed from (pip install -e .): it holds benchmarks/.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELP = "compare the policies on the same short training against the ideal (Σ of the devices' own throughput)"
 
 
@@ -34,9 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the figures to this file")
 
 
-def run(args: argparse.Namespace) -> int:
-    from hetero_ray.bench.balance import print_result, run_bench
+def harness():
+    """The ``benchmarks.balance`` module of the checkout this package was installed from.
 
+    Raises:
+        UserError: hetero_ray runs from an installed wheel, without the repository.
+    """
+    if not os.path.isfile(os.path.join(REPO_ROOT, "benchmarks", "balance.py")):
+        raise UserError("hetero-ray bench runs the harness in the repository's benchmarks/ folder, which an "
+                        "installed hetero-ray does not include: clone the repository and run it from there "
+                        "(make setup; .venv/bin/hetero-ray bench, or python jobs/bench_balance.py)")
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
+    from benchmarks import balance
+
+    return balance
+
+
+def run(args: argparse.Namespace) -> int:
     if args.no_emulation:
         args.emulate_speeds = None
     args.num_workers = args.num_workers or (len(args.emulate_speeds) if args.emulate_speeds else 2)
@@ -54,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
     if args.batch_size < args.num_workers:
         raise ConfigError(f"--batch-size {args.batch_size} is smaller than the {args.num_workers} workers")
-    result = run_bench(args)
-    print_result(result)
+    bench = harness()  # after the flags are checked: bad input fails without the repository too
+    result = bench.run_bench(args)
+    bench.print_result(result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)

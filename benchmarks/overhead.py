@@ -57,7 +57,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from hetero_ray.bench.plain_ray_train import run_plain
+    from benchmarks.plain_ray_train import run_plain
     from hetero_ray.runtime.cluster import connect
 
     connect(None, local_num_cpus=max(4, os.cpu_count() or 1), timeout_s=30)

@@ -1,7 +1,7 @@
 """The split alone: the policies replayed on this machine's own noise, against the best split.
 
 A bench run's efficiency mixes the split with what no split controls (jitter and
-synchronisation, see :mod:`hetero_ray.bench.balance`). To judge the balancer's part by
+synchronisation, see :mod:`benchmarks.balance_analysis`). To judge the balancer's part by
 itself, the bench replays its runs in plain Python (no Ray, seconds):
 
 1. *devices*: per rank, ``t_i(b) = β_i·b`` with ``β_i`` its busy time per sample over
@@ -32,11 +32,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from benchmarks.balance_analysis import working_rows
 from hetero_ray.balancing.cost_model import LinearFit
 from hetero_ray.balancing.policies import PolicyConfig, make_policy
 from hetero_ray.balancing.simulation import SimulatedCluster, run_policy
 from hetero_ray.balancing.solver import solve_split
-from hetero_ray.bench.balance import working_rows
 
 WARMUP_STEPS = 5  # first steps: allocation, caches, thread start-up; not the machine's steady noise
 REPLAYED_POLICIES = ("dynamic", "optimal")

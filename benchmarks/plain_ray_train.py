@@ -55,11 +55,16 @@ def plain_train_loop(loop_config: dict) -> None:
 def run_plain(model: str, dataset: str, num_samples: int, batch_size: int, steps: int,
               num_workers: int, lr: float, seed: int, result_path: str) -> list[float]:
     """Runs the plain loop on the connected Ray; returns rank 0's step end times."""
+    import os
+    import sys
+
+    from ray import cloudpickle
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    import os
-
+    # The loop is shipped by value: Ray's workers need not find benchmarks/ (it is not
+    # installed, and the cluster's workers may not start in this checkout).
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     trainer = TorchTrainer(
         plain_train_loop,
         train_loop_config=dict(model=model, dataset=dataset, num_samples=num_samples, batch_size=batch_size,
