@@ -7,9 +7,9 @@ from typing import Optional
 
 import dash
 
-from dashboards import callbacks, layout
-from dashboards.catalog import RunCatalog
-from dashboards.pages import PAGES
+from hetero_ray_dashboards import callbacks, layout
+from hetero_ray_dashboards.catalog import RunCatalog
+from hetero_ray_dashboards.pages import PAGES
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
@@ -21,12 +21,12 @@ def create_app(runs_dir: str, address: Optional[str] = None, *, bridge=None) -> 
         runs_dir: the only folder whose run directories the app opens.
         address: a Ray cluster to show running experiments from (HOST:PORT, ``auto``,
             ``ray://…``); None for offline only. The connection is made once, here, by a
-            child process (see :mod:`dashboards.ray_bridge`); an address that does not
-            answer raises :class:`~dashboards.ray_bridge.BridgeUnavailable`.
+            child process (see :mod:`hetero_ray_dashboards.ray_bridge`); an address that does not
+            answer raises :class:`~hetero_ray_dashboards.ray_bridge.BridgeUnavailable`.
         bridge: an already started bridge (the CLI starts it first to fail fast).
     """
     if bridge is None and address:
-        from dashboards.ray_bridge import RayBridge
+        from hetero_ray_dashboards.ray_bridge import RayBridge
 
         bridge = RayBridge(address)
         bridge.start(wait=True)

@@ -25,11 +25,11 @@ import plotly.io as pio
 from dash import Input, Output, State, ctx, html, no_update
 from plotly.utils import PlotlyJSONEncoder
 
-from dashboards import figures
-from dashboards import layout as ui
-from dashboards.catalog import RunCatalog
-from dashboards.pages import DEFAULT_PAGE, PAGES, ranks as ranks_page
-from dashboards.run_keys import RunNotFound
+from hetero_ray.reporting import figures
+from hetero_ray_dashboards import layout as ui
+from hetero_ray_dashboards.catalog import RunCatalog
+from hetero_ray_dashboards.pages import DEFAULT_PAGE, PAGES, ranks as ranks_page
+from hetero_ray_dashboards.run_keys import RunNotFound
 
 log = logging.getLogger(__name__)
 ARRAY_KEYS = ("x", "y", "customdata", "text")  # per-point arrays that extendData can append to
@@ -121,7 +121,7 @@ def update_page(page, catalog: RunCatalog, run_key: Optional[str], extra: tuple,
             built = page.build(source, catalog, *extra)
             notes.append(source.notice() or "")
         else:
-            from dashboards.pages.compare import sources_for
+            from hetero_ray_dashboards.pages.compare import sources_for
 
             sources, problems = sources_for(catalog, extra[0] if extra else [])
             notes.extend(problems)

@@ -7,13 +7,14 @@ import threading
 import time
 from typing import Any, Optional
 
-from dashboards.run_dir_files import read_run_json
-from dashboards.run_keys import (
+from hetero_ray.metrics import run_files
+from hetero_ray.reporting.run_dir_files import read_run_json
+from hetero_ray.reporting.run_source import OfflineRunSource, RunSource
+from hetero_ray.reporting.table_cache import TableCache
+from hetero_ray_dashboards.live_source import LiveRunSource
+from hetero_ray_dashboards.run_keys import (
     LIVE, MAX_KEY_LENGTH, OFFLINE, RunEntry, RunNotFound, list_offline_runs, resolve_run_dir,
 )
-from dashboards.sources import LiveRunSource, OfflineRunSource, RunSource
-from dashboards.table_cache import TableCache
-from hetero_ray.metrics import run_files
 
 
 class RunCatalog:
@@ -44,7 +45,7 @@ class RunCatalog:
     def live_experiments(self, max_age_s: float = 2.0) -> list[str]:
         if self.bridge is None:
             return []
-        from dashboards.ray_bridge import BridgeUnavailable
+        from hetero_ray_dashboards.ray_bridge import BridgeUnavailable
 
         if time.monotonic() - self._live_checked >= max_age_s:
             self._live_checked = time.monotonic()
@@ -126,7 +127,7 @@ class RunCatalog:
         """Alive and dead nodes of the connected Ray cluster, or None when offline."""
         if self.bridge is None:
             return None
-        from dashboards.ray_bridge import BridgeUnavailable
+        from hetero_ray_dashboards.ray_bridge import BridgeUnavailable
 
         try:
             return self.bridge.nodes()

@@ -17,6 +17,8 @@ from hetero_ray.formatting import format_duration
 APP_TITLE = "hetero_ray"
 RUNS_REFRESH_MS = 5000  # the run list: new runs appear within this
 PAGE_REFRESH_MS = 1500  # a running run's page (the issue asks for 1–2 s)
+NO_STEPS = ("This run has no step records yet. Rows are written a few seconds after training "
+            "starts; this page refreshes by itself while the run is going.")
 
 
 def shell(pages: Sequence[Any]) -> html.Div:

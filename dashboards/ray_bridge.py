@@ -3,7 +3,7 @@
 A Ray driver process exits about 60 s after its cluster's GCS goes away ("Failed to
 connect to GCS within 60 seconds … The program will terminate"; checked here with Ray
 2.60). A web server that called ``ray.init`` itself would die with the cluster. So the
-app never does: a child process (``python -m dashboards.ray_bridge``, a fresh
+app never does: a child process (``python -m hetero_ray_dashboards.ray_bridge``, a fresh
 interpreter: no fork of a threaded server, no re-import of the caller's main module)
 connects once and answers a fixed set of queries over a socket pair. When the child dies or stops answering, the app says
 "lost connection to the Ray cluster at ADDR; retrying" and a supervisor thread starts a
@@ -153,7 +153,7 @@ class RayBridge:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "dashboards.ray_bridge", str(child_socket.fileno()), self.address,
+                [sys.executable, "-m", __name__, str(child_socket.fileno()), self.address,
                  str(self._connect_timeout_s)],
                 pass_fds=(child_socket.fileno(),), env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL if _QUIET else None, stderr=subprocess.DEVNULL if _QUIET else None)
@@ -273,7 +273,7 @@ def _answer(op: str, args: tuple, handles: dict) -> tuple[str, Any]:
 
 
 if __name__ == "__main__":
-    # The child: ``python -m dashboards.ray_bridge FD ADDRESS CONNECT_TIMEOUT_S``.
+    # The child: ``python -m hetero_ray_dashboards.ray_bridge FD ADDRESS CONNECT_TIMEOUT_S``.
     _fd, _address, _timeout = sys.argv[1:4]
     _conn = Connection(int(_fd))
     # The parent ends the child by closing the socket or terminating it; either way, quietly.

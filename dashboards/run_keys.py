@@ -10,19 +10,15 @@ absolute paths, no symlink out of the folder), and a live key only names an acto
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
-from typing import Optional
 
-from dashboards.run_dir_files import newest_mtime, read_run_json
 from hetero_ray.metrics import run_files
+from hetero_ray.reporting.run_dir_files import looks_like_run, newest_mtime, offline_status
 
 OFFLINE = "offline:"
 LIVE = "live:"
 MAX_KEY_LENGTH = 512
 MAX_SCAN_DEPTH = 2  # runs/<name> and runs/<group>/<name>
-RUNNING_IF_WRITTEN_WITHIN_S = 30.0  # an unfinished run dir written to this recently is "running"
-_RUN_MARKERS = (run_files.CONFIG_FILE, run_files.SUMMARY_FILE, "steps.parquet", run_files.PARTS_DIR)
 _SKIP_DIRS = {run_files.PARTS_DIR, "ray_train", "__pycache__"}
 
 
@@ -51,10 +47,6 @@ def resolve_run_dir(runs_dir: str, name: str) -> str:
     if not os.path.isdir(path) or not looks_like_run(path):
         raise RunNotFound(f"no run directory {name!r} under {runs_dir}")
     return path
-
-
-def looks_like_run(path: str) -> bool:
-    return any(os.path.exists(os.path.join(path, marker)) for marker in _RUN_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -94,11 +86,3 @@ def list_offline_runs(runs_dir: str) -> list[RunEntry]:
 
     scan(root, 1)
     return sorted(entries, key=lambda e: e.mtime, reverse=True)
-
-
-def offline_status(run_dir: str, now: Optional[float] = None) -> str:
-    summary = read_run_json(run_dir, run_files.SUMMARY_FILE)
-    if isinstance(summary, dict) and summary.get("status"):
-        return str(summary["status"])
-    now = time.time() if now is None else now
-    return "running" if now - newest_mtime(run_dir) <= RUNNING_IF_WRITTEN_WITHIN_S else "unfinished"

@@ -27,13 +27,13 @@ from dash import no_update
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dashboards import callbacks  # noqa: E402
-from dashboards.catalog import RunCatalog  # noqa: E402
-from dashboards.pages import DEFAULT_PAGE, PAGES  # noqa: E402
-from dashboards.sources import LiveRunSource  # noqa: E402
 from hetero_ray.metrics import run_files  # noqa: E402
 from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, SCHEMAS, STEPS, to_table  # noqa: E402
 from hetero_ray.metrics.store import MetricsStore  # noqa: E402
+from hetero_ray_dashboards import callbacks  # noqa: E402
+from hetero_ray_dashboards.catalog import RunCatalog  # noqa: E402
+from hetero_ray_dashboards.live_source import LiveRunSource  # noqa: E402
+from hetero_ray_dashboards.pages import DEFAULT_PAGE, PAGES  # noqa: E402
 
 TARGET_S = 3.0
 SPEEDS = (1.0, 1.0, 0.5, 0.25)

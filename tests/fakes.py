@@ -96,7 +96,7 @@ class StoreBridge:
         self.calls = 0
 
     def _check(self):
-        from dashboards.ray_bridge import BridgeUnavailable, ExperimentGone
+        from hetero_ray_dashboards.ray_bridge import BridgeUnavailable, ExperimentGone
 
         if self.down:
             raise BridgeUnavailable("lost connection to the Ray cluster at 10.0.0.1:6379; retrying every 5 s")

@@ -88,7 +88,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(runs_dir):
-    from dashboards.app import create_app
+    from hetero_ray_dashboards.app import create_app
 
     server = Server(create_app(runs_dir))  # offline: no address
     yield server
@@ -205,7 +205,7 @@ def test_cluster_page(server, page, runs_dir):
 
 
 def test_balancer_page(server, page, runs_dir):
-    from dashboards.pages.balancer import DECISIONS_SHOWN
+    from hetero_ray_dashboards.pages.balancer import DECISIONS_SHOWN
     from hetero_ray.metrics import run_files
 
     # Emulated speeds 1 and 0.5 under --policy optimal: the balancer decides at the first
@@ -259,7 +259,7 @@ def test_a_url_cannot_open_a_folder_outside_the_runs_dir(server, page):
 def test_live_run_shows_new_steps_without_a_reload(ray_session, fast_config, browser):
     import ray
 
-    from dashboards.app import create_app
+    from hetero_ray_dashboards.app import create_app
 
     # ~100 steps of ~0.2-0.3 s: the job runs for a while after its first step.
     cfg = fast_config(num_samples=3200, batch_size=32, emulate_speeds=[0.1, 0.05], policy="optimal",

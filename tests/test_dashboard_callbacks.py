@@ -10,12 +10,13 @@ import plotly.graph_objects as go
 import pytest
 from dash import html, no_update
 
-from dashboards import callbacks, figures, frames
-from dashboards.app import create_app
-from dashboards.catalog import RunCatalog
-from dashboards.pages import PAGES, balancer, bottlenecks, cluster, compare, gpu, ranks, run
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.reporting import figures, frames
+from hetero_ray_dashboards import callbacks
+from hetero_ray_dashboards.app import create_app
+from hetero_ray_dashboards.catalog import RunCatalog
+from hetero_ray_dashboards.pages import PAGES, balancer, bottlenecks, cluster, compare, gpu, ranks, run
 from tests.fakes import StoreBridge
 from tests.helpers import make_steps, write_run
 

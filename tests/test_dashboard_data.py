@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from dashboards.catalog import RunCatalog
-from dashboards.run_dir_files import escaping_links
-from dashboards.run_keys import RunNotFound, list_offline_runs, resolve_run_dir
-from dashboards.sources import LiveRunSource, OfflineRunSource, normalise_nodes
-from dashboards.table_cache import TableCache
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.reporting.run_dir_files import escaping_links
+from hetero_ray.reporting.run_source import OfflineRunSource, normalise_nodes
+from hetero_ray.reporting.table_cache import TableCache
+from hetero_ray_dashboards.catalog import RunCatalog
+from hetero_ray_dashboards.live_source import LiveRunSource
+from hetero_ray_dashboards.run_keys import RunNotFound, list_offline_runs, resolve_run_dir
 from tests.cli import run_cli
 from tests.fakes import StoreBridge
 from tests.helpers import make_steps, write_run
@@ -257,14 +258,14 @@ def test_catalog_lists_live_runs_first_and_maps_an_ended_one_to_its_directory(li
 # ---- the Ray bridge and the dashboard command -----------------------------------------------
 
 def test_bridge_refuses_queries_that_are_not_store_reads():
-    from dashboards.ray_bridge import RayBridge
+    from hetero_ray_dashboards.ray_bridge import RayBridge
 
     with pytest.raises(ValueError, match="not a metrics-store query"):
         RayBridge("127.0.0.1:1").call("exp", "finalize")
 
 
 def test_bridge_to_an_address_where_nothing_listens_fails_fast():
-    from dashboards.ray_bridge import BridgeUnavailable, RayBridge
+    from hetero_ray_dashboards.ray_bridge import BridgeUnavailable, RayBridge
 
     bridge = RayBridge("127.0.0.1:1", connect_timeout_s=5)
     started = time.monotonic()
@@ -302,7 +303,7 @@ def test_dashboard_command_fails_fast_on_an_unreachable_address(tmp_path, capsys
 
 
 def test_dashboard_command_warns_when_exposed_and_serves_offline(tmp_path, capsys, monkeypatch):
-    from dashboards import app as app_module
+    from hetero_ray_dashboards import app as app_module
     from hetero_ray.cli import dashboard
 
     served = {}
@@ -325,7 +326,7 @@ def test_offline_source_is_an_offline_run_source(runs_dir):
 def test_bridge_says_it_lost_the_cluster_and_reconnects(ray_session):
     """The child holding the Ray connection dies (as it does ~60 s after a GCS is gone):
     queries fail at once with the retrying message, and a new child takes over."""
-    from dashboards.ray_bridge import BridgeUnavailable, RayBridge
+    from hetero_ray_dashboards.ray_bridge import BridgeUnavailable, RayBridge
 
     address = ray_session.get_runtime_context().gcs_address
     bridge = RayBridge(address, retry_s=1.0)

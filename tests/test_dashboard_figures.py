@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboards import figures, frames
+from hetero_ray.reporting import figures, frames
 from tests.helpers import make_steps
 
 

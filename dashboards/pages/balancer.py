@@ -5,9 +5,8 @@ from __future__ import annotations
 import pandas as pd
 from dash import html
 
-from dashboards import figures, frames
-from dashboards import layout as ui
-from dashboards.pages import common
+from hetero_ray.reporting import figures, frames, run_frames
+from hetero_ray_dashboards import layout as ui
 
 NAME, PATH, TITLE = "balancer", "/balancer", "Balancer"
 GRAPHS = ("balancer-decisions", "balancer-predicted", "balancer-efficiency")
@@ -36,9 +35,9 @@ def build(source, catalog=None) -> dict:
         decision_table = decision_table.assign(predicted_gain=decision_table["predicted_gain"].map(
             lambda g: "" if pd.isna(g) else f"{g:+.1%}"))
     return {
-        "balancer-efficiency": figures.efficiency_figure(common.cluster_plot(source), common.changes(source)),
+        "balancer-efficiency": figures.efficiency_figure(run_frames.cluster_plot(source), run_frames.changes(source)),
         "balancer-decisions": figures.decisions_figure(decisions),
-        "balancer-predicted": figures.predicted_vs_achieved_figure(decisions, common.cluster_plot(source)),
+        "balancer-predicted": figures.predicted_vs_achieved_figure(decisions, run_frames.cluster_plot(source)),
         "balancer-plans": [html.H3("Plans"), ui.table(plan_table, empty="No plan recorded yet.")],
         "balancer-table": [html.H3("Recent decisions"), ui.table(
             decision_table, empty="No balancer decisions in this run: a rebalancing policy (e.g. --policy optimal) "

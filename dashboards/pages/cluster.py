@@ -12,9 +12,8 @@ import time
 import pandas as pd
 from dash import html
 
-from dashboards import figures, frames
-from dashboards import layout as ui
-from dashboards.pages import common
+from hetero_ray.reporting import figures, frames, run_frames
+from hetero_ray_dashboards import layout as ui
 
 NAME, PATH, TITLE = "cluster", "/cluster", "Cluster"
 GRAPHS = ("cluster-capabilities", "cluster-rank-speed")
@@ -44,7 +43,7 @@ def ray_nodes_frame(nodes: list[dict]) -> pd.DataFrame:
 
 
 def build(source, catalog=None) -> dict:
-    steps = common.steps(source)
+    steps = run_frames.steps(source)
     nodes = source.nodes()
     node_table = frames.nodes_frame(nodes, steps, live=source.active(), now=time.time())
     if not node_table.empty:
@@ -66,7 +65,7 @@ def build(source, catalog=None) -> dict:
         "cluster-ray-nodes": ray_block,
         "cluster-nodes": [html.H3("Nodes of this run"),
                           *([html.P(NO_PROFILE, className="empty")] if not nodes else []),
-                          ui.table(node_table, empty=common.NO_STEPS)],
+                          ui.table(node_table, empty=ui.NO_STEPS)],
         "cluster-devices": [html.H3("Devices (profiled)"),
                             ui.table(devices.drop(columns=["node_id"]) if not devices.empty else devices,
                                      empty="No device profile in this run yet.")],

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dash import dcc, html
 
-from dashboards import figures, frames
-from dashboards import layout as ui
-from dashboards.run_keys import RunNotFound
-from dashboards.pages import common
+from hetero_ray.reporting import run_frames
+from hetero_ray.reporting.compare import compare_runs
+from hetero_ray_dashboards import layout as ui
+from hetero_ray_dashboards.run_keys import RunNotFound
 
 NAME, PATH, TITLE = "compare", "/compare", "Compare"
 GRAPHS = ("compare-throughput", "compare-efficiency", "compare-accuracy")
@@ -32,26 +32,21 @@ def layout(catalog=None):
 
 
 def runs_of(sources) -> list[dict]:
-    return [{"name": s.name, "config": s.config(), "summary": s.summary(),
-             "cluster": common.cluster(s), "cluster_plot": common.cluster_plot(s), "evals": common.evals(s)}
+    return [{"name": s.name, "config": s.config(), "summary": s.summary(), "cluster": run_frames.cluster(s),
+             "cluster_plot": run_frames.cluster_plot(s), "evals": run_frames.evals(s)}
             for s in sources]
 
 
 def build_from_runs(runs: list[dict]) -> dict:
-    """The page's figures and table from already-loaded runs (shared with the HTML report)."""
-    target, times = frames.time_to_metric({r["name"]: r["evals"] for r in runs})
-    table = frames.compare_table(runs)
-    if not table.empty:
-        table["time to target s"] = [None if times.get(r["name"]) is None else round(times[r["name"]], 1) for r in runs]
-    series = {r["name"]: r["cluster_plot"] for r in runs}
+    """The page's figures and table from already-loaded runs (see :func:`runs_of`)."""
+    compared = compare_runs(runs)
+    note = ([html.P(f"target: eval metric {compared.target:.4f}, the best value every chosen run reached",
+                    className="table-note")] if compared.target is not None else [])
     return {
-        "compare-table": [ui.table(table, empty="Choose two or more runs above."),
-                          *([html.P(f"target: eval metric {target:.4f}, the best value every chosen run reached",
-                                    className="table-note")] if target is not None else [])],
-        "compare-throughput": figures.compare_series_figure(series, "samples_per_s", "Cluster samples/s", "samples/s"),
-        "compare-efficiency": figures.compare_series_figure(series, "efficiency", "Balance efficiency", "efficiency",
-                                                            percent=True),
-        "compare-accuracy": figures.time_to_accuracy_figure({r["name"]: r["evals"] for r in runs}, target),
+        "compare-table": [ui.table(compared.table, empty="Choose two or more runs above."), *note],
+        "compare-throughput": compared.throughput,
+        "compare-efficiency": compared.efficiency,
+        "compare-accuracy": compared.accuracy,
     }
 
 

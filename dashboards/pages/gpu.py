@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dashboards import figures, frames
-from dashboards import layout as ui
-from dashboards.pages import common
+from hetero_ray.reporting import figures, frames, run_frames
+from hetero_ray_dashboards import layout as ui
 
 NAME, PATH, TITLE = "gpu", "/gpu", "GPU"
 GRAPHS = ("gpu-metrics",)
@@ -17,6 +16,6 @@ def layout(catalog=None):
 
 
 def build(source, catalog=None) -> dict:
-    gpu = source.derived("gpu", lambda: frames.downsample(frames.gpu_frame(common.steps(source)), by="rank",
+    gpu = source.derived("gpu", lambda: frames.downsample(frames.gpu_frame(run_frames.steps(source)), by="rank",
                                                           drop_partial=source.active()))
     return {"gpu-metrics": figures.gpu_figure(gpu)}

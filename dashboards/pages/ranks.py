@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dash import dcc, html
 
-from dashboards import figures, frames
-from dashboards import layout as ui
-from dashboards.pages import common
+from hetero_ray.reporting import figures, frames, run_frames
+from hetero_ray_dashboards import layout as ui
 
 NAME, PATH, TITLE = "ranks", "/ranks", "Ranks"
 GRAPHS = ("ranks-busy-wait", "ranks-batch", "ranks-throughput", "ranks-breakdown")
@@ -30,22 +29,22 @@ def layout(catalog=None):
 
 def rank_options(source) -> tuple[list[dict], list[int]]:
     """The run's ranks as checklist options, and the default selection."""
-    ranks = common.rank_list(source)
+    ranks = run_frames.rank_list(source)
     return [{"label": f"rank {r}", "value": r} for r in ranks], ranks[:MAX_DEFAULT_RANKS]
 
 
 def build(source, catalog=None, selected=None) -> dict:
-    ranks_plot = common.ranks_plot(source)
-    steps = common.steps(source)
+    ranks_plot = run_frames.ranks_plot(source)
+    steps = run_frames.steps(source)
     selected = None if selected is None else [int(r) for r in selected]
     table = source.derived("rank_table", lambda: frames.rank_table(steps))
     if selected is not None:
         table = table[table["rank"].isin(selected)]
     breakdown = source.derived("breakdown", lambda: frames.step_breakdown(steps))
     return {
-        "ranks-table": ui.table(table, empty=common.NO_STEPS),
+        "ranks-table": ui.table(table, empty=ui.NO_STEPS),
         "ranks-busy-wait": figures.busy_wait_figure(ranks_plot, selected),
-        "ranks-batch": figures.batch_size_figure(ranks_plot, common.changes(source), selected),
+        "ranks-batch": figures.batch_size_figure(ranks_plot, run_frames.changes(source), selected),
         "ranks-throughput": figures.rank_throughput_figure(ranks_plot, selected),
         "ranks-breakdown": figures.step_breakdown_figure(breakdown, selected),
     }

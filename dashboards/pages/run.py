@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
-from dashboards import figures, frames
-from dashboards import layout as ui
-from dashboards.pages import common
+from hetero_ray.reporting import figures, frames, run_frames
+from hetero_ray_dashboards import layout as ui
 
 NAME, PATH, TITLE = "run", "/run", "Run"
 GRAPHS = ("run-throughput", "run-loss", "run-eval")
@@ -23,8 +22,8 @@ def layout(catalog=None):
 
 
 def build(source, catalog=None) -> dict:
-    cluster = common.cluster_plot(source)
-    evals = common.evals(source)
+    cluster = run_frames.cluster_plot(source)
+    evals = run_frames.evals(source)
     return {
         "run-kpis": kpis(source),
         "run-throughput": figures.throughput_figure(cluster),
@@ -34,10 +33,10 @@ def build(source, catalog=None) -> dict:
 
 
 def kpis(source) -> list:
-    steps = common.steps(source)
+    steps = run_frames.steps(source)
     summary = source.summary() or {}
     progress = frames.epoch_progress(steps, source.epochs(), source.config() or summary)
-    table = common.cluster(source)
+    table = run_frames.cluster(source)
     status = source.status()
     config = source.config() or summary
     policy = config.get("policy") or "–"
@@ -48,7 +47,7 @@ def kpis(source) -> list:
     steady = summary.get("steady_samples_per_s") or frames.steady_samples_per_s(table)
     elapsed = float(table["elapsed_s"].iloc[-1]) if not table.empty else None
     if status == "running" and elapsed is not None:
-        elapsed = max(elapsed, time.time() - common.start_wall_time(source))
+        elapsed = max(elapsed, time.time() - run_frames.start_wall_time(source))
     bar_text = (f"step {progress['global_step']:,}" + (f" of {total:,}" if total else "")
                 + f" · epoch {progress['epoch'] + 1}" + (f" of {epochs}" if epochs else ""))
     return [
@@ -61,6 +60,6 @@ def kpis(source) -> list:
             ("steady samples/s", ui.number(steady)),
             ("training time", ui.duration(elapsed)),
             ("ETA", ui.duration(progress.get("eta_s")) if status == "running" else "–"),
-            ("plan changes", str(len(common.changes(source)))),
+            ("plan changes", str(len(run_frames.changes(source)))),
         ]),
     ]

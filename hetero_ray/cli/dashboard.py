@@ -70,8 +70,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
-    from dashboards.app import create_app, serve
-    from dashboards.ray_bridge import BridgeUnavailable, RayBridge
+    from hetero_ray_dashboards.app import create_app, serve
+    from hetero_ray_dashboards.ray_bridge import BridgeUnavailable, RayBridge
 
     address, why = resolve_address(args.address)
     bridge = None

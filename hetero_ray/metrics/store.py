@@ -165,7 +165,7 @@ class MetricsStore:
         """A compact view of the current attempt's latest steps (the driver's progress line)."""
         return {"attempt": self._current_attempt(), **self._window.progress(self._num_workers(), window_steps)}
 
-    # ---- queries (the performance app; see dashboards/sources.py) ----------------------
+    # ---- queries (the performance app; see dashboards/live_source.py) -------------------
     #
     # The app calls :meth:`updates_since` once per refresh and gets only what is new; the
     # rest are small views computed from the bounded in-memory window. Nothing here

@@ -1,8 +1,9 @@
 """``hetero-ray report``: one HTML file with a run's key figures and tables (or several runs
 side by side), viewable without a network, and a plain-text summary.
 
-Figures come from :mod:`dashboards.figures` (the same as the app's); plotly.js is
-embedded once in the file. Every string from the run's files is HTML-escaped.
+Frames, figures and the comparison come from this package (:mod:`.run_frames`,
+:mod:`.figures`, :mod:`.compare`), the same the app shows; plotly.js is embedded once in
+the file. Every string from the run's files is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ import pandas as pd
 import plotly.io as pio
 
 from hetero_ray.errors import UserError
+from hetero_ray.formatting import format_table
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.summary import build_summary
+from hetero_ray.reporting import figures, frames, run_frames
+from hetero_ray.reporting.compare import compare_runs
+from hetero_ray.reporting.run_dir_files import looks_like_run
+from hetero_ray.reporting.run_source import OfflineRunSource
+from hetero_ray.reporting.summary_text import run_summary_text
+from hetero_ray.reporting.table_cache import TableCache
+from hetero_ray.reporting.verdicts import verdict_frame
 
 REPORT_FILE = "report.html"
 COMPARE_REPORT_FILE = "hetero_ray_report.html"
@@ -40,8 +49,6 @@ class LoadedRun:
 
 def check_run_dir(path: str) -> str:
     """The absolute run directory, or a UserError that says what a run directory is."""
-    from dashboards.run_keys import looks_like_run
-
     if not os.path.isdir(path):
         raise UserError(f"{path} is not a folder; pass a run directory such as runs/<experiment-name>")
     if not looks_like_run(path):
@@ -51,25 +58,20 @@ def check_run_dir(path: str) -> str:
 
 
 def load_run(run_dir: str) -> LoadedRun:
-    from dashboards import figures, frames
-    from dashboards.sources import OfflineRunSource
-    from dashboards.table_cache import TableCache
-    from dashboards.pages import bottlenecks, common
-
     run_dir = check_run_dir(run_dir)
     name = os.path.basename(run_dir.rstrip(os.sep))
     source = OfflineRunSource("offline:" + name, name, run_dir, TableCache())
-    steps = common.steps(source)
-    ranks_plot = common.ranks_plot(source)
-    cluster_plot = common.cluster_plot(source)
-    evals = common.evals(source)
-    changes = common.changes(source)
+    steps = run_frames.steps(source)
+    ranks_plot = run_frames.ranks_plot(source)
+    cluster_plot = run_frames.cluster_plot(source)
+    evals = run_frames.evals(source)
+    changes = run_frames.changes(source)
     decisions = frames.decisions_frame(source.decisions())
     verdicts, why_none = source.bottlenecks()
     nodes = source.nodes()
     run = LoadedRun(name=name, run_dir=run_dir, config=source.config(),
                     summary=source.summary() or _summary_of_unfinished(source, run_dir),
-                    cluster=common.cluster(source), cluster_plot=cluster_plot, evals=evals)
+                    cluster=run_frames.cluster(source), cluster_plot=cluster_plot, evals=evals)
     run.figures = {
         "Cluster samples/s": figures.throughput_figure(cluster_plot),
         "Loss": figures.loss_figure(cluster_plot, evals),
@@ -77,7 +79,7 @@ def load_run(run_dir: str) -> LoadedRun:
         "Local batch size": figures.batch_size_figure(ranks_plot, changes),
         "Per-rank samples/s": figures.rank_throughput_figure(ranks_plot),
         "Step-time breakdown": figures.step_breakdown_figure(frames.step_breakdown(steps)),
-        "Busy vs waiting": figures.busy_wait_figure(ranks_plot, common.rank_list(source)[:8]),
+        "Busy vs waiting": figures.busy_wait_figure(ranks_plot, run_frames.rank_list(source)[:8]),
         "Balance efficiency": figures.efficiency_figure(cluster_plot, changes),
         "Balancer decisions": figures.decisions_figure(decisions),
         "Predicted vs achieved step time": figures.predicted_vs_achieved_figure(decisions, cluster_plot),
@@ -90,7 +92,7 @@ def load_run(run_dir: str) -> LoadedRun:
         if not plans.empty else plans,
         "Balancer decisions": decisions[["global_step", "outcome", "reason", "split", "predicted_gain"]]
         if not decisions.empty else decisions,
-        "Bottlenecks": bottlenecks.verdict_frame(verdicts),
+        "Bottlenecks": verdict_frame(verdicts),
         "Nodes": frames.nodes_frame(nodes, steps, live=False, now=time.time()).drop(columns=["state", "last_step_age_s"]),
         "Devices": frames.devices_frame(nodes),
     }
@@ -115,8 +117,6 @@ def _summary_of_unfinished(source, run_dir: str) -> dict[str, Any]:
 
 
 def summary_text(run: LoadedRun) -> str:
-    from hetero_ray.cli.report_text import run_summary_text
-
     try:
         return run_summary_text(run.summary)
     except (KeyError, TypeError):  # a summary from an older version: say what we can
@@ -124,18 +124,12 @@ def summary_text(run: LoadedRun) -> str:
 
 
 def compare_text(runs: list[LoadedRun]) -> str:
-    from dashboards import frames
-    from hetero_ray.formatting import format_table
-
-    table = frames.compare_table([{"name": r.name, "config": r.config, "cluster": r.cluster, "evals": r.evals}
-                                  for r in runs])
+    table = _compare_table(runs)
     return format_table(list(table.columns), [["" if pd.isna(v) else v for v in row] for row in table.itertuples(index=False)])
 
 
 def build_html(runs: list[LoadedRun]) -> str:
     """The whole report as one HTML document (plotly.js embedded once)."""
-    from dashboards.pages.compare import build_from_runs
-
     parts: list[str] = []
     first_figure = [True]
 
@@ -147,12 +141,12 @@ def build_html(runs: list[LoadedRun]) -> str:
 
     title = "hetero_ray report: " + ", ".join(r.name for r in runs)
     if len(runs) > 1:
-        compared = build_from_runs([{"name": r.name, "config": r.config, "summary": r.summary, "cluster": r.cluster,
-                                     "cluster_plot": r.cluster_plot, "evals": r.evals} for r in runs])
+        compared = compare_runs([{"name": r.name, "config": r.config, "summary": r.summary, "cluster": r.cluster,
+                                  "cluster_plot": r.cluster_plot, "evals": r.evals} for r in runs])
         parts.append("<h2>Comparison</h2>")
         parts.append(_table_html(_compare_table(runs)))
-        for key in ("compare-throughput", "compare-efficiency", "compare-accuracy"):
-            parts.append(figure_html(compared[key]))
+        for figure in (compared.throughput, compared.efficiency, compared.accuracy):
+            parts.append(figure_html(figure))
     for run in runs:
         parts.append(f'<h2 id="{html.escape(run.name)}">{html.escape(run.name)}</h2>')
         parts.append(f"<pre class=\"summary\">{html.escape(summary_text(run))}</pre>")
@@ -185,8 +179,6 @@ th {{ border-bottom: 2px solid #ddd; }} pre.summary {{ background: #f6f7f9; padd
 
 
 def _compare_table(runs: list[LoadedRun]) -> pd.DataFrame:
-    from dashboards import frames
-
     return frames.compare_table([{"name": r.name, "config": r.config, "cluster": r.cluster, "evals": r.evals} for r in runs])
 
 

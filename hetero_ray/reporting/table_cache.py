@@ -14,10 +14,10 @@ import threading
 import pandas as pd
 import pyarrow.parquet as pq
 
-from dashboards.run_dir_files import attempt_starts, file_signature, inside
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
 from hetero_ray.metrics.trajectory import effective_rows
+from hetero_ray.reporting.run_dir_files import attempt_starts, file_signature, inside
 
 CACHE_MAX_ROWS = 4_000_000  # rows of offline tables kept in memory (~1 GB of step rows at worst)
 

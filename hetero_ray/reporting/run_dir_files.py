@@ -1,8 +1,9 @@
-"""Files inside one run directory, read only where their real path lies inside it.
+"""One run directory on disk: whether a folder is a run, its status, and its files, read
+only where their real path lies inside it.
 
 The files of a run directory are untrusted (anyone who can write there can plant a
 symlink): a file is read only if its real path lies inside that run directory; one that
-leads out of it is ignored, and :func:`escaping_links` names it for the run's notice.
+leads out of it is ignored, and :func:`escaping_links` names it (the app shows it as the run's notice).
 Only JSON is read here; nothing read is ever executed or unpickled.
 """
 
@@ -10,9 +11,18 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from typing import Any, Optional
 
 from hetero_ray.metrics import run_files
+
+RUNNING_IF_WRITTEN_WITHIN_S = 30.0  # an unfinished run dir written to this recently is "running"
+_RUN_MARKERS = (run_files.CONFIG_FILE, run_files.SUMMARY_FILE, "steps.parquet", run_files.PARTS_DIR)
+
+
+def looks_like_run(path: str) -> bool:
+    """Whether ``path`` holds any of the files a run writes first."""
+    return any(os.path.exists(os.path.join(path, marker)) for marker in _RUN_MARKERS)
 
 
 def inside(run_dir: str, path: str) -> Optional[str]:
@@ -73,3 +83,12 @@ def newest_mtime(run_dir: str) -> float:
              *glob.glob(os.path.join(run_dir, run_files.PARTS_DIR, "*"))]
     signatures = [file_signature(run_dir, path) for path in paths]
     return max((sig[0] / 1e9 for sig in signatures if sig is not None), default=0.0)
+
+
+def offline_status(run_dir: str, now: Optional[float] = None) -> str:
+    """The summary's status; without one, running while its files are being written, else unfinished."""
+    summary = read_run_json(run_dir, run_files.SUMMARY_FILE)
+    if isinstance(summary, dict) and summary.get("status"):
+        return str(summary["status"])
+    now = time.time() if now is None else now
+    return "running" if now - newest_mtime(run_dir) <= RUNNING_IF_WRITTEN_WITHIN_S else "unfinished"

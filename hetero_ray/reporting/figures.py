@@ -1,4 +1,4 @@
-"""Figures: pure functions from DataFrames (see :mod:`dashboards.frames`) to plotly figures.
+"""Figures: pure functions from DataFrames (see :mod:`hetero_ray.reporting.frames`) to plotly figures.
 
 No I/O and no Dash here, so the app, the HTML report and the tests share them. Each
 function draws an explained empty state when its frame is empty.

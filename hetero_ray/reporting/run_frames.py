@@ -1,7 +1,8 @@
-"""Frames every page shares, memoised per run source and data version.
+"""A run's frames that every page and the report share, memoised per run source and data version.
 
 A running run's page adds only finished buckets of steps (``drop_partial``), so that
-points already in the browser never change (see ``figures`` on ``meta.append``).
+points already in the browser never change (see :mod:`~hetero_ray.reporting.figures` on
+``meta.append``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,8 @@ from typing import Optional
 
 import pandas as pd
 
-from dashboards import frames
-from dashboards.sources import RunSource
-
-NO_STEPS = ("This run has no step records yet. Rows are written a few seconds after training "
-            "starts; this page refreshes by itself while the run is going.")
+from hetero_ray.reporting import frames
+from hetero_ray.reporting.run_source import RunSource
 
 
 def steps(source: RunSource) -> pd.DataFrame:
