@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
 DEMO_NAME ?= demo-$(DEMO_STAMP)
 
-.PHONY: setup setup-browser demo test test-fast bench clean
+.PHONY: setup setup-browser demo lint test test-fast bench clean
 
 setup:
 	@scripts/setup.sh
@@ -20,11 +20,17 @@ demo: setup
 	  --output-dir runs --experiment-name $(DEMO_NAME)
 	@$(VENV)/bin/hetero-ray report --quiet runs/$(DEMO_NAME)  # the run already printed its summary
 
-## The whole test suite (unit, real local Ray, real gloo groups, browser).
+## Imports point down only: the contract is [tool.importlinter] in pyproject.toml.
+lint: setup
+	$(VENV)/bin/lint-imports
+
+## The whole test suite (unit, real local Ray, real gloo groups, browser), after the layers check.
 test: setup-browser
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -W ignore::DeprecationWarning --durations=15
 
 test-fast: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" -W ignore::DeprecationWarning
 
 ## Benchmarks print figures and ratios (minutes each; not part of the tests).
