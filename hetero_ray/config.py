@@ -30,7 +30,7 @@ from hetero_ray.flags import (
     float_list, flag_name, int_list, label_selectors, plan_change, setting, speed_change, str_list,
     worker_range,
 )
-from hetero_ray.profiling.defaults import DEFAULT_PROFILE_TIMEOUT_S, probe_batch_sizes_around
+from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S, probe_batch_sizes_around
 
 MODELS = ("mlp", "simple_cnn", "resnet18", "resnet50", "gpt_tiny")
 DATASETS = ("synthetic_image", "synthetic_text", "cifar10", "cifar100")

@@ -16,7 +16,7 @@ from typing import Optional
 from hetero_ray import validate
 from hetero_ray.config import POLICIES
 from hetero_ray.errors import ConfigError
-from hetero_ray.profiling.defaults import DEFAULT_PROFILE_TIMEOUT_S
+from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
 from hetero_ray.profiling.recipe import ProfileModel
 
 

@@ -128,7 +128,7 @@ def test_a_config_json_of_an_older_version_still_loads():
 
 def test_one_profile_timeout_default_everywhere():
     from hetero_ray import HeteroConfig
-    from hetero_ray.profiling.defaults import DEFAULT_PROFILE_TIMEOUT_S
+    from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
     from hetero_ray.profiling.node_profiler import ProfileConfig
 
     assert TrainConfig().profile_timeout_s == ProfileConfig().timeout_s == DEFAULT_PROFILE_TIMEOUT_S

@@ -10,7 +10,7 @@ A rank listed in ``silent_ranks`` from some step on keeps training (its busy tim
 counts) but its records stop arriving, as when its metrics connection is lost.
 
 With a ``noise_trace`` (steps × ranks factors measured on a real machine, see
-:mod:`hetero_ray.bench.replay`) the factor of step s is row ``s mod len(trace)`` instead
+:mod:`benchmarks.replay`) the factor of step s is row ``s mod len(trace)`` instead
 of ``1 + noise·z``: the policies meet the machine's own jitter, its slow phases included.
 """
 

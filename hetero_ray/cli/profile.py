@@ -28,7 +28,7 @@ ALL_FAILED_EXIT_CODE = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hetero_ray.profiling.defaults import (
+    from hetero_ray.profile_defaults import (
         DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
     )
 

@@ -41,7 +41,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from hetero_ray.balancing.cost_model import LinearFit, fit_linear
-from hetero_ray.profiling.defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
+from hetero_ray.profile_defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
 from hetero_ray.profiling.microbench import torch_threads
 from hetero_ray.training.data import map_tensors
 

@@ -26,7 +26,7 @@ from hetero_ray import validate
 from hetero_ray.profiling.capability import (
     CPU, FAILED, GPU, DeviceCapability, NodeCapability,
 )
-from hetero_ray.profiling.defaults import (  # noqa: F401 (re-exported)
+from hetero_ray.profile_defaults import (  # noqa: F401 (re-exported)
     DEFAULT_MICROBENCH_S, DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
 )
 

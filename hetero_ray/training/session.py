@@ -31,11 +31,11 @@ import torch.distributed as dist
 
 from hetero_ray.constants import (
     BALANCER_ROLE, DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE,
-    PLAN_FETCH_TIMEOUT_S_ENV_VAR, RECORD_FLUSH_INTERVAL_S_ENV_VAR, SCHEDULER_ROLE, env_float,
+    PLAN_FETCH_TIMEOUT_S_ENV_VAR, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, SCHEDULER_ROLE, actor_name,
+    env_float,
 )
 from hetero_ray.errors import UserError
 from hetero_ray.plan import Plan, equal_split
-from hetero_ray.runtime.actors import get_actor
 from hetero_ray.sampler import Position
 from hetero_ray.training import timing
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
@@ -199,8 +199,8 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
                            local_rank, torch.cuda.device_count())
     if choice.warning:
         logger.warning(choice.warning)
-    store = get_actor(settings.experiment_name, METRICS_STORE_ROLE)
-    balancer = get_actor(settings.experiment_name, BALANCER_ROLE)
+    store = _run_actor(settings, METRICS_STORE_ROLE)
+    balancer = _run_actor(settings, BALANCER_ROLE)
     session = WorkerSession(
         settings=settings,
         rank=context.get_world_rank(),
@@ -209,7 +209,7 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
         device=apply_device_choice(choice),
         node_id=ray.get_runtime_context().get_node_id(),
         store=store,
-        scheduler=get_actor(settings.experiment_name, SCHEDULER_ROLE),
+        scheduler=_run_actor(settings, SCHEDULER_ROLE),
         balancer=balancer,
         recorder=StepRecorder(store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
                               extra_sinks=[balancer]),
@@ -282,6 +282,11 @@ def _warm_up(session: WorkerSession) -> None:
     lines = ", ".join("?" if f is None else f"{f['beta_s_per_sample'] * 1e3:.3g}" for f in session.rank_fits)
     session.log(f"warm-up: each rank timed its own step in {time.perf_counter() - started:.1f} s; "
                 f"ms per sample by rank: {lines}")
+
+
+def _run_actor(settings: WorkerSettings, role: str):
+    """One of the run's actors, which the driver started under the experiment's name."""
+    return ray.get_actor(actor_name(settings.experiment_name, role), namespace=RAY_NAMESPACE)
 
 
 def _plan_fetch_timeout_s() -> float:
