@@ -16,13 +16,14 @@ from typing import Optional
 import pandas as pd
 
 from benchmarks.balance_analysis import (
-    FACTORS, ROLLING_STEPS, PolicyRun, analyse, cluster_throughput, jitter_ceiling, own_throughputs,
-    steady_samples_per_s,
+    FACTORS, ROLLING_STEPS, PolicyRun, analyse, cluster_throughput, cold_start_figures, jitter_ceiling,
+    own_throughputs, steady_samples_per_s,
 )
 from hetero_ray.formatting import format_table
 
 
-def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_changes=None) -> PolicyRun:
+def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_changes=None,
+         profile: bool = True) -> PolicyRun:
     from hetero_ray.config import TrainConfig
     from hetero_ray.metrics import run_files
     from hetero_ray.runtime.driver import run_training
@@ -32,10 +33,10 @@ def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_c
         batch_size=args.batch_size, epochs=1, max_steps=args.steps, num_workers=args.num_workers,
         policy=policy, emulate_speeds=emulate_speeds, rebalance_interval=args.rebalance_interval,
         checkpoint_every=10 * args.steps, output_dir=output_dir, experiment_name=label,
-        address=args.address, max_failures=0,
+        address=args.address, max_failures=0, emulate_speed_changes=speed_changes, profile=profile,
     )
     started = time.monotonic()
-    result = run_training(config, speed_changes=speed_changes, emit=lambda line: None)
+    result = run_training(config, emit=lambda line: None)
     steps = run_files.read_table(result.run_dir, "steps")
     print(f"[bench] {label}: {result.summary['steady_samples_per_s']:.0f} samples/s, "
           f"final plan {result.summary['final_plan']} ({time.monotonic() - started:.0f} s)", flush=True)
@@ -62,6 +63,8 @@ def run_bench(args) -> dict:
     }
     if args.speed_change:
         result["adaptation"] = _adaptation(args, output_dir, speeds)
+    if args.cold_start:
+        result["cold_start"] = _cold_start(args, output_dir, speeds, runs)
     if args.plain_anchor:
         result["plain_ray_train"] = _plain_anchor(args, output_dir)
     if args.homogeneous_check:
@@ -78,6 +81,18 @@ def run_bench(args) -> dict:
     result["replay"] = _replay(args, runs, extra_traces=[homogeneous.steps] if args.homogeneous_check else [])
     result["report"] = _write_report(output_dir, runs, result)
     return result
+
+
+def _cold_start(args, output_dir: str, speeds, runs: list[PolicyRun]) -> dict:
+    """``optimal`` from equal shares (no profiling): how close it gets to the profiled run,
+    and how soon."""
+    profiled = next((r for r in runs if r.policy == "optimal"), None)
+    if profiled is None:
+        raise SystemExit("--cold-start compares with the profiled optimal run: include optimal in --policies")
+    cold = _run(args, output_dir, "optimal-cold-start", "optimal", speeds, profile=False)
+    analyse(cold)
+    return {**cold_start_figures(cold.steps, profiled.steps, args.rebalance_interval),
+            "plan_changes": cold.plan_changes, "final_plan": cold.summary["final_plan"], "run_dir": cold.run_dir}
 
 
 def _plain_anchor(args, output_dir: str) -> dict:
@@ -177,6 +192,15 @@ def print_result(result: dict) -> None:
     print(format_table(["policy", "samples/s", "× static", "ideal", "efficiency", "n·min/Σ",
                         "steps to balance",
                         "plan changes", "final plan", "own samples/s per rank"], rows))
+    if "cold_start" in result:
+        c = result["cold_start"]
+        reached = ("never" if c["steps_to_95pct"] is None else
+                   f"after {c['steps_to_95pct']} steps ({c['intervals_to_95pct']:.1f} rebalance intervals, "
+                   f"{c['seconds_to_95pct']:.1f} s)")
+        print(f"cold start (optimal from equal shares, no profiling): {c['samples_per_s']:.0f} samples/s = "
+              f"{c['of_profiled']:.2f} of the profiled optimal run's (target ≥ 0.95); 0.95 of its final "
+              f"efficiency reached {reached}; {c['plan_changes']} plan change(s), final plan "
+              f"{'/'.join(map(str, c['final_plan'] or []))}")
     if "plain_ray_train" in result:
         plain = result["plain_ray_train"]["samples_per_s"]
         print(f"plain Ray Train (TorchTrainer, equal shares, measured in this run): {plain:.0f} samples/s; "

@@ -54,6 +54,7 @@ from hetero_ray.metrics.summary import per_step
 ROLLING_STEPS = 20
 BALANCED_WITHIN = 0.10
 FACTORS = ("balance", "jitter", "synchronisation")
+COLD_START_OF_FINAL = 0.95  # a cold start has arrived at this fraction of its final efficiency
 
 
 @dataclass
@@ -120,6 +121,26 @@ def steps_to_balance(steps: pd.DataFrame) -> Optional[int]:
     last_off = off[off].index.max()
     later = rolling.index[rolling.index > last_off]
     return int(later[0]) if len(later) else None
+
+
+def cold_start_figures(cold: pd.DataFrame, profiled: pd.DataFrame, rebalance_interval: int) -> dict:
+    """A run started from equal shares against one started from the profiled plan: its
+    steady samples/s and their ratio, and when its step efficiency (median of the last
+    half interval) first reached 0.95 of its final value (the second half's median) — in
+    steps, rebalance intervals and seconds after its first step."""
+    samples_per_s = steady_samples_per_s(cold)
+    efficiency = step_efficiency(cold)
+    final = float(efficiency.iloc[len(efficiency) // 2:].median())
+    recent = efficiency.rolling(max(2, rebalance_interval // 2)).median()
+    reached = recent[recent >= COLD_START_OF_FINAL * final]
+    step = int(reached.index[0]) if len(reached) else None
+    seconds = None
+    if step is not None:
+        ends = per_step(cold).set_index("global_step")["end_wall_time"]
+        seconds = float(ends.loc[step] - ends.iloc[0])
+    return {"samples_per_s": samples_per_s, "of_profiled": samples_per_s / steady_samples_per_s(profiled),
+            "final_efficiency": final, "steps_to_95pct": step, "seconds_to_95pct": seconds,
+            "intervals_to_95pct": None if step is None else step / rebalance_interval}
 
 
 def own_throughputs(steps: pd.DataFrame, since_step: int) -> pd.Series:

@@ -30,6 +30,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--policies", default="static,optimal")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="also run optimal from equal shares without profiling (needs optimal in --policies)")
     parser.add_argument("--json")
     args = parser.parse_args()
     reason = cgroup_unusable_reason()
@@ -52,6 +54,8 @@ def main() -> int:
                 "--output-dir", os.path.join(log_dir, "runs"), "--plain-anchor"]
         if args.json:
             argv += ["--json", args.json]
+        if args.cold_start:
+            argv.append("--cold-start")
         return hetero_ray_main(argv)
     finally:
         import ray  # not at the top: hetero_ray sets the auth mode before Ray is first imported

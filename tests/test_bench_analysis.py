@@ -12,6 +12,7 @@ import pytest
 from benchmarks.balance_analysis import (
     PolicyRun,
     analyse,
+    cold_start_figures,
     jitter_ceiling,
     own_throughputs,
     steps_to_balance,
@@ -121,12 +122,26 @@ def test_a_slowdown_of_the_whole_machine_is_not_imbalance():
     assert 15 <= steps_to_balance(steps) <= 25  # balanced from step ~20; the phase changes nothing
 
 
+def test_a_cold_start_is_measured_against_the_profiled_run_and_timed_to_its_final_efficiency():
+    # The profiled run is balanced from step 0; the cold one runs rank 1 with 4× too much
+    # work for two intervals of 10 steps, then balanced: 0.95 of its final efficiency is
+    # reached once the trailing median (half an interval) is past the change, at step ~24.
+    profiled = step_table([[0.1] * 100, [0.1] * 100], sizes=[10, 10])
+    cold = step_table([[0.1] * 100, [0.4] * 20 + [0.1] * 80], sizes=[10, 10])
+    figures = cold_start_figures(cold, profiled, rebalance_interval=10)
+    assert 22 <= figures["steps_to_95pct"] <= 26 and figures["intervals_to_95pct"] == figures["steps_to_95pct"] / 10
+    assert figures["seconds_to_95pct"] == pytest.approx(19 * 0.4 + (figures["steps_to_95pct"] - 19) * 0.1)
+    assert figures["of_profiled"] == pytest.approx(1.0)  # the second halves are alike
+    never = cold_start_figures(step_table([[0.1] * 40, [0.4] * 40], sizes=[10, 10]), profiled, 10)
+    assert never["of_profiled"] == pytest.approx(0.25) and never["steps_to_95pct"] is not None  # at once: no change
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code, stdout, _ = run_cli(["bench", "--model", "mlp", "--emulate-speeds", "1,0.5", "--batch-size", "64",
                                "--steps", "40", "--rebalance-interval", "10", "--policies", "static,optimal",
-                               "--output-dir", str(tmp_path / "runs"), "--json", str(out)], capsys)
+                               "--cold-start", "--output-dir", str(tmp_path / "runs"), "--json", str(out)], capsys)
     assert code == 0, stdout
     assert "jitter ceiling" in stdout and "efficiency" in stdout and "synchronisation" in stdout
     result = json.loads(out.read_text())
@@ -138,6 +153,8 @@ def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
         factors = r["efficiency_factors"]
         assert factors["balance"] * factors["jitter"] * factors["synchronisation"] == pytest.approx(
             r["balance_efficiency"])
+    cold = result["cold_start"]
+    assert cold["of_profiled"] > 0 and cold["samples_per_s"] > 0 and "cold start (optimal from equal shares" in stdout
     assert "split efficiency" in stdout  # the replay of the runs' noise
     assert {p["policy"] for p in result["replay"]["policies"]} == {"dynamic", "optimal", "mean speeds known"}
     assert (tmp_path / "runs" / "bench.html").exists()

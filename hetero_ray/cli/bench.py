@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run optimal with this emulated slowdown mid-run (adaptation)")
     parser.add_argument("--homogeneous-check", action="store_true",
                         help="also run optimal without emulation and count plan changes (thrashing)")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="also run optimal from equal shares without profiling, against the profiled run")
     parser.add_argument("--plain-anchor", action="store_true",
                         help="also run plain Ray Train (TorchTrainer, equal shares, same model and global batch) "
                              "and print each policy ÷ it")

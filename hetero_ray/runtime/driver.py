@@ -43,13 +43,8 @@ class RunResult:
     summary: dict[str, Any]
 
 
-def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = None,
-                 emit: Callable[[str], None] = print) -> RunResult:
+def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) -> RunResult:
     """Runs one training job end to end; see the module docstring for the order of things.
-
-    Args:
-        speed_changes: an older spelling of ``config.emulate_speed_changes`` (benchmarks/ still
-            passes it); given, it replaces that setting, checked as the configuration checks it.
 
     Raises:
         UserError: bad input or a cluster that cannot run the job (nothing was written);
@@ -58,8 +53,6 @@ def run_training(config: TrainConfig, *, speed_changes: Optional[list[dict]] = N
         TrainingFailed: the job failed after it started (the run directory holds what was
             recorded up to the failure).
     """
-    if speed_changes is not None:
-        config = config.replace(emulate_speed_changes=speed_changes)
     run_dir = preflight.check(config)
     connection = cluster.connect(
         config.address,
