@@ -136,10 +136,7 @@ class HeteroTrainer:
             profiling = NodeProfiling(run.run_dir, store, scheduler, self._name, hetero.profile_model,
                                       self._probe_batch_sizes(), cpus_per_worker=cpus_per_worker,
                                       timeout_s=hetero.profile_timeout_s, emit=self._emit)
-            if use_gpu:  # see runtime/node_profiling.py
-                profiling.run()
-            else:
-                profiling.start_beside_workers()
+            profiling.start(uses_gpus=use_gpu)
         started = time.time()
         error: Optional[BaseException] = None
         result = None

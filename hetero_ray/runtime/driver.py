@@ -98,10 +98,7 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
         profiling = NodeProfiling(run_dir, store, scheduler, config.experiment_name, config.model,
                                   config.probe_batch_sizes(), cpus_per_worker=config.cpus_per_worker,
                                   timeout_s=config.profile_timeout_s, dataset=config.dataset, emit=emit)
-        if device_mode == "cpu":  # see runtime/node_profiling.py
-            profiling.start_beside_workers()
-        else:
-            profiling.run()
+        profiling.start(uses_gpus=device_mode != "cpu")
     started = time.time()
     error: Optional[BaseException] = None
     result = None

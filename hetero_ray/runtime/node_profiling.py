@@ -1,17 +1,24 @@
-"""Profiling a run's nodes for its first plan, beside the worker group's start.
+"""Profiling a run's nodes for its first plan, beside the worker group's start where that
+costs the plan nothing.
 
 A node profile (the hardware, and the model's busy-time line and largest batch on each
 device) takes seconds: a profiler process per node, micro-benchmarks, the model at a few
-batch sizes. Run before the workers start, those seconds come before every run's first
-step. So on clusters without GPUs the profilers run while the worker group starts
+batch sizes. Run before the workers start, those seconds come before the first step.
+
+On a single machine without GPUs the profilers run while the worker group starts
 (reserving no logical CPUs, so that none keeps a worker from its slot), and the scheduler
 holds the group's first plan until the profiles are in: rank 0's first plan request
-waits for them, saying so, no longer than the profiling's own timeout. Nodes are then
-measured while their workers start; the balancer corrects what that blurs from the first
-steps on.
+waits for them, saying so, no longer than the profiling's own timeout. There, the
+profile's line cannot tell the ranks apart anyway (they share the node's), so measuring
+it while the workers start costs the plan nothing; what the plan needs from it is the
+memory cap.
 
-On clusters with GPUs profiling still comes first: its out-of-memory search fills the
-very GPUs the workers are about to take.
+On several nodes profiling still comes first. A node measured while its own workers
+start is measured slower than it is, and by how much depends on the node: on the
+cgroup testbed (one node capped at a third of a core) the capped node came out 6× slower
+than the other instead of 2×, and the first plan gave it 18 of 128 samples where the
+balancer later settled at 33–38. With GPUs it comes first too: its out-of-memory search fills the very
+GPUs the workers are about to take.
 """
 
 from __future__ import annotations
@@ -45,6 +52,16 @@ class NodeProfiling:
     def first_plan_wait_s(self) -> float:
         """How long rank 0 waits for the profiles at its first plan request."""
         return self.timeout_s + JOIN_SLACK_S
+
+    def start(self, uses_gpus: bool) -> None:
+        """Profiles beside the workers' start where that costs the first plan nothing (see
+        the module docstring), else now."""
+        from hetero_ray.runtime.cluster import alive_nodes
+
+        if not uses_gpus and len(alive_nodes()) == 1:
+            self.start_beside_workers()
+        else:
+            self.run()
 
     def run(self) -> None:
         """Profiles now; returns when the scheduler has the profiles."""
