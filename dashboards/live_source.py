@@ -137,14 +137,7 @@ class LiveRunSource(RunSource):
         return not self.gone
 
     def bottlenecks(self) -> tuple[list[dict], Optional[str]]:
-        from hetero_ray_dashboards.ray_bridge import BridgeUnavailable, ExperimentGone
-
-        try:
-            verdicts = self._bridge.call(self.experiment, "bottlenecks")
-        except (BridgeUnavailable, ExperimentGone) as e:
-            return [], str(e)
-        if verdicts:
-            return verdicts, None
+        """The one rule (as the driver's summary applies it) on the steps and profiles held here."""
         return classify_recent(self.steps(), self.nodes())
 
     def notice(self) -> Optional[str]:

@@ -26,7 +26,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
-STORE_QUERIES = frozenset({"info", "rank_summaries", "plan_history", "capabilities", "bottlenecks"})
+STORE_QUERIES = frozenset({"info", "rank_summaries", "plan_history", "capabilities"})
 DEFAULT_CONNECT_TIMEOUT_S = 20.0  # ray.init to a remote head takes a few seconds here
 DEFAULT_CALL_TIMEOUT_S = 10.0  # a query that takes longer means the cluster is in trouble
 DEFAULT_RETRY_S = 5.0  # between reconnection attempts

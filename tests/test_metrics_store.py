@@ -1,6 +1,6 @@
 """The metrics store as the app uses it: increments by cursor, a bounded window, Parquet
 parts merged at the end, and the query methods (info, updates_since, rank_summaries,
-plan_history, capabilities, bottlenecks). Plain class, real files, no Ray."""
+plan_history, capabilities). Plain class, real files, no Ray."""
 
 from __future__ import annotations
 
@@ -157,24 +157,6 @@ def test_capabilities_is_a_list_whether_set_now_or_read_from_disk(store, tmp_pat
     assert store.capabilities() == nodes
     reopened = MetricsStore(str(tmp_path), "exp")  # an actor restart reads nodes.json ({"nodes": [...]})
     assert reopened.capabilities() == nodes
-
-
-def test_bottlenecks_are_empty_without_steps(store):
-    assert store.bottlenecks() == []
-
-
-def test_bottlenecks_follow_the_one_rule_with_the_profiled_caps(store):
-    import pandas as pd
-
-    from hetero_ray.profiling.run_bottlenecks import judge_run, node_caps_from_profiles
-
-    rows = steps(0, 300, busy=0.019)  # waits 5 % of a step: no communication verdict
-    store.add(steps=rows)
-    nodes = [{"node_id": "node0", "status": "ok", "devices": [{"kind": "cpu", "index": 0, "max_batch_size": 8}]}]
-    store.set_nodes(nodes)
-    verdicts = store.bottlenecks()
-    assert verdicts == judge_run(pd.DataFrame(rows), node_caps_from_profiles(nodes))
-    assert [v["verdict"] for v in verdicts] == ["memory-bound", "balanced"]  # batch 8 of a cap of 8
 
 
 def test_a_restarted_store_loses_no_row(tmp_path):

@@ -7,8 +7,9 @@ write-ahead log, Parquet parts at least every ``parquet_flush_interval_s``, one 
 file per table on :meth:`MetricsStore.finalize`), and a
 :class:`~hetero_ray.metrics.step_window.StepWindow` keeps the most recent step rows for
 live queries (the dashboard, the driver's progress line). The analyses it answers live
-with their subjects: :mod:`hetero_ray.metrics.summary`, :mod:`hetero_ray.metrics.trajectory`
-and :mod:`hetero_ray.profiling.run_bottlenecks`.
+with their subjects: :mod:`hetero_ray.metrics.summary` and :mod:`hetero_ray.metrics.trajectory`
+(bottleneck verdicts are the reader's: the live app applies the one rule of
+:mod:`hetero_ray.profiling.run_bottlenecks` to the steps and profiles it fetches).
 
 Plain class, no Ray import: the actor in :mod:`hetero_ray.runtime.actors` wraps it. If
 that actor restarts, a new instance picks up the attempt table and the part sequence from
@@ -245,17 +246,6 @@ class MetricsStore:
         if isinstance(nodes, dict):
             nodes = nodes.get("nodes")
         return list(nodes or [])
-
-    def bottlenecks(self) -> list[dict]:
-        """Bottleneck verdicts over the recent steps, by the one rule of
-        :func:`hetero_ray.profiling.run_bottlenecks.judge_run` (node caps from the profiles)."""
-        import pandas as pd
-
-        from hetero_ray.profiling.bottlenecks import BottleneckThresholds
-        from hetero_ray.profiling.run_bottlenecks import judge_run, node_caps_from_profiles
-
-        rows = self.recent_steps(BottleneckThresholds().window_steps)
-        return judge_run(pd.DataFrame(rows), node_caps_from_profiles(self.capabilities())) if rows else []
 
     # ---- persistence ---------------------------------------------------------------
 
