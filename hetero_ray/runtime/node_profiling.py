@@ -36,8 +36,8 @@ JOIN_SLACK_S = 30.0
 
 
 class NodeProfiling:
-    """One run's node profiling: :meth:`run` (before the workers) or
-    :meth:`start_beside_workers`; then :meth:`caps` for the summary's verdicts."""
+    """One run's node profiling: :meth:`start` (now, or beside the workers' start: the
+    module docstring says which), then :meth:`caps` for the summary's verdicts."""
 
     def __init__(self, run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
@@ -59,15 +59,11 @@ class NodeProfiling:
         from hetero_ray.runtime.cluster import alive_nodes
 
         if not uses_gpus and len(alive_nodes()) == 1:
-            self.start_beside_workers()
+            self._start_beside_workers()
         else:
-            self.run()
+            self._caps = profile_nodes(*self._args, **self._kwargs)  # the scheduler has them on return
 
-    def run(self) -> None:
-        """Profiles now; returns when the scheduler has the profiles."""
-        self._caps = profile_nodes(*self._args, **self._kwargs)
-
-    def start_beside_workers(self) -> None:
+    def _start_beside_workers(self) -> None:
         """Profiles in a thread; the scheduler holds the first plan until the profiles are in."""
         ray.get(self._scheduler.await_capabilities.remote(), timeout=30)
         self._thread = threading.Thread(target=self._run_beside, name="hetero_ray-node-profiling", daemon=True)
