@@ -113,15 +113,29 @@ def test_decides_before_the_workers_reach_the_rebalance_point():
 
 def test_an_epochs_short_last_step_is_not_taken_for_the_plan():
     # 96 per step, but step 9 ends the epoch with 48: deciding on 24/12/8/4 would take it
-    # for the plan (and propose one for the wrong global batch). The decision waits for
-    # the next full step.
+    # for the plan (and propose one for the wrong global batch). The decision is made on
+    # the newest full step before it.
     balancer = new_balancer("static", interval=10)
     sim = cluster()
     for step in range(9):
         balancer.add_steps(step_rows(sim, step, [24, 24, 24, 24], 0))
-    assert not balancer.add_steps(step_rows(sim, 9, [24, 12, 8, 4], 0)).decision_rows
-    rows = balancer.add_steps(step_rows(sim, 10, [24, 24, 24, 24], 0)).decision_rows
-    assert [(r["global_step"], r["local_batch_sizes"]) for r in rows] == [(10, [24, 24, 24, 24])]
+    rows = balancer.add_steps(step_rows(sim, 9, [24, 12, 8, 4], 0)).decision_rows
+    assert [(r["global_step"], r["local_batch_sizes"]) for r in rows] == [(8, [24, 24, 24, 24])]
+
+
+def test_records_sent_at_each_epochs_end_still_get_decisions():
+    # Workers send their records when an epoch ends, so every batch ends on the epoch's
+    # short step (13 steps of 96, the last 24). Waiting for a batch that ends on a full
+    # step would never decide (the last CI run: no plan change in three epochs).
+    balancer = new_balancer("optimal", interval=3)
+    sim, plans = cluster(), []
+    for epoch in range(3):
+        rows = []
+        for step in range(13 * epoch, 13 * epoch + 13):
+            rows += step_rows(sim, step, [6, 6, 6, 6] if step % 13 == 12 else [24, 24, 24, 24], 0)
+        plans += balancer.add_steps(rows).new_plans
+    assert plans, "no plan change in three epochs"
+    assert sum(plans[0].local_batch_sizes) == 96
 
 
 def test_no_plan_is_proposed_for_a_point_the_run_never_reaches():

@@ -210,15 +210,17 @@ class Balancer:
             out.decision_rows.append(row)
             self._awaiting_outcome, self._achieved = None, []
 
-    def _decide(self, global_step: int, out: BalancerOutput) -> bool:
-        """Decides on the plan step ``global_step`` ran; False when that step cannot tell it."""
+    def _decide(self, newest_complete: int, out: BalancerOutput) -> bool:
+        """Decides on the plan the newest full step up to ``newest_complete`` ran; False
+        when there is none."""
+        global_step = self._newest_full_step(newest_complete)
+        if global_step is None:
+            return False
         info = self._steps[global_step]
         if self._waiting_since_version is not None and info.plan_version <= self._waiting_since_version:
             return False  # the last adopted plan is not in force yet: decide on what runs, not on the past
         self._waiting_since_version = None
         sizes = tuple(info.local_batch_sizes[r] for r in range(self.num_workers))
-        if sum(sizes) < self._full_window or any(b == 0 for b in sizes):  # an epoch's short last window, not a plan
-            return False
         current = Plan(info.plan_version, sizes)
         # A decision can come before the check's half interval (records arrive late, the
         # next point is near): the outcome is judged first, on the steps there are, so that
@@ -244,6 +246,21 @@ class Balancer:
         else:
             out.decision_rows.append(row)
         return True
+
+    def _newest_full_step(self, newest_complete: int) -> Optional[int]:
+        """The newest complete step up to ``newest_complete`` that ran the whole plan. An
+        epoch's short last step is no plan (its sizes sum to less than the global batch), and
+        workers often send their records at an epoch's end, so the newest step of a batch is
+        often short: the decision looks past it rather than wait for a batch that ends on a
+        full step (with epochs shorter than the send interval, none would)."""
+        for step in sorted(self._steps, reverse=True):
+            info = self._steps[step]
+            if step > newest_complete or len(info.ranks) < self.num_workers:
+                continue
+            sizes = info.local_batch_sizes.values()
+            if sum(sizes) >= self._full_window and all(b > 0 for b in sizes):
+                return step
+        return None
 
     def _policy_decides(self, current: Plan, global_step: int) -> Decision:
         """The policy's decision, within the memory caps and the caps rollbacks taught."""
