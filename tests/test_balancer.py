@@ -187,6 +187,26 @@ def test_a_plan_that_makes_the_step_slower_is_rolled_back_within_one_interval():
     assert history[-1][0] < 60, f"still moving at step {history[-1][0]}: {history}"
 
 
+def test_a_plan_that_stalls_every_other_step_is_rolled_back():
+    """Beyond 24 samples rank 0 outruns its CPU quota on every other step and stalls 50 ms
+    into the next period. The plan that gives it more is judged by the kept mean of its
+    steps, which counts the stalls; the median of its steps lies in the fast mode (it was
+    kept on the cgroup testbed)."""
+    balancer = new_balancer(interval=10)
+    sizes, version, history = [24, 24, 24, 24], 0, []
+    for step in range(30):
+        stalled = step % 2 == 1 and sizes[0] > 24
+        rows = [{"rank": r, "global_step": step, "local_batch_size": b,
+                 "busy_time_s": (0.001 * b + 0.050 * stalled) if r == 0 else 0.002 * b,
+                 "plan_version": version, "attempt": 0} for r, b in enumerate(sizes)]
+        for plan in balancer.add_steps(rows).new_plans:
+            sizes, version = list(plan.local_batch_sizes), version + 1
+            history.append((step + 1, tuple(sizes), plan.reason))
+    assert history and history[0][1][0] > 24, history
+    assert len(history) > 1 and history[1][2].startswith("rollback: plan v1 made the step slower"), history
+    assert history[1][0] - history[0][0] <= balancer.rebalance_interval
+
+
 def test_adapting_to_a_device_that_just_slowed_down_is_not_rolled_back():
     """The plan before the switch is judged by its newest steps: a rank that slowed down
     just before makes them slow too, so the better plan for the slow rank stays."""

@@ -19,17 +19,19 @@ with ``lag`` how old step ``g`` already is (its wall time against the clock now)
 ``gap`` the time between record batches. Without wall times it decides at ``g = B − 1``.
 
 An adopted decision's row waits until the new plan has run ``achieved_window_steps``
-complete steps; then its ``achieved_step_time_s`` (median over those steps of the
-slowest rank's busy time — the quantity the prediction is about) is filled in and the row
-is emitted, prediction and outcome side by side.
+complete steps; then its ``achieved_step_time_s`` (the slowest rank's busy time over
+those steps, as their kept mean: :func:`~hetero_ray.balancing.cost_model.kept_mean_s`,
+which rejects isolated spikes but, unlike a median, counts a slow mode that recurs — a
+device stalling into its CPU quota's next period every other step) is filled in and the
+row is emitted, prediction and outcome side by side.
 
 A worse plan is never kept. A cost line fitted at one batch size can mislead at another
 (under a CPU quota a device looks fast while its step fits in the quota's burst), so a
 prediction can be wrong. After ``rollback_check_steps`` steps of an adopted plan, the
-median of the same quantity is compared with the plan it replaced over its last as many
-steps before the switch (the newest: a device that slowed down just before is measured
-slow on both sides, so adapting to it is not mistaken for a worse plan); if the step got slower by more than :data:`ROLLBACK_MARGIN`, the old shares
-are proposed again at once — in force from the next point, so the worse plan runs at most
+same quantity is compared with the plan it replaced over its last as many steps before
+the switch (the newest: a device that slowed down just before is measured slow on both
+sides, so adapting to it is not mistaken for a worse plan); if the step got slower by
+more than :data:`ROLLBACK_MARGIN`, the old shares are proposed again at once — in force from the next point, so the worse plan runs at most
 one interval — and the balancer holds the restored plan for one more decision. It also
 stops trusting the extrapolation that misled it: every rank the worse plan gave more
 samples may from then on be given at most half that increase (a cap the policy respects,
@@ -47,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hetero_ray.balancing.cost_model import kept_mean_s
 from hetero_ray.balancing.estimates import ClusterEstimates
 from hetero_ray.balancing.policies import Decision, Policy
 from hetero_ray.plan import Plan
@@ -55,7 +58,7 @@ _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
 _GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches
 _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the lag
 # A plan whose step is this much slower than its predecessor's is rolled back. Below the
-# 10 % a user would call "worse", with room for the medians' own noise.
+# 10 % a user would call "worse", with room for the measurements' own noise.
 ROLLBACK_MARGIN = 0.07
 _MIN_ROLLBACK_STEPS = 3  # a decision due before the check: judge on at least this many steps
 
@@ -206,7 +209,7 @@ class Balancer:
         if len(self._achieved) >= self.rollback_check_steps and self._rolled_back(global_step, info, out):
             return
         if len(self._achieved) >= self.achieved_window_steps:
-            row["achieved_step_time_s"] = statistics.median(self._achieved)
+            row["achieved_step_time_s"] = kept_mean_s(self._achieved)
             out.decision_rows.append(row)
             self._awaiting_outcome, self._achieved = None, []
 
@@ -274,12 +277,12 @@ class Balancer:
             self.policy.caps = memory_caps
 
     def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:
-        """Median slowest-rank busy time of the newest ``num_steps`` complete steps run
+        """Slowest-rank busy time (kept mean) of the newest ``num_steps`` complete steps run
         under ``version`` (as many as the new plan is judged on; None: fewer were seen)."""
         times = [i.max_busy_time_s for i in self._steps.values()
                  if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
         times = times[-num_steps:]
-        return statistics.median(times) if len(times) == num_steps else None
+        return kept_mean_s(times) if len(times) == num_steps else None
 
     def _rolled_back(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> bool:
         """Judges the adopted plan against its predecessor once (see the module docstring);
@@ -287,7 +290,7 @@ class Balancer:
         if self._predecessor is None or self._awaiting_outcome is None:
             return False
         predecessor, self._predecessor = self._predecessor, None
-        achieved = statistics.median(self._achieved)
+        achieved = kept_mean_s(self._achieved)
         before = self._step_time_of(predecessor.version, len(self._achieved))
         if before is None or not achieved > before * (1 + ROLLBACK_MARGIN):
             return False
@@ -302,7 +305,7 @@ class Balancer:
         out.decision_rows.append(row)
         worse = Plan(info.plan_version, tuple(info.local_batch_sizes[r] for r in range(self.num_workers)))
         reason = (f"rollback: plan v{worse.version} made the step slower ({before_s * 1e3:.1f} ms → "
-                  f"{achieved_s * 1e3:.1f} ms, median of {len(self._achieved)} steps); back to the shares before it")
+                  f"{achieved_s * 1e3:.1f} ms, over {len(self._achieved)} steps); back to the shares before it")
         restored = worse.with_sizes(predecessor.local_batch_sizes, reason)
         out.new_plans.append(restored)
         for rank, (before, after) in enumerate(zip(predecessor.local_batch_sizes, worse.local_batch_sizes)):
@@ -325,7 +328,7 @@ class Balancer:
             return []
         row = self._awaiting_outcome[0]
         if self._achieved:
-            row["achieved_step_time_s"] = statistics.median(self._achieved)
+            row["achieved_step_time_s"] = kept_mean_s(self._achieved)
         self._awaiting_outcome, self._achieved = None, []
         return [row]
 

@@ -8,13 +8,14 @@ successive plans, by the profiler from probe timings. Both go through the same r
 steps, written here once and vectorised over *segments* (one segment per rank, or one for
 a single fit):
 
-1. group the timings by batch size; per group take the median ``m_g`` and a robust spread
+1. group the timings by batch size; per group take the median and a robust spread
    ``σ_g = IQR_g / 1.349`` (the IQR of a normal distribution is 1.349 σ);
-2. reject outliers: keep ``t`` with ``max(m_g/3, m_g − 5σ_g) ≤ t ≤ min(3·m_g, m_g + 5σ_g)``
+2. reject outliers: keep ``t`` with ``max(med/3, med − 5σ_g) ≤ t ≤ min(3·med, med + 5σ_g)``
    (the band is never narrower than ±10 % of the median, so quiet data keeps its points);
-   the group's value is the median of what is kept;
+   the group's value ``m_g`` is the **mean** of what is kept (:data:`MIN_POINTS_FOR_MEAN`
+   or more; the median of fewer);
 3. weighted least squares over the groups, weights ``w_g = 1/Var(m_g)`` with
-   ``Var(m_g) ≈ (π/2)·σ_g²/n_g`` (variance of a sample median);
+   ``Var(m_g) ≈ (π/2)·σ_g²/n_g`` (a sample median's variance: at least a kept mean's);
 4. trust the slope only when it is positive and well determined,
    ``SE(β) = 1/sqrt(Σ w_g (b_g − b̄)²) ≤ max_slope_rel_se·β`` (default 30 %: batch sizes
    close together under noise cannot resolve a slope); a line that would have
@@ -36,11 +37,20 @@ OUTLIER_SIGMAS = 5.0  # reject beyond m ± 5σ: ~1 in 10⁶ for Gaussian noise
 OUTLIER_RATIO = 3.0  # ... and beyond ×3 or ÷3 of the median, whatever the spread
 MIN_REL_BAND = 0.10  # never reject within ±10 % of the median (very quiet data)
 NOISE_FLOOR_REL = 0.005  # spread floor: timer jitter; keeps weights finite on exact data
-# Trust a slope known to ±30 % (1 SE): anchored at the latest median, its extrapolation
+# Trust a slope known to ±30 % (1 SE): anchored at the latest level, its extrapolation
 # error δβ·Δb is still smaller than the proportional fallback's (α/b)·Δb unless α ≈ 0.
 DEFAULT_MAX_SLOPE_REL_SE = 0.30
 _IQR_TO_SIGMA = 1.349
 MEDIAN_VAR_FACTOR = math.pi / 2  # Var(median) ≈ (π/2)·σ²/n for normal noise
+# A group's value is the mean of its kept timings, not their median: throughput follows the
+# mean. Under a CPU quota a device's step is bimodal (it fits in the period's quota, or
+# stalls into the next period: 34 against 66–87 ms on the cgroup testbed), and a median
+# lands in whichever mode holds the majority, so a plan that stalls on 4 steps in 9
+# looked as fast as one that never does. Spikes are still rejected by the band first:
+# an isolated spike inflates no quartile, so it falls outside; a recurring slow mode (from
+# about a quarter of the timings on) widens the quartiles and is kept. With fewer timings
+# than this the quartiles are the extremes and nothing is rejected: the median is used.
+MIN_POINTS_FOR_MEAN = 5
 
 
 @dataclass(frozen=True)
@@ -83,14 +93,14 @@ class GroupStats:
 
     segment: np.ndarray  # int: the segment (rank) the group belongs to
     batch_size: np.ndarray  # int
-    median_s: np.ndarray  # median of the kept timings
-    sigma_s: np.ndarray  # robust spread of the kept timings, floored at NOISE_FLOOR_REL·median
+    mean_s: np.ndarray  # mean of the kept timings (their median below MIN_POINTS_FOR_MEAN)
+    sigma_s: np.ndarray  # robust spread of the kept timings, floored at NOISE_FLOOR_REL·mean
     num_kept: np.ndarray  # int
     num_rejected: np.ndarray  # int
     last_key: np.ndarray  # int: largest order key in the group (e.g. the latest global step)
 
     @property
-    def median_var_s2(self) -> np.ndarray:
+    def mean_var_s2(self) -> np.ndarray:
         """``Var(m_g) ≈ (π/2)·σ_g²/n_g``."""
         return MEDIAN_VAR_FACTOR * self.sigma_s**2 / np.maximum(self.num_kept, 1)
 
@@ -104,7 +114,7 @@ def group_stats(
     times_s: np.ndarray,
     keys: np.ndarray | None = None,
 ) -> GroupStats:
-    """Median, spread and outlier rejection per (segment, batch size); vectorised.
+    """Kept mean, spread and outlier rejection per (segment, batch size); vectorised.
 
     Args:
         segments, batch_sizes, times_s: one entry per timing. Entries with a non-finite or
@@ -168,14 +178,17 @@ def _group_stats_sorted(seg: np.ndarray, b: np.ndarray, t: np.ndarray, k: np.nda
     num_high = np.bincount(gid, weights=t > high[gid], minlength=starts.size).astype(np.int64)
     kept = count - num_low - num_high
     # The kept timings of a group are contiguous in sorted order (an interval of values)
-    # and never empty (the median lies inside the band), so the kept median is an index look-up.
+    # and never empty (the median lies inside the band), so their sum is a difference of
+    # cumulative sums and their median an index look-up.
     kept_starts = starts + num_low
-    kept_median = _sorted_median(t, kept_starts, kept)
-    kept_sigma = np.maximum(_sorted_sigma(t, kept_starts, kept), NOISE_FLOOR_REL * kept_median)
+    cumulative = np.append(0.0, np.cumsum(t))
+    kept_mean = (cumulative[kept_starts + kept] - cumulative[kept_starts]) / kept
+    kept_mean = np.where(kept >= MIN_POINTS_FOR_MEAN, kept_mean, _sorted_median(t, kept_starts, kept))
+    kept_sigma = np.maximum(_sorted_sigma(t, kept_starts, kept), NOISE_FLOOR_REL * kept_mean)
     return GroupStats(
         segment=seg[starts],
         batch_size=b[starts],
-        median_s=kept_median,
+        mean_s=kept_mean,
         sigma_s=kept_sigma,
         num_kept=kept,
         num_rejected=num_low + num_high,
@@ -215,8 +228,8 @@ def fit_groups(
 
     Segments without groups get NaN α and β.
     """
-    s, x, y = groups.segment, groups.batch_size.astype(np.float64), groups.median_s
-    w = 1.0 / groups.median_var_s2  # w_g = 1/Var(m_g)
+    s, x, y = groups.segment, groups.batch_size.astype(np.float64), groups.mean_s
+    w = 1.0 / groups.mean_var_s2  # w_g = 1/Var(m_g)
 
     def per_segment(values):
         return np.bincount(s, weights=values, minlength=num_segments)
@@ -265,7 +278,7 @@ def fit_linear(
             fraction of it; otherwise fall back to throughput-proportional (α = 0).
 
     Returns:
-        The fit; with a single batch size ``α = 0`` and ``β = median/b`` (``slope_trusted``
+        The fit; with a single batch size ``α = 0`` and ``β = m/b`` (``m`` the group's value) (``slope_trusted``
         False, ``r2`` NaN).
 
     Raises:
@@ -291,3 +304,12 @@ def fit_linear(
         num_batch_sizes=int(fits.num_batch_sizes[0]),
         slope_trusted=bool(fits.slope_trusted[0]),
     )
+
+
+def kept_mean_s(times_s: Sequence[float]) -> float:
+    """The mean of ``times_s`` after the outlier band of :func:`group_stats` (their median
+    when fewer than :data:`MIN_POINTS_FOR_MEAN`); NaN when none is valid. What a plan's step
+    time is judged by (see hetero_ray/balancing/balancer.py)."""
+    t = np.asarray(times_s, dtype=np.float64).ravel()
+    groups = group_stats(np.zeros(t.size, np.int64), np.ones(t.size, np.int64), t)
+    return float(groups.mean_s[0]) if groups.mean_s.size else math.nan

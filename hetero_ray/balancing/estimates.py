@@ -4,11 +4,12 @@
 ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
 
 * records with a NaN, infinite or non-positive ``busy_time_s`` are dropped on arrival;
-* per rank and batch size: median and outlier rejection (:func:`cost_model.group_stats`);
+* per rank and batch size: outlier rejection and the mean of what is kept
+  (:func:`cost_model.group_stats` says why a mean, and when a median);
   a batch size counts once it has ``min_points_per_size`` kept timings;
 * the *shape* of the line, ``α_i : β_i``, comes from the last fit with a trusted slope
   (several batch sizes, seen under successive plans); the *level* always comes from the
-  freshest median: with ``m_L`` the median at the most recent batch size ``b_L``,
+  freshest level: with ``m_L`` the kept mean at the most recent batch size ``b_L``,
 
       s_i = m_L / (α_shape + β_shape·b_L),     α_i = s_i·α_shape,   β_i = s_i·β_shape
 
@@ -20,7 +21,7 @@ ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
   over the ranks of ``t_i,s / m_i`` (:meth:`ClusterEstimates._times_without_shared_noise`),
   so a slow phase of the whole machine does not make ranks look unequal;
 * speed changes: when the median of a rank's last few records departs from its window
-  median by far more than the noise, the records from before the change are forgotten,
+  level by far more than the noise, the records from before the change are forgotten,
   so a slowdown shows after ~5 steps instead of half a window
   (:meth:`ClusterEstimates._forget_before_speed_changes`);
 * freshness: a rank is fresh when it has an estimate and its last record is at most
@@ -50,10 +51,10 @@ from hetero_ray.balancing.cost_model import (
     group_stats_rows,
 )
 
-DEFAULT_WINDOW_STEPS = 32  # per rank: 1.5 rebalance intervals of 20 steps; enough for medians and a slope
+DEFAULT_WINDOW_STEPS = 32  # per rank: 1.5 rebalance intervals of 20 steps; enough for a level and a slope
 DEFAULT_MIN_POINTS_PER_SIZE = 3  # a median of 3 already ignores one spike
 DEFAULT_CHANGE_DETECT_STEPS = 8  # a speed change is seen after ~5 steps, not ~W/2
-CHANGE_MIN_REL = 0.10  # smaller speed changes wait for the window median to move
+CHANGE_MIN_REL = 0.10  # smaller speed changes wait for the window's level to move
 CHANGE_SIGMAS = 6.0  # noise alone: ~1 false alarm in 10⁵ checks (σ itself is estimated)
 # A step's shared factor needs this many of its ranks: with two, a shared slowdown cannot
 # be told from one rank's own; from three on, one rank's own moves the median little.
@@ -73,7 +74,7 @@ class RankEstimate:
         last_step: the latest ``global_step`` seen for the rank (-1: never).
         fresh: the estimate may be acted on (it exists and is recent).
         local_batch_size: ``b_L``, the most recent batch size with enough timings.
-        busy_time_s: ``m_L``, the median busy time at ``b_L`` (shared slowdowns divided out).
+        busy_time_s: ``m_L``, the kept mean busy time at ``b_L`` (shared slowdowns divided out).
         busy_time_rel_se: standard error of ``m_L`` relative to it.
         num_batch_sizes: distinct batch sizes in the window with enough timings.
         num_rejected: outliers rejected in the window.
@@ -302,7 +303,7 @@ class ClusterEstimates:
             window = self._window_stats(times_s)
         groups, num_rejected, local_batch_size, busy_time_s, sigma_s, count = window
         with np.errstate(invalid="ignore", divide="ignore"):
-            # relative SE of a median: sqrt(π/2)·σ/(m·sqrt(n))
+            # relative SE of m_L, taken as a median's: sqrt(π/2)·σ/(m·sqrt(n))
             rel_se = np.sqrt(MEDIAN_VAR_FACTOR / count) * sigma_s / busy_time_s
 
         fits = fit_groups(groups, n, self.max_slope_rel_se)
@@ -314,7 +315,7 @@ class ClusterEstimates:
         b_l = np.where(has, local_batch_size, 1).astype(np.float64)
         shape_known = np.isfinite(self._shape_beta)
         with np.errstate(invalid="ignore", divide="ignore"):
-            # level from the freshest median: s = m_L / (α_shape + β_shape·b_L)
+            # level from the freshest group: s = m_L / (α_shape + β_shape·b_L)
             scale = busy_time_s / (self._shape_alpha_s + self._shape_beta * b_l)
             alpha_s = np.where(shape_known, scale * self._shape_alpha_s, 0.0)
             beta = np.where(shape_known, scale * self._shape_beta, busy_time_s / b_l)
@@ -352,7 +353,7 @@ class ClusterEstimates:
 
             c_s = median over the ranks that reported step s of  t_i,s / m_i(b_i,s)
 
-        with ``m_i(b)`` the rank's median at that batch size, when at least
+        with ``m_i(b)`` the rank's level at that batch size, when at least
         max(:data:`MIN_RANKS_FOR_SHARED_FACTOR`, n/2) ranks reported the step; a step
         fewer have reported yet takes the latest such step's factor (1 before any). A
         rank's own slowdown (or spike) moves the median over ranks little, so it stays in
@@ -370,7 +371,7 @@ class ClusterEstimates:
         # each entry's group: groups are ordered by (rank, batch size), so by this key
         span = int(sizes.max()) + 1
         group = np.searchsorted(groups.segment * span + groups.batch_size, rows * span + sizes)
-        ratio = entry_times / groups.median_s[group]
+        ratio = entry_times / groups.mean_s[group]
         order = np.lexsort((ratio, steps))  # by step, then ratio
         sorted_steps, sorted_ratio = steps[order], ratio[order]
         starts = np.flatnonzero(np.append(True, sorted_steps[1:] != sorted_steps[:-1]))
@@ -389,29 +390,29 @@ class ClusterEstimates:
 
     def _window_stats(self, times_s: np.ndarray):
         """Group statistics of the windows, and per rank the most recent counted batch size
-        ``b_L`` (the group with the latest step) with its median, spread and count."""
+        ``b_L`` (the group with the latest step) with its level, spread and count."""
         n = self.num_workers
         groups = group_stats_rows(self._sizes, times_s, self._steps, self._valid)
         num_rejected = np.bincount(groups.segment, weights=groups.num_rejected, minlength=n).astype(np.int64)
         groups = groups.select(groups.num_kept >= self.min_points_per_size)
         local_batch_size = np.zeros(n, np.int64)
-        median_s, sigma_s, count = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, np.int64)
+        level_s, sigma_s, count = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, np.int64)
         if groups.segment.size:
             order = np.lexsort((groups.last_key, groups.segment))
             seg_sorted = groups.segment[order]
             latest = order[np.append(seg_sorted[1:] != seg_sorted[:-1], True)]
             r = groups.segment[latest]
             local_batch_size[r] = groups.batch_size[latest]
-            median_s[r] = groups.median_s[latest]
+            level_s[r] = groups.mean_s[latest]
             sigma_s[r] = groups.sigma_s[latest]
             count[r] = groups.num_kept[latest]
-        return groups, num_rejected, local_batch_size, median_s, sigma_s, count
+        return groups, num_rejected, local_batch_size, level_s, sigma_s, count
 
     def _forget_before_speed_changes(self, window, times_s: np.ndarray) -> bool:
         """Drops a rank's records from before a speed change; True if any rank changed.
 
         The median ``m_recent`` of the rank's last ``k = change_detect_steps`` records at
-        ``b_L`` is compared with the window median ``m_L``; with ``k'`` > k/2 such records, a
+        ``b_L`` is compared with the window's level ``m_L``; with ``k'`` > k/2 such records, a
         change is declared when
 
             |m_recent − m_L| > max(10 %·m_L, 6·SE),   SE = sqrt(π/2)·σ/sqrt(k')

@@ -18,7 +18,7 @@ The adaptive policies adopt a proposal only when
     gain = (P_current − P_proposed) / P_current  >  threshold + noise margin
 
 where ``P`` is the predicted step time over the fresh ranks and the noise margin is the
-gain that estimation noise alone would fake: with ``n`` ranks whose medians have relative
+gain that estimation noise alone would fake: with ``n`` ranks whose levels have relative
 standard error ``se``, the largest of ``n`` noisy estimates of equal times exceeds their
 mean by about ``se·sqrt(2·ln n)``, which a rebalance to "equal" would promise to win back.
 Only ranks that could be the slowest count in that ``n`` (the *contenders*: busy times
@@ -47,7 +47,7 @@ from hetero_ray.plan import Plan, equal_split, proportional_split
 
 POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
 DEFAULT_POLICY = "optimal"
-# A rank this many standard errors (of the difference of the two medians) faster than the
+# A rank this many standard errors (of the difference of the two levels) faster than the
 # slowest is not what made the slowest one the largest: it is no contender (see above).
 CONTENDER_SIGMAS = 3.0
 
