@@ -29,7 +29,8 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 def _session(global_batch_size=8, loader=None):
-    return SimpleNamespace(loader=loader, num_workers=1, settings=SimpleNamespace(global_batch_size=global_batch_size))
+    return SimpleNamespace(loader=loader, identity=SimpleNamespace(num_workers=1),
+                           settings=SimpleNamespace(global_batch_size=global_batch_size))
 
 
 @pytest.mark.parametrize("dataset, message", [

@@ -104,7 +104,7 @@ def get_context():
 
 def get_device() -> torch.device:
     """The device this rank trains on."""
-    return _session.current("get_device").device
+    return _session.current("get_device").identity.device
 
 
 def token_weighted_loss(loss_sum: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:

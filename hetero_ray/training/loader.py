@@ -31,11 +31,12 @@ import torch
 
 from hetero_ray.errors import UserError
 from hetero_ray.plan import Plan
-from hetero_ray.sampler import GlobalSampler, Position
+from hetero_ray.sampler import GlobalSampler
 from hetero_ray.training import timing
 from hetero_ray.training.data import map_tensors
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession
+from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
 from hetero_ray.training.weighting import rank_weight
 
 DEFAULT_PREFETCH_FACTOR = 2  # torch's default: batches each DataLoader worker keeps ready
@@ -63,10 +64,10 @@ class PlanFollowingLoader:
         self._move_to_device = move_to_device
         self._plans: list[tuple[int, Plan]] = []  # (first global step, plan), in step order
         self._next_point: int = self.position.global_step  # the first unagreed rebalance point
-        self._pending: Optional[dict[str, Any]] = None  # the step handed out, not yet recorded
+        self._pending: Optional[HandedOutStep] = None  # the step handed out, not yet recorded
         self._dataloader = torch.utils.data.DataLoader(
             dataset, batch_sampler=_StepBatches(self), num_workers=num_workers, collate_fn=collate_fn,
-            pin_memory=pin_memory and session.device.type == "cuda", prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory and session.identity.device.type == "cuda", prefetch_factor=prefetch_factor,
             persistent_workers=num_workers > 0, worker_init_fn=worker_init_fn,
         )
         self._resources = _resource_sampler(session)
@@ -90,13 +91,13 @@ class PlanFollowingLoader:
     def local_batch_size(self) -> Optional[int]:
         """This rank's share of the step handed out last: 0 when the rank holds no sample
         of it (it then runs one sample of the window with weight 0), None between steps."""
-        return self._pending["local_batch_size"] if self._pending is not None else None
+        return self._pending.local_batch_size if self._pending is not None else None
 
     @property
     def plan(self) -> Optional[Plan]:
         """The plan of the step handed out last (None before the first step)."""
         if self._pending is not None:
-            return self._pending["plan"]
+            return self._pending.plan
         return self._plans[-1][1] if self._plans else None
 
     def __iter__(self) -> Iterator[Any]:
@@ -117,65 +118,48 @@ class PlanFollowingLoader:
     # --- one step ------------------------------------------------------------------------
 
     def _begin_step(self, batches) -> Any:
-        session = self._session
+        session, identity = self._session, self._session.identity
         position = self.position
         plan = self._plan_at(position.global_step)
-        timeline = timing.StepTimeline(session.device)
-        session.timeline = timeline
+        timeline = timing.StepTimeline(identity.device)
+        session.current_step.begin(timeline)
         timeline.mark(timing.STEP_START)
         if session.emulator is not None:
-            session.emulator.begin_step(session.speeds.speed(session.rank, position.global_step), time.perf_counter())
+            session.emulator.begin_step(session.speeds.speed(identity.rank, position.global_step), time.perf_counter())
         window_size = self.sampler.window_size(position.step)
-        begin, stop = self.sampler.piece(position.step, plan, session.rank)
+        begin, stop = self.sampler.piece(position.step, plan, identity.rank)
         local_batch_size = stop - begin
         if session.weight_state is not None:
             session.weight_state.weight = rank_weight(local_batch_size, window_size)
         batch = next(batches)
-        if session.device.type == "cuda":
+        if identity.device.type == "cuda":
             timeline.mark(timing.HOST_BATCH_READY)
         if self._move_to_device:
             # Asynchronously from pinned memory.
-            batch = map_tensors(batch, lambda t: t.to(session.device, non_blocking=True))
+            batch = map_tensors(batch, lambda t: t.to(identity.device, non_blocking=True))
         timeline.mark(timing.DATA_READY)
-        self._pending = {"position": position, "plan": plan, "local_batch_size": local_batch_size,
-                         "window_size": window_size, "timeline": timeline}
+        self._pending = HandedOutStep(position, plan, local_batch_size, window_size, timeline)
         return batch
 
     def finish_step(self) -> None:
         """Records the step handed out last (its optimiser step is done) and moves on.
         Called at the next step, at the end of the loop, and before a checkpoint."""
-        pending, self._pending = self._pending, None
-        if pending is None:
+        step, self._pending = self._pending, None
+        if step is None:
             return
         session = self._session
-        timeline: timing.StepTimeline = pending["timeline"]
-        timeline.mark(timing.STEP_DONE)
-        for missing in (timing.FORWARD_DONE, timing.LAST_BUCKET_READY, timing.BACKWARD_DONE):
-            if not timeline.has(missing):  # no prepared model, or no gradient reached the hook
-                timeline.mark(missing)
-        timeline.synchronize()
-        position, plan, local_batch_size = pending["position"], pending["plan"], pending["local_batch_size"]
-        emulator = session.emulator
-        row = {
-            "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
-            "rank": session.rank, "node_id": session.node_id, "attempt": session.attempt,
-            "local_batch_size": local_batch_size, "global_batch_size": pending["window_size"],
-            "plan_version": plan.version, **session.take_step_notes(), "wall_time": time.time(),
-            **timing.step_durations(timeline, emulator.padded_s if emulator else 0.0),
-        }
-        row.update(self._resources.maybe_sample(position.global_step))
+        step.timeline.end()
+        notes = session.current_step.end()
+        row = step_row(session.identity, step, notes, session.emulator.padded_s if session.emulator else 0.0)
+        row.update(self._resources.maybe_sample(step.position.global_step))
         self._gauges.update(row)
-        sample_ids = None
-        if session.settings.record_sample_ids:
-            start, stop = self.sampler.piece(position.step, plan, session.rank)
-            sample_ids = {
-                "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
-                "rank": session.rank, "attempt": session.attempt,
-                "sample_indices": self.sampler.permutation(position.epoch)[start:stop].tolist(),
-            }
-        session.recorder.record(row, sample_ids)
-        session.timeline = None
-        self.position = self.sampler.next_position(position)
+        session.recorder.record(row, self._sample_ids(step) if session.settings.record_sample_ids else None)
+        self.position = self.sampler.next_position(step.position)
+
+    def _sample_ids(self, step: HandedOutStep) -> dict:
+        position, identity = step.position, self._session.identity
+        start, stop = self.sampler.piece(position.step, step.plan, identity.rank)
+        return sample_ids_row(identity, position, self.sampler.permutation(position.epoch)[start:stop].tolist())
 
     def close(self) -> None:
         self.finish_step()
@@ -214,7 +198,7 @@ class PlanFollowingLoader:
         from the position the iteration started at."""
         start = self.position
         permutation = self.sampler.permutation(start.epoch)
-        rank = self._session.rank
+        rank = self._session.identity.rank
         for step in range(start.step, self.sampler.steps_per_epoch):
             plan = self._plan_at(start.global_step - start.step + step)
             begin, stop = self.sampler.piece(step, plan, rank)
@@ -241,7 +225,7 @@ class _StepBatches:
 def _resource_sampler(session: WorkerSession):
     from hetero_ray.training.resource_sampler import ResourceSampler
 
-    return ResourceSampler(session.device, interval_steps=session.settings.profile_interval)
+    return ResourceSampler(session.identity.device, interval_steps=session.settings.profile_interval)
 
 
 def _gauges(session: WorkerSession):
@@ -256,15 +240,16 @@ def _check_same_length(session: WorkerSession, size: int) -> None:
     Each rank cuts its piece out of a permutation of ``range(len(dataset))``; ranks that
     see different lengths (another copy of the files on one node) would draw from different
     permutations, and exactly-once would break without any error."""
-    if session.num_workers == 1:
+    identity = session.identity
+    if identity.num_workers == 1:
         return
-    sizes = torch.zeros(session.num_workers, dtype=torch.int64, device=session.collective_device)
-    sizes[session.rank] = size
+    sizes = torch.zeros(identity.num_workers, dtype=torch.int64, device=identity.collective_device)
+    sizes[identity.rank] = size
     torch.distributed.all_reduce(sizes)
     sizes = sizes.tolist()
     if len(set(sizes)) > 1:
         described = ", ".join(f"rank {rank} (node {node[:8]}): {n}"
-                              for rank, (n, node) in enumerate(zip(sizes, session.rank_node_ids)))
+                              for rank, (n, node) in enumerate(zip(sizes, identity.rank_node_ids)))
         raise UserError(f"the ranks' datasets differ in length ({described}); every node must see the same "
                         "data (same files at the same path), or the global sampler cannot give each sample once")
 

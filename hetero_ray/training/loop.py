@@ -32,6 +32,7 @@ from hetero_ray.training import session as worker_session
 from hetero_ray.training.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
+from hetero_ray.training.current_step import StepNotes
 from hetero_ray.training.data import as_batch, load_dataset
 from hetero_ray.training.evaluation import evaluate
 from hetero_ray.training.loader import PlanFollowingLoader
@@ -83,7 +84,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         lr_scheduler.load_state_dict(state.lr_scheduler)
         restore_rng(state.rng)
         elapsed_before_restart = state.extra.get("epoch_elapsed_s", 0.0)
-        if session.rank == 0:  # the epoch's running totals, gathered on rank 0 at save time
+        if session.identity.rank == 0:  # the epoch's running totals, gathered on rank 0 at save time
             totals.loss_sum = state.extra.get("epoch_loss_sum", 0.0)
             totals.samples = state.extra.get("epoch_samples", 0)
 
@@ -102,7 +103,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             local_batch_size = loader.local_batch_size
             if local_batch_size > 0:  # a rank with weight 0 ran a placeholder sample
                 totals.add(loss.item(), local_batch_size)
-            session.note_step(loss=loss.item() if local_batch_size > 0 else None, lr=lr)
+            session.current_step.note(StepNotes(loss=loss.item() if local_batch_size > 0 else None, lr=lr))
             next_global_step = step.global_step + 1
             if next_global_step >= run_steps:
                 break
@@ -120,12 +121,12 @@ def _end_epoch(session, config: TrainConfig, model, data, loader: PlanFollowingL
                totals: EpochTotals, epoch: int) -> None:
     """Collective: evaluate, and rank 0 records the epoch; the totals start again."""
     last_global_step = loader.position.global_step - 1
-    results = evaluate(model.module, data.eval, loader.plan, session.rank, session.device, totals.loss_sum,
-                       totals.samples, config.data.is_text)
+    results = evaluate(model.module, data.eval, loader.plan, session.identity.rank, session.identity.device,
+                       totals.loss_sum, totals.samples, config.data.is_text)
     elapsed = totals.elapsed_s()
-    if session.rank == 0:
+    if session.identity.rank == 0:
         session.store.add_epoch.remote({
-            "epoch": epoch, "global_step": last_global_step, "attempt": session.attempt,
+            "epoch": epoch, "global_step": last_global_step, "attempt": session.identity.attempt,
             **results, "epoch_time_s": elapsed,
             "samples_per_s": results["samples"] / elapsed if elapsed > 0 else None,
             "wall_time": time.time(),
@@ -143,7 +144,7 @@ def _save_checkpoint(session, config: TrainConfig, model, optimizer, lr_schedule
     position = loader.position  # the next step: where a restart continues
     with tempfile.TemporaryDirectory(prefix="hetero_ray_ckpt_") as directory:
         checkpoint = None
-        if session.rank == 0:
+        if session.identity.rank == 0:
             save_state(directory, TrainingState(
                 model=model.module.state_dict(), optimizer=optimizer.state_dict(),
                 lr_scheduler=lr_scheduler.state_dict(), position=position, plan=loader.plan,
@@ -159,8 +160,9 @@ def _save_checkpoint(session, config: TrainConfig, model, optimizer, lr_schedule
 def _gather_epoch_totals_on_rank0(session, totals: EpochTotals) -> tuple[float, int]:
     """Moves the epoch's running loss totals to rank 0 (the sum over ranks is unchanged),
     so that rank 0's checkpoint carries them across a restart; returns rank 0's."""
-    summed = torch.tensor([totals.loss_sum, totals.samples], dtype=torch.float64, device=session.collective_device)
+    summed = torch.tensor([totals.loss_sum, totals.samples], dtype=torch.float64,
+                          device=session.identity.collective_device)
     dist.all_reduce(summed, op=dist.ReduceOp.SUM)
     loss_sum, samples = summed.tolist()
-    totals.loss_sum, totals.samples = (loss_sum, int(samples)) if session.rank == 0 else (0.0, 0)
+    totals.loss_sum, totals.samples = (loss_sum, int(samples)) if session.identity.rank == 0 else (0.0, 0)
     return totals.loss_sum, totals.samples

@@ -7,7 +7,9 @@ statistics of the whole global batch.
   whatever the split. The loader sets ``b_i / B`` before each step.
 - The hook's callbacks end this rank's busy time at its last gradient bucket, pad it
   where speeds are emulated, and note when the all-reduce completed; a forward hook
-  marks the end of the forward pass.
+  marks the end of the forward pass. Hooks cannot be handed the step they run in, so
+  they mark the step in progress of the session's
+  :class:`~hetero_ray.training.current_step.CurrentStep`.
 - BatchNorm layers become :class:`~hetero_ray.training.batchnorm.HeteroSyncBatchNorm`,
   whose statistics are those of the global batch (unequal local batches included) and
   whose running statistics are identical on every rank.
@@ -25,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hetero_ray.errors import UserError
 from hetero_ray.training import timing
 from hetero_ray.training.batchnorm import convert_batchnorm, has_batchnorm
+from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
 
@@ -35,7 +38,7 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
                   ddp_kwargs: Optional[dict[str, Any]] = None) -> DistributedDataParallel:
     if not isinstance(model, nn.Module):
         raise UserError(f"hetero_ray.train.prepare_model takes a torch.nn.Module, got {type(model).__name__}")
-    if session.model_prepared:
+    if session.weight_state is not None:
         raise UserError("hetero_ray.train.prepare_model was called twice on this worker: the gradient "
                         "weighting belongs to one model per run; prepare the model once (wrap several "
                         "networks in one nn.Module)")
@@ -46,28 +49,28 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     if has_batchnorm(model):
         if sync_batchnorm:
             model = convert_batchnorm(model, state)
-        elif session.rank == 0:
+        elif session.identity.rank == 0:
             logger.warning("sync_batchnorm=False: this model's BatchNorm layers normalise each rank's "
                            "local batch on its own, so with unequal shares training no longer follows "
                            "the mathematics of one device on the global batch")
-    model = model.to(session.device)
+    device = session.identity.device
+    model = model.to(device)
     ddp_model = DistributedDataParallel(
-        model, device_ids=[session.device.index] if session.device.type == "cuda" else None,
+        model, device_ids=[device.index] if device.type == "cuda" else None,
         **(ddp_kwargs or {}),
     )
     ddp_model.register_comm_hook(state, weighted_allreduce_hook)
-    clock = timing.BucketClock(lambda: session.timeline, session.emulator)
+    clock = timing.BucketClock(session.current_step, session.emulator)
     state.on_bucket_ready = clock
     state.on_bucket_reduced = clock.reduced
-    ddp_model.register_forward_hook(_forward_clock(session))
-    session.weight_state = state
-    session.model_prepared = True
+    ddp_model.register_forward_hook(_forward_clock(session.current_step))
+    session.weight_state = state  # also marks the model as prepared
     return ddp_model
 
 
-def _forward_clock(session: WorkerSession):
+def _forward_clock(current: CurrentStep):
     def mark_forward_done(module, inputs, output) -> None:
-        timeline = session.timeline
+        timeline = current.timeline
         if timeline is not None and torch.is_grad_enabled() and not timeline.has(timing.FORWARD_DONE):
             timeline.mark(timing.FORWARD_DONE)
 

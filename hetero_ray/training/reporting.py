@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.errors import UserError
+from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.session import WorkerSession
 
 logger = logging.getLogger("hetero_ray.worker")
@@ -49,16 +50,16 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
     if loader is not None:
         loader.finish_step()  # the step the user just completed belongs before this report
     position = loader.position if loader is not None else session.restored_position
-    writer = _lowest_rank_with_checkpoint(session, checkpoint is not None)
+    writer = _lowest_rank_with_checkpoint(session.identity, checkpoint is not None)
     dir_name = None
     if writer is not None:
-        if session.rank == writer:
+        if session.identity.rank == writer:
             _write_state(session, checkpoint, position, loader)
         session.flush_records()
         dir_name = _checkpoint_dir_name(session, position.global_step)
-    if session.rank == 0:
+    if session.identity.rank == 0:
         session.store.add_report.remote({
-            "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.attempt,
+            "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.identity.attempt,
             "wall_time": time.time(), "metrics": _json_metrics(metrics),
         })
     ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
@@ -128,10 +129,10 @@ def _write_state(session: WorkerSession, checkpoint: ray.train.Checkpoint, posit
         json.dump(balancer_state, f)
 
 
-def _lowest_rank_with_checkpoint(session: WorkerSession, has_checkpoint: bool) -> Optional[int]:
+def _lowest_rank_with_checkpoint(identity: WorkerIdentity, has_checkpoint: bool) -> Optional[int]:
     """Collective: the lowest rank that passes a checkpoint, or None when none does."""
-    flags = torch.zeros(session.num_workers, dtype=torch.int64, device=session.collective_device)
-    flags[session.rank] = int(has_checkpoint)
+    flags = torch.zeros(identity.num_workers, dtype=torch.int64, device=identity.collective_device)
+    flags[identity.rank] = int(has_checkpoint)
     dist.all_reduce(flags)
     ranks = flags.nonzero().flatten().tolist()
     return ranks[0] if ranks else None

@@ -6,9 +6,11 @@ public functions of :mod:`hetero_ray.train` find it with :func:`current`; there 
 one per process, and using the API outside a run says so instead of failing later.
 
 What it owns:
-- the identity (rank, world size, device, node, attempt id, every rank's node), fixed for
-  the worker group's life;
+- the worker's :class:`~hetero_ray.training.identity.WorkerIdentity` (rank, world size,
+  device, node, attempt id, every rank's node), fixed for the worker group's life;
 - the handles of the run's actors (metrics store, scheduler, balancer);
+- the step in progress (:class:`~hetero_ray.training.current_step.CurrentStep`), where
+  the prepared model's hooks find it;
 - the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
   broadcast and leave with rank 0's plan;
 - the step recorder (rows reach the store in batches; :meth:`flush_records` waits for
@@ -18,8 +20,6 @@ What it owns:
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -27,7 +27,6 @@ from typing import Any, Optional
 import ray
 import ray.train
 import torch
-import torch.distributed as dist
 
 from hetero_ray.constants import (
     BALANCER_ROLE, DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE,
@@ -37,8 +36,9 @@ from hetero_ray.constants import (
 from hetero_ray.errors import UserError
 from hetero_ray.plan import Plan, equal_split
 from hetero_ray.sampler import Position
-from hetero_ray.training import timing
+from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
+from hetero_ray.training.identity import WorkerIdentity, register_attempt
 from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
 from hetero_ray.training.recorder import StepRecorder
 
@@ -78,48 +78,24 @@ class WorkerSettings:
 @dataclass
 class WorkerSession:
     settings: WorkerSettings
-    rank: int
-    num_workers: int
-    local_rank: int
-    device: torch.device
-    node_id: str
+    identity: WorkerIdentity
     store: Any
     scheduler: Any
     balancer: Any
     recorder: StepRecorder
     restored: Optional[dict] = None  # hetero_ray's part of the checkpoint this group resumes from
-    attempt: int = -1
-    rank_node_ids: list[str] = field(default_factory=list)
-    rank_device_kinds: list[str] = field(default_factory=list)
     speeds: Optional[SpeedSchedule] = None
     emulator: Optional[SpeedEmulator] = None  # pads busy time when speeds are emulated
-    loader: Any = None  # the one PlanFollowingLoader of this worker
-    model_prepared: bool = False
-    weight_state: Any = None  # the gradient hook's state, shared with BatchNorm layers
-    timeline: Optional[timing.StepTimeline] = None  # of the step in progress; read by the hooks
     rank_fits: Optional[list] = None  # each rank's warm-up line, for the group's first plan
+    current_step: CurrentStep = field(default_factory=CurrentStep)  # read by the model's hooks
+    # Made by the user's loop through the public API, once each (a second call is refused):
+    loader: Any = None  # the one PlanFollowingLoader of this worker
+    weight_state: Any = None  # the gradient hook's state, shared with BatchNorm layers
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
-    _step_notes: dict = field(default_factory=dict)
-
-    def note_step(self, *, loss: Optional[float] = None, lr: Optional[float] = None) -> None:
-        """The loss and learning rate of the step in progress, for its row in the steps
-        table (the built-in loop knows them; a user's loop reports its own metrics)."""
-        self._step_notes = {"loss": loss, "lr": lr}
-
-    def take_step_notes(self) -> dict:
-        notes, self._step_notes = self._step_notes, {}
-        return {"loss": notes.get("loss"), "lr": notes.get("lr")}
-
-    @property
-    def collective_device(self) -> torch.device:
-        # NCCL only moves CUDA tensors; gloo takes CPU ones.
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     @property
     def restored_position(self) -> Position:
-        if self.restored is None:
-            return Position(0, 0, 0)
-        return Position.from_dict(self.restored["position"])
+        return _position_of(self.restored)
 
     @property
     def restored_plan(self) -> Optional[Plan]:
@@ -127,8 +103,7 @@ class WorkerSession:
         return Plan.from_dict(plan) if plan else None
 
     def log(self, message: str) -> None:
-        if self.rank == 0:
-            print(f"[hetero_ray] {message}", flush=True)
+        _say(self.identity, message)
 
     # --- the plan protocol -------------------------------------------------------------
 
@@ -137,31 +112,31 @@ class WorkerSession:
 
         ``current`` is the plan in force before ``position`` (None for the group's first).
         """
+        identity, batch = self.identity, self.settings.global_batch_size
         proposal, caps = None, None
         restored = self.restored_plan
-        if self.rank == 0:
+        if identity.rank == 0:
             fallback = current
-            if fallback is None and restored is not None and restored.num_workers == self.num_workers:
+            if fallback is None and restored is not None and restored.num_workers == identity.num_workers:
                 fallback = restored
             if current is None and restored is not None:
                 self.scheduler.resume_from.remote(restored.to_dict())
-            proposal, caps = fetch_plan(self.scheduler, self.num_workers, self.settings.global_batch_size,
-                                        position.global_step, fallback, _plan_fetch_timeout_s(),
-                                        self.rank_node_ids, self.rank_device_kinds,
-                                        self.rank_fits if current is None else None,
+            proposal, caps = fetch_plan(self.scheduler, identity.num_workers, batch, position.global_step, fallback,
+                                        _plan_fetch_timeout_s(), list(identity.rank_node_ids),
+                                        list(identity.rank_device_kinds), self.rank_fits if current is None else None,
                                         wait_s=self.settings.first_plan_wait_s, note=self.log)
             if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
-                proposal = Plan(version, tuple(equal_split(self.settings.global_batch_size, self.num_workers)),
+                proposal = Plan(version, tuple(equal_split(batch, identity.num_workers)),
                                 "fallback: scheduler unreachable")
-        plan = broadcast_plan(proposal, self.rank, self.num_workers, self.collective_device)
-        if self.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
-            self.balancer.begin_attempt.remote(self.attempt, self.num_workers, position.global_step, caps,
+        plan = broadcast_plan(proposal, identity.rank, identity.num_workers, identity.collective_device)
+        if identity.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
+            self.balancer.begin_attempt.remote(identity.attempt, identity.num_workers, position.global_step, caps,
                                                end_global_step=self.settings.end_global_step)
-        if self.rank == 0 and (current is None or plan.version != current.version):
+        if identity.rank == 0 and (current is None or plan.version != current.version):
             self.store.add_plan.remote({
                 "plan_version": plan.version, "first_global_step": position.global_step,
-                "epoch": position.epoch, "step": position.step, "attempt": self.attempt,
+                "epoch": position.epoch, "step": position.step, "attempt": identity.attempt,
                 "num_workers": plan.num_workers, "global_batch_size": plan.global_batch_size,
                 "local_batch_sizes": list(plan.local_batch_sizes), "reason": plan.reason,
                 "wall_time": time.time(),
@@ -189,39 +164,37 @@ def current(what: str) -> WorkerSession:
 
 
 def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
-    """Collective: builds this worker's session and registers the worker-group start."""
+    """Collective: registers the worker-group start, and builds this worker's session."""
     global _CURRENT
-    from hetero_ray.training.devices import apply_device_choice, choose_device, node_device_label
-
     context = ray.train.get_context()
     local_rank = context.get_local_rank()
-    choice = choose_device(settings.device_mode, node_device_label() if settings.device_mode == "mixed" else None,
-                           local_rank, torch.cuda.device_count())
-    if choice.warning:
-        logger.warning(choice.warning)
+    device = _device(settings, local_rank)
     store = _run_actor(settings, METRICS_STORE_ROLE)
+    scheduler = _run_actor(settings, SCHEDULER_ROLE)
     balancer = _run_actor(settings, BALANCER_ROLE)
-    session = WorkerSession(
-        settings=settings,
-        rank=context.get_world_rank(),
-        num_workers=context.get_world_size(),
-        local_rank=local_rank,
-        device=apply_device_choice(choice),
-        node_id=ray.get_runtime_context().get_node_id(),
-        store=store,
-        scheduler=_run_actor(settings, SCHEDULER_ROLE),
-        balancer=balancer,
-        recorder=StepRecorder(store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
-                              extra_sinks=[balancer]),
-        restored=restored,
+    # Made before the registration and the warm-up: its first rows go out at the first step.
+    recorder = StepRecorder(store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
+                            extra_sinks=[balancer])
+    position = _position_of(restored)
+    identity = register_attempt(
+        store, rank=context.get_world_rank(), num_workers=context.get_world_size(),
+        local_rank=local_rank, device=device, node_id=ray.get_runtime_context().get_node_id(),
+        global_step=position.global_step,
     )
-    if settings.emulate_speeds or settings.speed_changes:
-        changes = [SpeedChange(**c) for c in settings.speed_changes or []]
-        session.speeds = SpeedSchedule(settings.emulate_speeds or [1.0] * session.num_workers, changes)
-        session.emulator = SpeedEmulator(torch.cuda.synchronize if session.device.type == "cuda" else None)
-    _begin_attempt(session)
-    if session.speeds is not None and settings.warmup_model is not None:
-        _warm_up(session)
+    speeds = _speed_schedule(settings, identity)
+    emulator = None
+    if speeds is not None:
+        emulator = SpeedEmulator(torch.cuda.synchronize if identity.device.type == "cuda" else None)
+    where = "from the start" if position.global_step == 0 else (
+        f"resuming at global step {position.global_step} (epoch {position.epoch}, step {position.step})")
+    _say(identity, f"attempt {identity.attempt}: {identity.num_workers} workers, {where}")
+    rank_fits = None
+    if speeds is not None and settings.warmup_model is not None:
+        rank_fits = _warm_up(settings, identity, emulator, speeds.speed(identity.rank, position.global_step))
+    session = WorkerSession(
+        settings=settings, identity=identity, store=store, scheduler=scheduler, balancer=balancer,
+        recorder=recorder, restored=restored, speeds=speeds, emulator=emulator, rank_fits=rank_fits,
+    )
     _CURRENT = session
     return session
 
@@ -239,49 +212,54 @@ def stop() -> None:
             logger.warning("last step rows not confirmed by the metrics store (%s)", type(e).__name__)
 
 
-def _begin_attempt(session: WorkerSession) -> None:
-    """Collective: rank 0 registers this worker-group start; all ranks learn its id and
-    where every rank runs (ranks are ordered by node, not by anything we chose)."""
-    position = session.restored_position
-    attempt = torch.zeros(1, dtype=torch.int64, device=session.collective_device)
-    if session.rank == 0:
-        attempt[0] = ray.get(session.store.begin_attempt.remote(position.global_step, session.num_workers))
-    dist.broadcast(attempt, src=0)
-    session.attempt = int(attempt.item())
-    placement: list = [None] * session.num_workers
-    kind = "gpu" if session.device.type == "cuda" else "cpu"
-    dist.all_gather_object(placement, (session.node_id, kind, _cpu_cores()))
-    session.rank_node_ids = [node_id for node_id, _, _ in placement]
-    session.rank_device_kinds = [kind for _, kind, _ in placement]
-    if session.speeds is not None:
-        session.speeds.scale = fit_to_cores(session.speeds, session.rank_node_ids,
-                                            [cores if k == "cpu" else None for _, k, cores in placement])
-        if session.speeds.scale < 1.0:
-            session.log(f"emulated speeds × {session.speeds.scale:.2f}: the CPU ranks of a node share its cores, "
-                        "so all speeds are scaled until they fit (the ratios between ranks stay as asked)")
-    session.store.register_worker.remote({
-        "rank": session.rank, "pid": os.getpid(), "node_id": session.node_id,
-        "hostname": socket.gethostname(), "device": str(session.device), "attempt": session.attempt,
-    })
-    where = "from the start" if position.global_step == 0 else (
-        f"resuming at global step {position.global_step} (epoch {position.epoch}, step {position.step})")
-    session.log(f"attempt {session.attempt}: {session.num_workers} workers, {where}")
+def _device(settings: WorkerSettings, local_rank: int) -> torch.device:
+    from hetero_ray.training.devices import apply_device_choice, choose_device, node_device_label
+
+    choice = choose_device(settings.device_mode, node_device_label() if settings.device_mode == "mixed" else None,
+                           local_rank, torch.cuda.device_count())
+    if choice.warning:
+        logger.warning(choice.warning)
+    return apply_device_choice(choice)
 
 
-def _warm_up(session: WorkerSession) -> None:
-    """Collective: every rank measures its own step under its emulated speed (see
-    training/warmup.py); all learn every rank's line."""
+def _speed_schedule(settings: WorkerSettings, identity: WorkerIdentity) -> Optional[SpeedSchedule]:
+    """The emulated speeds (None when there are none), scaled to fit the cores of each node."""
+    if not (settings.emulate_speeds or settings.speed_changes):
+        return None
+    changes = [SpeedChange(**c) for c in settings.speed_changes or []]
+    speeds = SpeedSchedule(settings.emulate_speeds or [1.0] * identity.num_workers, changes)
+    speeds.scale = fit_to_cores(speeds, identity.rank_node_ids,
+                                [cores if kind == "cpu" else None
+                                 for kind, cores in zip(identity.rank_device_kinds, identity.rank_cpu_cores)])
+    if speeds.scale < 1.0:
+        _say(identity, f"emulated speeds × {speeds.scale:.2f}: the CPU ranks of a node share its cores, "
+                       "so all speeds are scaled until they fit (the ratios between ranks stay as asked)")
+    return speeds
+
+
+def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: SpeedEmulator, speed: float) -> list:
+    """Collective: every rank measures its own step under its emulated ``speed`` (see
+    training/warmup.py); returns every rank's line."""
     from hetero_ray.training.warmup import gather_fits, measure_rank
 
-    settings = session.settings
     started = time.perf_counter()
-    speed = session.speeds.speed(session.rank, session.restored_position.global_step)
-    fit = measure_rank(settings.warmup_model, session.device, list(settings.warmup_batch_sizes), session.emulator,
-                       speed)
-    session.rank_fits = gather_fits(fit, session.num_workers)
-    lines = ", ".join("?" if f is None else f"{f['beta_s_per_sample'] * 1e3:.3g}" for f in session.rank_fits)
-    session.log(f"warm-up: each rank timed its own step in {time.perf_counter() - started:.1f} s; "
-                f"ms per sample by rank: {lines}")
+    fit = measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes), emulator, speed)
+    rank_fits = gather_fits(fit, identity.num_workers)
+    lines = ", ".join("?" if f is None else f"{f['beta_s_per_sample'] * 1e3:.3g}" for f in rank_fits)
+    _say(identity, f"warm-up: each rank timed its own step in {time.perf_counter() - started:.1f} s; "
+                   f"ms per sample by rank: {lines}")
+    return rank_fits
+
+
+def _position_of(restored: Optional[dict]) -> Position:
+    """Where a group resumes: the restored checkpoint's next step, or the very start."""
+    return Position.from_dict(restored["position"]) if restored is not None else Position(0, 0, 0)
+
+
+def _say(identity: WorkerIdentity, message: str) -> None:
+    # One line per group, not one per rank.
+    if identity.rank == 0:
+        print(f"[hetero_ray] {message}", flush=True)
 
 
 def _run_actor(settings: WorkerSettings, role: str):
@@ -292,10 +270,3 @@ def _run_actor(settings: WorkerSettings, role: str):
 def _plan_fetch_timeout_s() -> float:
     return env_float(PLAN_FETCH_TIMEOUT_S_ENV_VAR, DEFAULT_PLAN_FETCH_TIMEOUT_S)
 
-
-def _cpu_cores() -> int:
-    """Cores this process may run on (its affinity; the machine's count where unknown)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1

@@ -20,9 +20,13 @@ step, after the step's last event completed; data loading (host work) stays wall
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from hetero_ray.training.current_step import CurrentStep
+    from hetero_ray.training.emulation import SpeedEmulator
 
 STEP_START = "start"
 HOST_BATCH_READY = "host_batch"  # GPU only: the batch gathered in host memory, before the copy
@@ -75,6 +79,15 @@ class StepTimeline:
     def has(self, name: str) -> bool:
         return name in self._wall
 
+    def end(self) -> None:
+        """Marks the end of the step and waits for its device work. A phase no hook marked
+        (no prepared model, or no gradient reached the hook) ends there too."""
+        self.mark(STEP_DONE)
+        for missing in (FORWARD_DONE, LAST_BUCKET_READY, BACKWARD_DONE):
+            if not self.has(missing):
+                self.mark(missing)
+        self.synchronize()
+
 
 def step_durations(timeline: StepTimeline, pad_time_s: float) -> dict[str, float]:
     """The step record's timing columns from a finished, synchronised timeline.
@@ -109,15 +122,17 @@ class BucketClock:
 
     Runs inside the autograd engine, between gradient computation and the all-reduce of
     each bucket; whatever it spends delays this rank's communication exactly like a
-    slower device would.
+    slower device would. ``current`` is the worker's
+    :class:`~hetero_ray.training.current_step.CurrentStep`: the hook cannot be handed
+    the step it runs in, so it reads the step in progress there.
     """
 
-    def __init__(self, timeline_getter, emulator: Optional["SpeedEmulator"] = None):
-        self._timeline_getter = timeline_getter
+    def __init__(self, current: "CurrentStep", emulator: Optional["SpeedEmulator"] = None):
+        self._current = current
         self.emulator = emulator
 
     def __call__(self, is_last: bool) -> None:
-        timeline = self._timeline_getter()
+        timeline = self._current.timeline
         if timeline is None:  # a backward pass outside a training step (nothing to time)
             return
         if self.emulator is not None:
@@ -128,7 +143,6 @@ class BucketClock:
     def reduced(self) -> None:
         """A bucket's all-reduce completed (called from the communication thread): the
         latest such moment ends the rank's backward pass, waiting for others included."""
-        timeline = self._timeline_getter()
+        timeline = self._current.timeline
         if timeline is not None:
             timeline.mark_wall_latest(BACKWARD_DONE)
-

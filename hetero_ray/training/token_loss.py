@@ -22,7 +22,7 @@ def token_weighted_loss(session, loss_sum: torch.Tensor, num_tokens) -> torch.Te
     if not isinstance(loss_sum, torch.Tensor) or loss_sum.dim() != 0:
         raise UserError("token_weighted_loss(loss_sum, num_tokens): loss_sum must be a scalar tensor (this "
                         "rank's SUM of token losses)")
-    tokens = torch.as_tensor(num_tokens, dtype=torch.float64, device=session.collective_device).reshape(1)
+    tokens = torch.as_tensor(num_tokens, dtype=torch.float64, device=session.identity.collective_device).reshape(1)
     local_tokens = float(tokens.item())
     dist.all_reduce(tokens)
     total_tokens = float(tokens.item())
