@@ -37,7 +37,11 @@ stops trusting the extrapolation that misled it: every rank the worse plan gave 
 samples may from then on be given at most half that increase (a cap the policy respects,
 until the worker group restarts). A second wrong move halves it again, so the shares
 approach the largest a rank really runs at its predicted speed instead of swinging between
-two plans.
+two plans. When the step came out more than :data:`CLIFF_FACTOR` times the prediction,
+the cost is no line near that size but a cliff — a CPU quota the rank's step already
+fills, so every sample more stalls into the next period: on the cgroup testbed, predicted
+28 ms, achieved 94 ms; halving then bisected towards the cliff, one interval at ~2× the
+step time per try — and those ranks may not grow at all.
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the 
 # 10 % a user would call "worse", with room for the measurements' own noise.
 ROLLBACK_MARGIN = 0.07
 _MIN_ROLLBACK_STEPS = 3  # a decision due before the check: judge on at least this many steps
+# A worse plan whose step came out this many times its prediction found a cliff, not a
+# wrong slope (see the module docstring). Slopes fitted under noise miss by tens of
+# percent; a quota that binds, by 2-3×.
+CLIFF_FACTOR = 1.5
 
 
 @dataclass
@@ -308,9 +316,12 @@ class Balancer:
                   f"{achieved_s * 1e3:.1f} ms, over {len(self._achieved)} steps); back to the shares before it")
         restored = worse.with_sizes(predecessor.local_batch_sizes, reason)
         out.new_plans.append(restored)
+        predicted = row.get("predicted_step_time_s")
+        cliff = predicted is not None and predicted > 0 and achieved_s > CLIFF_FACTOR * predicted
         for rank, (before, after) in enumerate(zip(predecessor.local_batch_sizes, worse.local_batch_sizes)):
-            if after > before:  # its line was trusted too far: half the way, at most, next time
-                self._learned_caps[rank] = _tighter(self._learned_caps[rank], before + (after - before) // 2)
+            if after > before:  # its line was trusted too far: half the way at most next time, or no further
+                cap = before if cliff else before + (after - before) // 2
+                self._learned_caps[rank] = _tighter(self._learned_caps[rank], cap)
         rollback_row = {
             "global_step": int(global_step), "policy": self.policy.name, "adopted": True, "reason": reason,
             "plan_version": int(restored.version), "local_batch_sizes": [int(b) for b in restored.local_batch_sizes],
