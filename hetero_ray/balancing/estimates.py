@@ -56,6 +56,7 @@ DEFAULT_MIN_POINTS_PER_SIZE = 3  # a median of 3 already ignores one spike
 DEFAULT_CHANGE_DETECT_STEPS = 8  # a speed change is seen after ~5 steps, not ~W/2
 CHANGE_MIN_REL = 0.10  # smaller speed changes wait for the window's level to move
 CHANGE_SIGMAS = 6.0  # noise alone: ~1 false alarm in 10⁵ checks (σ itself is estimated)
+MAX_OLD_SIDE_AFTER_CHANGE = 1  # a spike among a changed speed's records; two: no change
 # A step's shared factor needs this many of its ranks: with two, a shared slowdown cannot
 # be told from one rank's own; from three on, one rank's own moves the median little.
 MIN_RANKS_FOR_SHARED_FACTOR = 3
@@ -418,9 +419,10 @@ class ClusterEstimates:
             |m_recent − m_L| > max(10 %·m_L, 6·SE),   SE = sqrt(π/2)·σ/sqrt(k')
 
         (fewer than k/2 spikes among the k cannot move a median that far; σ comes from
-        :meth:`_step_noise_s`). The rank then keeps only its records from the first recent
-        one that lies nearer ``m_recent`` than ``m_L``: the window, and any slope fitted
-        from it, describe the new speed only, after ~k/2 steps instead of ~W/2.
+        :meth:`_step_noise_s`), and the records from the first recent one that lies nearer
+        ``m_recent`` than ``m_L`` all do, but for one spike (a bimodal device is no change).
+        The rank then keeps only those records: the window, and any slope fitted from it,
+        describe the new speed only, after ~k/2 steps instead of ~W/2.
         """
         _, _, b_l, m_l, sigma_l, _ = window
         k, w = self.change_detect_steps, self.window_steps
@@ -447,6 +449,14 @@ class ClusterEstimates:
         t = recent_times_s[rows]
         new_side = match[rows] & (np.abs(t - m_recent[:, None]) < np.abs(t - m_l[rows, None]))
         since = np.where(new_side, steps[rows], np.iinfo(np.int64).max).min(axis=1)
+        # A change stays changed: more than one record after its start on the old side is
+        # a device alternating between two speeds (a CPU quota's fast and stalled steps),
+        # whose recent median lands in either mode — no change to forget the window for.
+        old_side_after = (match[rows] & ~new_side & (steps[rows] >= since[:, None])).sum(axis=1)
+        steady = old_side_after <= MAX_OLD_SIDE_AFTER_CHANGE
+        if not steady.any():
+            return False
+        rows, since = rows[steady], since[steady]
         self._valid[rows] &= self._steps[rows] >= since[:, None]
         self.num_speed_changes += int(rows.size)
         return True
