@@ -29,9 +29,9 @@ import logging
 import os
 from typing import Optional, Sequence
 
-from hetero_ray.balancing.policies import PolicyConfig, make_policy
+from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.metrics.run_files import SCHEDULER_STATE_FILE, read_json, write_json
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 import ray
 
-from hetero_ray.balancing.simulation import SimulatedCluster
+from hetero_ray.planning.simulation import SimulatedCluster
 from hetero_ray.runtime import actors
 
 pytestmark = pytest.mark.ray

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from hetero_ray.balancing import (
+from hetero_ray.planning import (
     ClusterEstimates,
     Decision,
     DynamicPolicy,
@@ -27,7 +27,7 @@ from hetero_ray.balancing import (
 )
 from hetero_ray.errors import ConfigError
 from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 
 SAMPLES_PER_RANK = 32  # B = 32·n
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hetero_ray.plan import proportional_split
+from hetero_ray.planning.plan import proportional_split
 from hetero_ray.profiling.capability import (
     DeviceCapability, NodeCapability, RankCapacity, capabilities_document, first_plan_weights,
     nodes_from_document, rank_capacities, read_nodes_json, write_nodes_json,

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from hetero_ray.plan import Plan, equal_split, largest_remainder, proportional_split
+from hetero_ray.planning.plan import Plan, equal_split, largest_remainder, proportional_split
 
 
 def test_plan_basics():

@@ -20,7 +20,7 @@ Every figure is measured on that node (or read from NVML); a figure that was not
 is null. :func:`rank_capacities` and :func:`first_plan_weights` are the pure functions the
 scheduler calls to turn capabilities into a first plan.
 
-Per rank, busy time is modelled as in :mod:`hetero_ray.balancing.cost_model`:
+Per rank, busy time is modelled as in :mod:`hetero_ray.planning.cost_model`:
 
     t_i(b) = α_i + β_i·b        (the node's probe of its device, fitted by fit_linear)
 
@@ -272,7 +272,7 @@ def first_plan_weights(
     (None) is assumed typical: it gets the median weight of the others and no cap.
 
     Returns:
-        ``(weights, caps)`` for :func:`hetero_ray.plan.proportional_split`.
+        ``(weights, caps)`` for :func:`hetero_ray.planning.plan.proportional_split`.
 
     Raises:
         ValueError: no rank has a capacity, or ``mean_local_batch_size`` ≤ 0.

@@ -20,8 +20,8 @@ import logging
 import os
 from typing import Optional
 
-from hetero_ray.balancing.balancer import Balancer
-from hetero_ray.balancing.policies import PolicyConfig, make_policy
+from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.metrics.run_files import ATTEMPTS_FILE, BALANCER_ATTEMPT_FILE, read_json, write_json
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from hetero_ray.constants import (
     env_float,
 )
 from hetero_ray.errors import UserError
-from hetero_ray.plan import Plan, equal_split
+from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.sampler import Position
 from hetero_ray.training import timing
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores

@@ -38,12 +38,12 @@ from typing import Optional, Protocol, Sequence, Union
 
 import numpy as np
 
-from hetero_ray.balancing.cost_model import LinearFit
-from hetero_ray.balancing.estimates import ClusterEstimates, Estimates, RankEstimate
-from hetero_ray.balancing.solver import solve_split
+from hetero_ray.planning.cost_model import LinearFit
+from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
+from hetero_ray.planning.solver import solve_split
 from hetero_ray import validate
 from hetero_ray.errors import ConfigError
-from hetero_ray.plan import Plan, equal_split, proportional_split
+from hetero_ray.planning.plan import Plan, equal_split, proportional_split
 
 POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
 DEFAULT_POLICY = "optimal"

@@ -42,7 +42,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hetero_ray.balancing.cost_model import (
+from hetero_ray.planning.cost_model import (
     MEDIAN_VAR_FACTOR,
     DEFAULT_MAX_SLOPE_REL_SE,
     NOISE_FLOOR_REL,

@@ -47,9 +47,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hetero_ray.balancing.estimates import ClusterEstimates
-from hetero_ray.balancing.policies import Decision, Policy
-from hetero_ray.plan import Plan
+from hetero_ray.planning.estimates import ClusterEstimates
+from hetero_ray.planning.policies import Decision, Policy
+from hetero_ray.planning.plan import Plan
 
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
 _GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches

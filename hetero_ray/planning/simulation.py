@@ -21,10 +21,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from hetero_ray.balancing.estimates import ClusterEstimates
-from hetero_ray.balancing.policies import Decision, Policy
-from hetero_ray.balancing.solver import predicted_step_time_s, solve_split
-from hetero_ray.plan import Plan
+from hetero_ray.planning.estimates import ClusterEstimates
+from hetero_ray.planning.policies import Decision, Policy
+from hetero_ray.planning.solver import predicted_step_time_s, solve_split
+from hetero_ray.planning.plan import Plan
 
 
 class SimulatedCluster:
