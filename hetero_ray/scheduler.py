@@ -29,6 +29,7 @@ import logging
 import os
 from typing import Optional, Sequence
 
+from hetero_ray.planning.capacity import RankCapacity, rank_capacities
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.metrics.run_files import SCHEDULER_STATE_FILE, read_json, write_json
 from hetero_ray.planning.plan import Plan
@@ -55,20 +56,14 @@ def initial_plan(
     """
     if batch_split is not None and len(batch_split) == num_workers:
         return Plan(version, tuple(batch_split), "explicit --batch-split"), None
+    measured = None
     caps = None
-    profiled = None
-    weights = None
     if capacities is not None and len(capacities) == num_workers and all(c is not None for c in capacities):
-        from hetero_ray.profiling.capability import first_plan_weights
-
-        weights, caps = first_plan_weights(capacities, global_batch_size / num_workers)
-        profiled = list(capacities)
-    if policy == "proportional" and weights is None:
-        weights = [1.0] * num_workers
+        measured = list(capacities)
+        caps = [c.max_batch_size for c in measured]
     if caps is not None and (policy == "static" or sum(c or global_batch_size for c in caps) < global_batch_size):
         caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
-    chosen = make_policy(policy, policy_config, weights=weights, caps=caps, profiled=profiled)
-    first = chosen.initial_plan(global_batch_size, num_workers)
+    first = make_policy(policy, policy_config, caps=caps).initial_plan(global_batch_size, num_workers, measured)
     return Plan(version, first.local_batch_sizes, first.reason), caps
 
 
@@ -171,10 +166,8 @@ class Scheduler:
     def _capacities(self, num_workers, rank_node_ids, rank_device_kinds):
         if not self._nodes or rank_node_ids is None or len(rank_node_ids) != num_workers:
             return None
-        from hetero_ray.profiling.capability import rank_capacities
-
         try:
-            return rank_capacities(self._nodes, rank_node_ids, rank_device_kinds)
+            return rank_capacities(self._node_dicts, rank_node_ids, rank_device_kinds)
         except ValueError as e:  # inconsistent inputs: plan without measurements
             logger.warning("profiles not usable for the first plan (%s)", e)
             return None
@@ -265,8 +258,6 @@ class Scheduler:
 
 def _from_warm_up(rank_fits: Sequence[dict], profiled: Optional[Sequence]) -> list:
     """Each rank's warm-up line, with the memory cap its device's profile measured (if any)."""
-    from hetero_ray.profiling.capability import RankCapacity
-
     caps = [c.max_batch_size if c is not None else None for c in profiled] if profiled else [None] * len(rank_fits)
     return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), cap) for f, cap in zip(rank_fits, caps)]
 

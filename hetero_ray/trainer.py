@@ -155,9 +155,9 @@ class HeteroTrainer:
                 stopped_by = signals.stopped_by()
         finally:
             signals.finishing()
-            caps = profiling.caps(wait=stopped_by is None) if profiling else None
+            nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
             summary, failure = finish_run(run.run_dir, store, balancer, result, time.time() - started, error,
-                                          self._summary_base(), caps, emit=self._emit,
+                                          self._summary_base(), nodes, emit=self._emit,
                                           interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
             for actor in (balancer, scheduler, store):
                 actors.kill_actor(actor)

@@ -269,7 +269,7 @@ class Balancer:
             self.policy.caps = [_tighter(m, learned) for m, learned in
                                 zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
         try:
-            return self.policy.decide(current, self.estimates, global_step)
+            return self.policy.decide(current, self.estimates.estimates(global_step), global_step)
         finally:
             self.policy.caps = memory_caps
 

@@ -48,10 +48,7 @@ class BalancerActor:
         self._restore_from_latest_checkpoint()
 
     def _make_policy(self, num_workers: Optional[int], caps=None):
-        # Proportional shares are fixed at the first plan (the scheduler's); the balancer's
-        # copy only needs a weight per rank to exist.
-        weights = [1.0] * max(1, num_workers or 1) if self._policy_name == "proportional" else None
-        return make_policy(self._policy_name, self._policy_config, weights=weights, caps=caps)
+        return make_policy(self._policy_name, self._policy_config, caps=caps)
 
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
                       caps: Optional[list] = None, end_global_step: Optional[int] = None) -> None:

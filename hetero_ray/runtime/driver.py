@@ -117,9 +117,9 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
     finally:
         signals.finishing()
         wall_time_s = time.time() - started
-        caps = profiling.caps(wait=stopped_by is None) if profiling else None
+        nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
         summary, failure = finish_run(run_dir, store, balancer, result, wall_time_s, error, _summary_base(config),
-                                      caps, emit, write_final_model=True,
+                                      nodes, emit, write_final_model=True,
                                       interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
         for actor in (balancer, scheduler, store):
             actors.kill_actor(actor)
@@ -236,7 +236,7 @@ def _summary_base(config: TrainConfig) -> dict[str, Any]:
 
 
 def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error: Optional[BaseException],
-               summary_base: dict[str, Any], node_caps: Optional[dict] = None,
+               summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
                emit: Callable[[str], None] = print, *,
                write_final_model: bool = False,
                interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
@@ -286,7 +286,7 @@ def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error:
     if error is not None:
         failure = failure_for_user(error, run_dir, summary["global_steps"])
         summary["error"] = str(failure)
-    summary["bottlenecks"] = _bottlenecks(steps, node_caps)
+    summary["bottlenecks"] = _bottlenecks(steps, nodes)
     path = os.path.join(run_dir, run_files.SUMMARY_FILE)
     try:
         run_files.write_json(path, summary)
@@ -313,15 +313,13 @@ def _remove_unregistered_checkpoints(run_dir: str) -> None:
         shutil.rmtree(os.path.join(train_dir, name), ignore_errors=True)
 
 
-def _bottlenecks(steps, node_caps: Optional[dict]) -> list[dict]:
-    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`.
-
-    ``node_caps``: each node's largest batch (profiled); ranks sharing a node share it.
-    """
+def _bottlenecks(steps, nodes: Optional[list[dict]]) -> list[dict]:
+    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`,
+    with the memory caps the planner gives the ranks of ``nodes`` (the profiles, if any)."""
     from hetero_ray.profiling.run_bottlenecks import judge_run
 
     try:
-        return judge_run(steps, node_caps)
+        return judge_run(steps, nodes)
     except Exception as e:  # noqa: BLE001 - a summary without verdicts beats no summary
         return [{"error": f"bottleneck analysis failed: {e}"}]
 
