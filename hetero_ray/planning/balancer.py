@@ -1,7 +1,7 @@
 """The balancer: per-step records in, decisions out, in time for each rebalance point.
 
-Plain class (the actor in :mod:`hetero_ray.runtime.balancer_actor` only forwards what it
-returns). It learns the plan in force from the records themselves (each row carries its
+Plain class, owned by the planner (:mod:`hetero_ray.planning.planner`), which acts on what
+it returns. It learns the plan in force from the records themselves (each row carries its
 ``plan_version`` and ``local_batch_size``), so it never decides on a plan the workers are
 not running.
 
@@ -73,7 +73,7 @@ class BalancerOutput:
     """What the actor must do after a batch of records."""
 
     decision_rows: list[dict] = field(default_factory=list)  # for the metrics store
-    new_plans: list[Plan] = field(default_factory=list)  # for the scheduler, in order
+    new_plans: list[Plan] = field(default_factory=list)  # for the planner, in order
 
 
 @dataclass

@@ -15,8 +15,9 @@ ranks there.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 CPU = "cpu"
 GPU = "gpu"

@@ -31,7 +31,7 @@ Everything but :meth:`ClusterEstimates.add` is vectorised over ranks, so a snaps
 pending list (O(1)); the pending records are folded into the windows, vectorised, at the
 next snapshot (or when the list grows long).
 
-Runs inside the balancer actor; plain Python, no Ray.
+Runs inside the planner actor; plain Python, no Ray.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 A policy never changes anything itself: :meth:`Policy.initial_plan` and
 :meth:`Policy.decide` return a plan or a :class:`Decision`, and the planner acts on them. A
 policy is given what it decides from, never the machinery behind it: the profiled
-capacities of the ranks for the first plan, an estimates snapshot for every later one. Every decision, adopted or not, carries its reason, the
-estimates it was made from, and the predicted step times it compared.
+capacities of the ranks for the first plan, an estimates snapshot for every later one.
+Every decision, adopted or not, carries its reason, the estimates it was made from, and
+the predicted step times it compared.
 
 ============  =====================================================================
 ``static``        equal shares; never changes.

@@ -2,7 +2,7 @@
 
 Order matters for "bad input leaves nothing behind": every check (values, files, the
 cluster's capacity, the checkpoint a --resume continues from) runs before the run
-directory is created. After that, the metrics store and the scheduler start as named
+directory is created. After that, the metrics store and the planner start as named
 actors, Ray Train runs the workers, and the store's files are merged and summarised even
 when training fails.
 
@@ -83,19 +83,15 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
 
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
-    scheduler = actors.start_scheduler(
+    planner = actors.start_planner(
         config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
-        batch_split=config.batch_split, plan_changes=config.plan_changes,
-        policy_config=config.plan.policy_config(),
-    )
-    balancer = actors.start_balancer(
-        config.experiment_name, run_dir, node_id, policy=config.policy,
-        policy_config=config.plan.policy_config(), rebalance_interval=config.rebalance_interval,
+        rebalance_interval=config.rebalance_interval, batch_split=config.batch_split,
+        plan_changes=config.plan_changes, policy_config=config.plan.policy_config(),
     )
     total_steps = _total_steps(config)
     profiling = None
     if config.profile:
-        profiling = NodeProfiling(run_dir, store, scheduler, config.experiment_name, config.model,
+        profiling = NodeProfiling(run_dir, store, planner, config.experiment_name, config.model,
                                   config.probe_batch_sizes(), cpus_per_worker=config.cpus_per_worker,
                                   timeout_s=config.profile_timeout_s, dataset=config.dataset, emit=emit)
         profiling.start(uses_gpus=device_mode != "cpu")
@@ -118,10 +114,10 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
         signals.finishing()
         wall_time_s = time.time() - started
         nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
-        summary, failure = finish_run(run_dir, store, balancer, result, wall_time_s, error, _summary_base(config),
+        summary, failure = finish_run(run_dir, store, planner, result, wall_time_s, error, _summary_base(config),
                                       nodes, emit, write_final_model=True,
                                       interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-        for actor in (balancer, scheduler, store):
+        for actor in (planner, store):
             actors.kill_actor(actor)
         signals.restore()
     if failure is not None:
@@ -235,7 +231,7 @@ def _summary_base(config: TrainConfig) -> dict[str, Any]:
     }
 
 
-def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error: Optional[BaseException],
+def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: Optional[BaseException],
                summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
                emit: Callable[[str], None] = print, *,
                write_final_model: bool = False,
@@ -252,9 +248,9 @@ def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error:
     training itself finished: its last rows are missing.
     """
     try:
-        ray.get(balancer.close.remote(), timeout=30)
+        ray.get(planner.close.remote(), timeout=30)
     except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
-        print(f"[hetero_ray] warning: balancer could not flush its last decision ({e})")
+        print(f"[hetero_ray] warning: planner could not flush its last decision ({e})")
     try:
         store_failure = ray.get(store.failure.remote(), timeout=30)
         if store_failure and error is None:

@@ -8,7 +8,7 @@ one per process, and using the API outside a run says so instead of failing late
 What it owns:
 - the identity (rank, world size, device, node, attempt id, every rank's node), fixed for
   the worker group's life;
-- the handles of the run's actors (metrics store, scheduler, balancer);
+- the handles of the run's actors (metrics store, planner);
 - the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
   broadcast and leave with rank 0's plan;
 - the step recorder (rows reach the store in batches; :meth:`flush_records` waits for
@@ -30,9 +30,8 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.constants import (
-    BALANCER_ROLE, DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE,
-    PLAN_FETCH_TIMEOUT_S_ENV_VAR, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, SCHEDULER_ROLE, actor_name,
-    env_float,
+    DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE, PLAN_FETCH_TIMEOUT_S_ENV_VAR,
+    PLANNER_ROLE, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, actor_name, env_float,
 )
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan, equal_split
@@ -84,8 +83,7 @@ class WorkerSession:
     device: torch.device
     node_id: str
     store: Any
-    scheduler: Any
-    balancer: Any
+    planner: Any
     recorder: StepRecorder
     restored: Optional[dict] = None  # hetero_ray's part of the checkpoint this group resumes from
     attempt: int = -1
@@ -133,31 +131,31 @@ class WorkerSession:
     # --- the plan protocol -------------------------------------------------------------
 
     def agree_on_plan(self, current: Optional[Plan], position: Position) -> Plan:
-        """Collective: rank 0 fetches the scheduler's plan for ``position``; all ranks get it.
+        """Collective: rank 0 fetches the planner's plan for ``position``; all ranks get it.
 
         ``current`` is the plan in force before ``position`` (None for the group's first).
         """
-        proposal, caps = None, None
+        proposal = None
         restored = self.restored_plan
         if self.rank == 0:
             fallback = current
             if fallback is None and restored is not None and restored.num_workers == self.num_workers:
                 fallback = restored
             if current is None and restored is not None:
-                self.scheduler.resume_from.remote(restored.to_dict())
-            proposal, caps = fetch_plan(self.scheduler, self.num_workers, self.settings.global_batch_size,
+                self.planner.resume_from.remote(restored.to_dict())
+            proposal = fetch_plan(self.planner, self.num_workers, self.settings.global_batch_size,
                                         position.global_step, fallback, _plan_fetch_timeout_s(),
                                         self.rank_node_ids, self.rank_device_kinds,
                                         self.rank_fits if current is None else None,
                                         wait_s=self.settings.first_plan_wait_s, note=self.log)
-            if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
+            if proposal is None:  # no planner and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(self.settings.global_batch_size, self.num_workers)),
-                                "fallback: scheduler unreachable")
+                                "fallback: planner unreachable")
         plan = broadcast_plan(proposal, self.rank, self.num_workers, self.collective_device)
         if self.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
-            self.balancer.begin_attempt.remote(self.attempt, self.num_workers, position.global_step, caps,
-                                               end_global_step=self.settings.end_global_step)
+            self.planner.begin_attempt.remote(self.attempt, self.num_workers, position.global_step,
+                                              end_global_step=self.settings.end_global_step)
         if self.rank == 0 and (current is None or plan.version != current.version):
             self.store.add_plan.remote({
                 "plan_version": plan.version, "first_global_step": position.global_step,
@@ -200,7 +198,7 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     if choice.warning:
         logger.warning(choice.warning)
     store = _run_actor(settings, METRICS_STORE_ROLE)
-    balancer = _run_actor(settings, BALANCER_ROLE)
+    planner = _run_actor(settings, PLANNER_ROLE)
     session = WorkerSession(
         settings=settings,
         rank=context.get_world_rank(),
@@ -209,10 +207,9 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
         device=apply_device_choice(choice),
         node_id=ray.get_runtime_context().get_node_id(),
         store=store,
-        scheduler=_run_actor(settings, SCHEDULER_ROLE),
-        balancer=balancer,
+        planner=planner,
         recorder=StepRecorder(store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
-                              extra_sinks=[balancer]),
+                              extra_sinks=[planner]),
         restored=restored,
     )
     if settings.emulate_speeds or settings.speed_changes:
