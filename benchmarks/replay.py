@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.balance_analysis import working_rows
-from hetero_ray.balancing.cost_model import LinearFit
-from hetero_ray.balancing.policies import PolicyConfig, make_policy
-from hetero_ray.balancing.simulation import SimulatedCluster, run_policy
-from hetero_ray.balancing.solver import solve_split
+from hetero_ray.planning.cost_model import LinearFit
+from hetero_ray.planning.policies import PolicyConfig, make_policy
+from hetero_ray.planning.simulation import SimulatedCluster, run_policy
+from hetero_ray.planning.solver import solve_split
 
 WARMUP_STEPS = 5  # first steps: allocation, caches, thread start-up; not the machine's steady noise
 REPLAYED_POLICIES = ("dynamic", "optimal")

@@ -37,7 +37,7 @@ DATASETS = ("synthetic_image", "synthetic_text", "cifar10", "cifar100")
 TEXT_MODELS = frozenset({"gpt_tiny"})
 TEXT_DATASETS = frozenset({"synthetic_text"})
 FILE_DATASETS = frozenset({"cifar10", "cifar100"})  # read from --data-dir
-POLICIES = ("static", "proportional", "dynamic", "optimal")  # = balancing.policies.POLICY_NAMES
+POLICIES = ("static", "proportional", "dynamic", "optimal")  # = planning.policies.POLICY_NAMES
 OPTIMIZERS = ("sgd", "adamw")
 LR_SCHEDULES = ("cosine", "constant")
 USE_GPU_CHOICES = ("auto", "yes", "no")
@@ -220,7 +220,7 @@ class PlanConfig:
             _store(self, plan_changes=validate.plan_changes("--plan-change", self.plan_changes))
 
     def policy_config(self) -> dict:
-        """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""
+        """Keyword arguments of :class:`hetero_ray.planning.policies.PolicyConfig`."""
         return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
 
 

@@ -13,11 +13,10 @@ import os
 RAY_NAMESPACE = "hetero_ray"
 
 # Named actors of one experiment are called "<experiment>/<role>".
-SCHEDULER_ROLE = "scheduler"
+PLANNER_ROLE = "planner"
 METRICS_STORE_ROLE = "metrics_store"
-BALANCER_ROLE = "balancer"
 
-# How long rank 0 waits for the scheduler's latest plan before keeping the current one.
+# How long rank 0 waits for the planner's latest plan before keeping the current one.
 # Training must not stall on a slow or restarting actor; the next interval retries.
 PLAN_FETCH_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLAN_FETCH_TIMEOUT_S"
 DEFAULT_PLAN_FETCH_TIMEOUT_S = 2.0

@@ -129,7 +129,7 @@ class HeteroConfig:
                               change["local_batch_sizes"], max_workers, workers)
 
     def policy_config(self) -> dict:
-        """Keyword arguments of :class:`hetero_ray.balancing.policies.PolicyConfig`."""
+        """Keyword arguments of :class:`hetero_ray.planning.policies.PolicyConfig`."""
         return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
 
     @property

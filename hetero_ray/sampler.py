@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 
 
 @dataclass(frozen=True)

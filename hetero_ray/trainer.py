@@ -8,7 +8,7 @@ follow each device's speed.
     result = trainer.fit()          # a ray.train.Result
 
 ``fit()`` checks everything it can before anything is written, starts the run's actors
-(metrics store, scheduler, balancer) on the driver's node, profiles the nodes with the
+(metrics store, planner) on the driver's node, profiles the nodes with the
 user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
 ``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
 (:mod:`hetero_ray.training.entry`), and writes the run's tables and ``summary.json`` —
@@ -122,18 +122,14 @@ class HeteroTrainer:
 
         node_id = ray.get_runtime_context().get_node_id()
         store = actors.start_metrics_store(self._name, run.run_dir, node_id)
-        scheduler = actors.start_scheduler(
+        planner = actors.start_planner(
             self._name, run.run_dir, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
-            batch_split=hetero.batch_split, plan_changes=hetero.plan_changes,
-            policy_config=hetero.policy_config(),
-        )
-        balancer = actors.start_balancer(
-            self._name, run.run_dir, node_id, policy=hetero.policy, policy_config=hetero.policy_config(),
-            rebalance_interval=hetero.rebalance_interval,
+            rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
+            plan_changes=hetero.plan_changes, policy_config=hetero.policy_config(),
         )
         profiling = None
         if hetero.profiles_nodes:
-            profiling = NodeProfiling(run.run_dir, store, scheduler, self._name, hetero.profile_model,
+            profiling = NodeProfiling(run.run_dir, store, planner, self._name, hetero.profile_model,
                                       self._probe_batch_sizes(), cpus_per_worker=cpus_per_worker,
                                       timeout_s=hetero.profile_timeout_s, emit=self._emit)
             profiling.start(uses_gpus=use_gpu)
@@ -155,11 +151,11 @@ class HeteroTrainer:
                 stopped_by = signals.stopped_by()
         finally:
             signals.finishing()
-            caps = profiling.caps(wait=stopped_by is None) if profiling else None
-            summary, failure = finish_run(run.run_dir, store, balancer, result, time.time() - started, error,
-                                          self._summary_base(), caps, emit=self._emit,
+            nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
+            summary, failure = finish_run(run.run_dir, store, planner, result, time.time() - started, error,
+                                          self._summary_base(), nodes, emit=self._emit,
                                           interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-            for actor in (balancer, scheduler, store):
+            for actor in (planner, store):
                 actors.kill_actor(actor)
             try:
                 run.upload()

@@ -23,7 +23,7 @@ except ImportError:  # run from a checkout without installing
 
 import numpy as np
 
-from hetero_ray.balancing import ClusterEstimates, make_policy, solve_split
+from hetero_ray.planning import ClusterEstimates, make_policy, solve_split
 
 TARGET_S = 0.005  # the budget for 1,024 ranks
 

@@ -3,9 +3,9 @@ effect, records achieved step times, and survives a checkpoint round trip."""
 
 from __future__ import annotations
 
-from hetero_ray.balancing.balancer import Balancer
-from hetero_ray.balancing.policies import PolicyConfig, make_policy
-from hetero_ray.balancing.simulation import SimulatedCluster
+from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.policies import PolicyConfig, make_policy
+from hetero_ray.planning.simulation import SimulatedCluster
 
 
 def step_rows(cluster: SimulatedCluster, step: int, sizes, version: int, attempt: int = 0) -> list[dict]:

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from hetero_ray.balancing.cost_model import fit_linear, group_stats, kept_mean_s
-from hetero_ray.balancing.estimates import ClusterEstimates, Estimates
+from hetero_ray.planning.cost_model import fit_linear, group_stats, kept_mean_s
+from hetero_ray.planning.estimates import ClusterEstimates, Estimates
 
 
 def noisy_timings(rng, alpha_s, beta, sizes, per_size, noise):

@@ -2,7 +2,7 @@
 
 With ``optimal`` moving work mid-epoch (and a device slowing down mid-run), every sample
 is still consumed exactly once per epoch, and the final weights equal one worker's. (The
-balancer actor killed mid-run: tests/test_failures.py.)
+planner actor killed mid-run: tests/test_failures.py.)
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from hetero_ray.balancing import (
+from hetero_ray.planning import (
     ClusterEstimates,
     Decision,
     DynamicPolicy,
@@ -25,9 +25,10 @@ from hetero_ray.balancing import (
     run_policy,
     solve_split,
 )
+from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.errors import ConfigError
 from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 
 SAMPLES_PER_RANK = 32  # B = 32·n
 
@@ -148,9 +149,9 @@ def test_stale_ranks_keep_their_share_while_the_rest_is_balanced():
 def test_no_fresh_estimates_keep_the_plan():
     policy = OptimalPolicy()
     plan = policy.initial_plan(64, 4)
-    decision = policy.decide(plan, ClusterEstimates(4), global_step=20)
+    decision = policy.decide(plan, ClusterEstimates(4).estimates(20), global_step=20)
     assert not decision.adopt and decision.plan is plan and "no fresh estimate" in decision.reason
-    decision = policy.decide(plan, ClusterEstimates(3), global_step=20)
+    decision = policy.decide(plan, ClusterEstimates(3).estimates(20), global_step=20)
     assert not decision.adopt and "3 ranks but the plan has 4" in decision.reason
 
 
@@ -254,16 +255,26 @@ def test_static_never_changes():
     assert all(d.policy == "static" for d in result.decisions)
 
 
-def test_proportional_follows_the_weights_and_never_changes_after_start():
-    weights = [4.0, 2.0, 1.0, 1.0]
-    a, b = np.zeros(4), 1e-3 / np.array(weights)
-    policy = ProportionalPolicy(weights)
+def test_proportional_follows_the_profiled_throughput_and_never_changes_after_start():
+    speeds = [4.0, 2.0, 1.0, 1.0]
+    a, b = np.zeros(4), 1e-3 / np.array(speeds)
+    capacities = [RankCapacity(0.0, beta) for beta in b]
+    policy = ProportionalPolicy()
     result = run_policy(policy, SimulatedCluster(a, b, noise=0.05, speed_changes=[(30, 0, 0.2)]),
-                        steps=120, global_batch_size=80)
+                        steps=120, global_batch_size=80, capacities=capacities)
     assert {p.local_batch_sizes for p in result.plans} == {(40, 20, 10, 10)}
     assert not result.adopted
-    with pytest.raises(ConfigError, match="4 weights but there are 3 ranks"):
-        policy.initial_plan(80, 3)
+    with pytest.raises(ConfigError, match="4 capacities but there are 3 ranks"):
+        policy.initial_plan(80, 3, capacities)
+    assert ProportionalPolicy().initial_plan(80, 4).local_batch_sizes == (20, 20, 20, 20)  # not profiled
+
+
+def test_profiled_throughput_is_taken_at_the_mean_local_batch():
+    """``b̄ / t_i(b̄)`` at ``b̄ = B/n``: a fixed cost weighs less at a larger batch."""
+    capacities = [RankCapacity(0.01, 0.001, 500), RankCapacity(0.01, 0.003, None)]
+    sizes = ProportionalPolicy().initial_plan(64, 2, capacities).local_batch_sizes
+    throughputs = [32 / (0.01 + 0.032), 32 / (0.01 + 0.096)]
+    assert sizes == tuple(solve_split([0, 0], [1 / t for t in throughputs], 64))
 
 
 def test_dynamic_shares_follow_measured_throughput():
@@ -280,9 +291,11 @@ def test_dynamic_shares_follow_measured_throughput():
 def test_optimal_first_plan_from_profiled_fits():
     alphas, betas = [0.01, 0.05], [1e-3, 1e-3]
     fits = [fit_linear([8, 16, 32], [a + b * s for s in (8, 16, 32)]) for a, b in zip(alphas, betas)]
-    plan = OptimalPolicy(profiled=fits).initial_plan(64, 2)
+    plan = OptimalPolicy().initial_plan(64, 2, [RankCapacity(f.alpha_s, f.beta_s_per_sample) for f in fits])
     assert plan.local_batch_sizes == tuple(solve_split(alphas, betas, 64)) == (52, 12)
-    assert DynamicPolicy(weights=[3, 1]).initial_plan(64, 2).local_batch_sizes == (48, 16)
+    assert plan.reason == "optimal: split for the profiled cost model"
+    by_speed = DynamicPolicy().initial_plan(64, 2, [RankCapacity(0.0, 1 / 3), RankCapacity(0.0, 1.0)])
+    assert by_speed.local_batch_sizes == (48, 16) and by_speed.reason == "dynamic: shares by profiled capability"
     assert OptimalPolicy().initial_plan(10, 4).local_batch_sizes == (3, 3, 2, 2)
 
 
@@ -307,12 +320,10 @@ def test_policy_config_rejects_bad_values(kwargs, match):
 
 def test_make_policy():
     assert isinstance(make_policy(), OptimalPolicy)
-    assert [make_policy(name, weights=[1, 1]).name for name in ("static", "proportional", "dynamic", "optimal")] == [
+    assert [make_policy(name).name for name in ("static", "proportional", "dynamic", "optimal")] == [
         "static", "proportional", "dynamic", "optimal"]
     with pytest.raises(ConfigError, match="policy must be one of static, proportional, dynamic, optimal"):
         make_policy("fastest")
-    with pytest.raises(ConfigError, match="needs per-rank weights"):
-        make_policy("proportional")
     with pytest.raises(ConfigError, match="cannot give 4 ranks"):
         make_policy("optimal").initial_plan(3, 4)
 

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from hetero_ray.balancing.solver import (
+from hetero_ray.planning.solver import (
     continuous_split,
     continuous_step_time_s,
     predicted_step_time_s,

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.replay import KNOWN_SPEEDS, best_fixed_split, fit_devices, noise_trace, replay
-from hetero_ray.balancing import SimulatedCluster
+from hetero_ray.planning import SimulatedCluster
 
 
 def recorded_run(betas, sizes, factors) -> pd.DataFrame:

@@ -1,16 +1,16 @@
-"""Capability records: JSON round trip, and the first plan the scheduler derives from them."""
+"""Capability records: JSON round trip, and what the planner makes of them (each rank's line
+and memory cap, :mod:`hetero_ray.planning.capacity`)."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
-from hetero_ray.plan import proportional_split
+from hetero_ray.planning.capacity import RankCapacity, rank_capacities, rank_memory_caps
+from hetero_ray.planning.policies import make_policy
 from hetero_ray.profiling.capability import (
-    DeviceCapability, NodeCapability, RankCapacity, capabilities_document, first_plan_weights,
-    nodes_from_document, rank_capacities, read_nodes_json, write_nodes_json,
+    DeviceCapability, NodeCapability, capabilities_document, nodes_from_document, read_nodes_json, write_nodes_json,
 )
 from tests.helpers import cpu_device, gpu_device, node
 
@@ -61,62 +61,66 @@ def test_invalid_kind_and_status_are_rejected():
         NodeCapability(node_id="n", status="maybe")
 
 
+def dicts(*nodes: NodeCapability) -> list[dict]:
+    """As the planner holds them: the node dicts of ``nodes.json``."""
+    return [n.to_dict() for n in nodes]
+
+
 def test_cpu_ranks_get_their_nodes_cpu_probe_and_share_its_ram_cap():
-    nodes = [node("fast", [cpu_device(beta=0.001, cap=3000)]), node("slow", [cpu_device(beta=0.003, cap=1000)])]
+    nodes = dicts(node("fast", [cpu_device(beta=0.001, cap=3000)]), node("slow", [cpu_device(beta=0.003, cap=1000)]))
     caps = rank_capacities(nodes, ["fast", "fast", "slow"])
     assert [c.beta_s_per_sample for c in caps] == [0.001, 0.001, 0.003]
     assert [c.max_batch_size for c in caps] == [1500, 1500, 1000]  # two ranks share "fast"'s RAM
+    assert rank_memory_caps(nodes, ["fast", "fast", "slow"]) == [1500, 1500, 1000]
 
 
 def test_gpu_ranks_take_the_nodes_gpus_in_index_order():
-    gpus = node("g", [cpu_device(), gpu_device(1, beta=0.0002), gpu_device(0, beta=0.0001)])
-    caps = rank_capacities([gpus], ["g", "g", "g"], ["gpu", "gpu", "cpu"])
+    gpus = dicts(node("g", [cpu_device(), gpu_device(1, beta=0.0002), gpu_device(0, beta=0.0001)]))
+    caps = rank_capacities(gpus, ["g", "g", "g"], ["gpu", "gpu", "cpu"])
     assert [c.beta_s_per_sample for c in caps] == [0.0001, 0.0002, 0.001]
     assert caps[0].max_batch_size == 2048  # GPU memory is per device: not divided
+    assert caps[2].max_batch_size == 4000  # the node's only CPU rank: all of its RAM
     # A third GPU rank on a node with two GPUs has nothing to measure by.
-    assert rank_capacities([gpus], ["g", "g", "g"], ["gpu", "gpu", "gpu"])[2] is None
+    assert rank_capacities(gpus, ["g", "g", "g"], ["gpu", "gpu", "gpu"])[2] is None
     # Without kinds, a node with a probed GPU means GPU ranks.
-    assert rank_capacities([gpus], ["g"])[0].beta_s_per_sample == 0.0001
+    assert rank_capacities(gpus, ["g"])[0].beta_s_per_sample == 0.0001
+    assert rank_memory_caps(gpus, ["g", "g"]) == [2048, 2048]
 
 
 def test_failed_unknown_or_unprobed_nodes_give_none():
     failed = node("f", [cpu_device()], status="failed", error="timed out")
     unprobed = node("u", [DeviceCapability(kind="cpu", name="x", matmul_tflops_fp32=0.1)])
-    caps = rank_capacities([failed, unprobed, node("ok", [cpu_device()])], ["f", "u", "missing", "ok"])
+    caps = rank_capacities(dicts(failed, unprobed, node("ok", [cpu_device()])), ["f", "u", "missing", "ok"])
     assert caps[:3] == [None, None, None]
     assert isinstance(caps[3], RankCapacity)
 
 
-def test_first_plan_weights_are_throughput_at_the_mean_batch():
-    capacities = [RankCapacity(0.01, 0.001, 500), RankCapacity(0.01, 0.003, None)]
-    weights, caps = first_plan_weights(capacities, 32)
-    assert weights[0] == pytest.approx(32 / (0.01 + 0.032))
-    assert weights[1] == pytest.approx(32 / (0.01 + 0.096))
-    assert caps == [500, None]
-
-
-def test_first_plan_weights_treat_unknown_ranks_as_typical():
-    capacities = [RankCapacity(0.0, 0.001), None, RankCapacity(0.0, 0.004)]
-    weights, caps = first_plan_weights(capacities, 10)
-    assert weights[1] == pytest.approx((1000 + 250) / 2)
-    assert caps[1] is None
-    with pytest.raises(ValueError, match="equal shares"):
-        first_plan_weights([None, None], 10)
-    with pytest.raises(ValueError, match="mean_local_batch_size"):
-        first_plan_weights(capacities, 0)
+def test_memory_caps_need_no_probe_and_skip_what_is_not_a_profile():
+    nodes = [
+        {"node_id": "a", "status": "ok", "devices": [{"kind": "gpu", "index": 0, "max_batch_size": 512},
+                                                    {"kind": "cpu", "index": 0, "max_batch_size": 96}]},
+        {"node_id": "b", "status": "failed", "devices": [{"kind": "cpu", "max_batch_size": 64}]},
+        {"node_id": "c", "status": "ok", "devices": [{"kind": "cpu", "max_batch_size": None}]},
+        "not a node",
+    ]
+    # "a"'s GPU was not probed: its ranks are CPU ranks, sharing its RAM.
+    assert rank_memory_caps(nodes, ["a", "a", "b", "c", "d"]) == [48, 48, None, None, None]
+    assert rank_memory_caps(None, ["a"]) == [None]
+    with pytest.raises(ValueError, match="device kind"):
+        rank_memory_caps(nodes, ["a"], ["tpu"])
 
 
 def test_a_node_a_third_as_fast_gets_about_a_quarter_of_the_batch():
-    """End to end through the scheduler's split: profiled capability → first plan."""
-    nodes = [node("fast", [cpu_device(alpha=0.0, beta=0.001)]), node("slow", [cpu_device(alpha=0.0, beta=0.003)])]
-    weights, caps = first_plan_weights(rank_capacities(nodes, ["fast", "slow"]), 64 / 2)
-    sizes = proportional_split(64, weights, caps=caps)
-    assert sizes == [48, 16]
+    """End to end: profiled capability → the first plan of a policy that follows it."""
+    nodes = dicts(node("fast", [cpu_device(alpha=0.0, beta=0.001)]), node("slow", [cpu_device(alpha=0.0, beta=0.003)]))
+    for name in ("proportional", "dynamic", "optimal"):
+        plan = make_policy(name).initial_plan(64, 2, rank_capacities(nodes, ["fast", "slow"]))
+        assert plan.local_batch_sizes == (48, 16), name
 
 
 def test_caps_bound_the_first_plan():
-    nodes = [node("fast", [cpu_device(alpha=0.0, beta=0.001, cap=40)]), node("slow", [cpu_device(beta=0.003)])]
-    weights, caps = first_plan_weights(rank_capacities(nodes, ["fast", "slow"]), 32)
-    sizes = proportional_split(64, weights, caps=caps)
+    nodes = dicts(node("fast", [cpu_device(alpha=0.0, beta=0.001, cap=40)]), node("slow", [cpu_device(beta=0.003)]))
+    capacities = rank_capacities(nodes, ["fast", "slow"])
+    policy = make_policy("proportional", caps=[c.max_batch_size for c in capacities])
+    sizes = policy.initial_plan(64, 2, capacities).local_batch_sizes
     assert sizes[0] == 40 and sum(sizes) == 64
-    assert all(math.isfinite(w) and w > 0 for w in weights)

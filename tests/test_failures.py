@@ -9,8 +9,8 @@ same standard as an uninterrupted run of it, trained once for the module:
 - the final model equals the uninterrupted run's (same math, whatever happened), and so
   does its final accuracy.
 
-Scenarios: SIGKILL of a training worker; the balancer, scheduler and metrics-store actors
-killed mid-run (training goes on); the driver stopped and `--resume`d; a whole node lost
+Scenarios: SIGKILL of a training worker; the planner and metrics-store actors killed
+mid-run (training goes on); the driver stopped and `--resume`d; a whole node lost
 with elastic training (a real 3-node cluster of `ray start` processes).
 """
 
@@ -30,7 +30,7 @@ import ray
 import torch
 
 from benchmarks.local_cluster import local_cluster
-from hetero_ray.constants import BALANCER_ROLE, METRICS_STORE_ROLE, SCHEDULER_ROLE
+from hetero_ray.constants import METRICS_STORE_ROLE, PLANNER_ROLE
 from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 from hetero_ray.runtime.actors import get_actor
 
@@ -152,29 +152,33 @@ def test_sigkill_of_a_worker(reference, fast_config):
           f"later, resumed at step {attempts[1]['start_global_step']}")
 
 
-def test_balancer_killed_mid_run(reference, fast_config):
-    def kill_balancer(store, seen):
-        ray.kill(get_actor("balancer-kill", BALANCER_ROLE), no_restart=False)  # a crash: Ray restarts it
+def test_planner_killed_mid_run_restores_its_estimates(reference, fast_config):
+    """Killed after a checkpoint: the restarted planner takes its estimates from it, and the
+    worker group it serves from its state file; it goes on deciding."""
+    def kill_planner(store, seen):
+        ray.kill(get_actor("planner-kill", PLANNER_ROLE), no_restart=False)  # a crash: Ray restarts it
         time.sleep(3)
-        seen["info"] = ray.get(get_actor("balancer-kill", BALANCER_ROLE).info.remote(), timeout=30)
+        seen["info"] = ray.get(get_actor("planner-kill", PLANNER_ROLE).info.remote(), timeout=30)
 
-    watcher, seen = in_background("balancer-kill", 25, kill_balancer)
-    result = run_in_process(fast_config, "balancer-kill", policy="optimal", batch_split=[20, 20],
+    watcher, seen = in_background("planner-kill", 25, kill_planner)
+    result = run_in_process(fast_config, "planner-kill", policy="optimal", batch_split=[20, 20],
                             emulate_speeds=[1.0, 0.25], rebalance_interval=5)
     watcher.join(timeout=60)
-    assert "info" in seen, "the balancer was not killed (or did not come back)"
-    assert "checkpoint_" in (seen["info"]["restored_from"] or ""), seen["info"]
-    assert seen["info"]["attempt"] == 0  # it found the attempt in progress
+    assert "info" in seen, "the planner was not killed (or did not come back)"
+    restored = seen["info"]["restored_from"]
+    assert any("checkpoint_" in path for path in restored), seen["info"]
+    assert any(path.endswith("planner_state.json") for path in restored), seen["info"]
+    assert seen["info"]["attempt"] == 0 and seen["info"]["end_global_step"] == TOTAL_STEPS, seen["info"]
     attempts = assert_nothing_lost(result.run_dir, reference)
-    assert len(attempts) == 1, "training must not restart because the balancer died"
+    assert len(attempts) == 1, "training must not restart because the planner died"
     decisions = pd.read_parquet(os.path.join(result.run_dir, "decisions.parquet"))
-    assert (decisions["wall_time"] > seen["time"]).any(), "no decision after the balancer came back"
+    assert (decisions["wall_time"] > seen["time"]).any(), "no decision after the planner came back"
 
 
-def test_scheduler_killed_mid_run(reference, fast_config):
-    """The restarted scheduler serves the plan in force: versions only increase, every step
+def test_planner_killed_once_balanced_serves_the_plan_in_force(reference, fast_config):
+    """The restarted planner serves the plan in force: versions only increase, every step
     ran the sizes its plan version has in plans.parquet, and the balance stays."""
-    def kill_scheduler_once_balanced(store, seen):
+    def kill_planner_once_balanced(store, seen):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # the balancer's plan in force: what must survive the crash
             plans = ray.get(store.plans.remote(), timeout=5)
@@ -183,25 +187,25 @@ def test_scheduler_killed_mid_run(reference, fast_config):
             time.sleep(0.2)
         seen["in_force"] = max(plans, key=lambda p: p["plan_version"])
         seen["killed_after_step"] = ray.get(store.progress.remote(), timeout=5)["global_step"]
-        ray.kill(get_actor("scheduler-kill", SCHEDULER_ROLE), no_restart=False)  # a crash: Ray restarts it
+        ray.kill(get_actor("planner-balanced-kill", PLANNER_ROLE), no_restart=False)  # a crash: Ray restarts it
         # ray.kill returns before the actor is gone: a call made at once can still reach the
         # dying one, so ask until the restarted actor answers (or the deadline passes).
         deadline = time.monotonic() + 60
         while True:
-            seen["info"] = ray.get(get_actor("scheduler-kill", SCHEDULER_ROLE).info.remote(), timeout=60)
+            seen["info"] = ray.get(get_actor("planner-balanced-kill", PLANNER_ROLE).info.remote(), timeout=60)
             if seen["info"]["restored_from"] or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
 
-    watcher, seen = in_background("scheduler-kill", 5, kill_scheduler_once_balanced)
-    result = run_in_process(fast_config, "scheduler-kill", policy="optimal", batch_split=[20, 20],
+    watcher, seen = in_background("planner-balanced-kill", 5, kill_planner_once_balanced)
+    result = run_in_process(fast_config, "planner-balanced-kill", policy="optimal", batch_split=[20, 20],
                             emulate_speeds=[1.0, 0.25], rebalance_interval=5)
     watcher.join(timeout=60)
-    assert "info" in seen, "the scheduler was not killed (or did not come back)"
+    assert "info" in seen, "the planner was not killed (or did not come back)"
     assert seen["info"]["restored_from"], seen["info"]
     assert seen["in_force"]["plan_version"] >= 1, "no balanced plan before the kill: nothing was tested"
     attempts = assert_nothing_lost(result.run_dir, reference)
-    assert len(attempts) == 1, "training must not restart because the scheduler died"
+    assert len(attempts) == 1, "training must not restart because the planner died"
 
     steps = pd.read_parquet(os.path.join(result.run_dir, "steps.parquet"))
     plans = pd.read_parquet(os.path.join(result.run_dir, "plans.parquet"))
@@ -212,10 +216,10 @@ def test_scheduler_killed_mid_run(reference, fast_config):
     versions = steps.groupby("global_step")["plan_version"].agg(["min", "max"])
     assert (versions["min"] == versions["max"]).all() and versions["min"].is_monotonic_increasing
     after = versions.loc[versions.index > seen["killed_after_step"], "min"]
-    assert after.index.max() - after.index.min() >= 10, "the kill came too late to see the restarted scheduler"
+    assert after.index.max() - after.index.min() >= 10, "the kill came too late to see the restarted planner"
     assert (after >= seen["in_force"]["plan_version"]).all(), "the plan fell back after the restart"
     # Every plan after the restart is one the balancer decided (a rollback may restore equal
-    # shares, with its own decision row); none is the restarted scheduler's own first plan.
+    # shares, with its own decision row); none is the restarted planner's own first plan.
     decided = {int(d.plan_version): list(d.local_batch_sizes)
                for d in pd.read_parquet(os.path.join(result.run_dir, "decisions.parquet")).itertuples() if d.adopted}
     for version in set(after) - {seen["in_force"]["plan_version"]}:

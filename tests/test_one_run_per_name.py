@@ -35,13 +35,12 @@ def live_run(ray_session, tmp_path):
     run_dir.mkdir(parents=True)
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store(NAME, str(run_dir), node_id)
-    scheduler = actors.start_scheduler(NAME, str(run_dir), node_id, global_batch_size=32, policy="static")
-    balancer = actors.start_balancer(NAME, str(run_dir), node_id, policy="static", policy_config={},
-                                     rebalance_interval=20)
+    planner = actors.start_planner(NAME, str(run_dir), node_id, global_batch_size=32, policy="static",
+                                   rebalance_interval=20)
     ray.get(store.begin_attempt.remote(0, 2), timeout=30)
-    ray.get(scheduler.plan_for.remote(2, 0), timeout=30)
+    ray.get(planner.plan_for.remote(2, 0), timeout=30)
     yield {"run_dir": run_dir, "store": store, "files": sorted(os.listdir(run_dir))}
-    for actor in (balancer, scheduler, store):
+    for actor in (planner, store):
         actors.kill_actor(actor)
 
 
@@ -78,17 +77,19 @@ def test_a_run_never_attaches_to_the_actors_of_another(live_run, tmp_path):
     # Two runs that both passed the check in the same moment: the later actor is refused.
     node_id = ray.get_runtime_context().get_node_id()
     with pytest.raises(UserError, match="already running"):
-        actors.start_scheduler(NAME, str(tmp_path), node_id, global_batch_size=32, policy="static")
+        actors.start_planner(NAME, str(tmp_path), node_id, global_batch_size=32, policy="static",
+                             rebalance_interval=20)
     assert_untouched(live_run)
 
 
 def test_the_name_is_free_again_once_the_run_has_ended(ray_session, tmp_path):
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store("ended", str(tmp_path), node_id)
-    scheduler = actors.start_scheduler("ended", str(tmp_path), node_id, global_batch_size=32, policy="static")
-    ray.get([store.attempts.remote(), scheduler.info.remote()], timeout=30)
+    planner = actors.start_planner("ended", str(tmp_path), node_id, global_batch_size=32, policy="static",
+                                   rebalance_interval=20)
+    ray.get([store.attempts.remote(), planner.info.remote()], timeout=30)
     with pytest.raises(UserError):
         actors.check_name_free("ended", "--experiment-name")
-    for actor in (scheduler, store):
+    for actor in (planner, store):
         actors.kill_actor(actor)
     actors.check_name_free("ended", "--experiment-name")  # a --resume right after: not refused

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from hetero_ray.plan import Plan, equal_split, largest_remainder, proportional_split
+from hetero_ray.planning.plan import Plan, equal_split, largest_remainder
+from hetero_ray.planning.solver import proportional_split, solve_split
 
 
 def test_plan_basics():
@@ -72,8 +73,21 @@ def test_proportional_split_invariants():
 def test_proportional_split_follows_speed():
     assert proportional_split(64, [1.0, 0.5]) == [43, 21]
     assert proportional_split(60, [1, 1, 0.5, 0.25]) == [22, 22, 11, 5]
+    assert proportional_split(10, [0.0, 1.0, 0.0]) == [1, 8, 1]  # no throughput: the minimum
+    assert proportional_split(10, [0.0, 1.0, 0.0], caps=[None, 4, None]) == [3, 4, 3]
+
+
+def test_proportional_split_is_the_solver_at_zero_fixed_cost():
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.randint(1, 10)
+        total = rng.randint(n, 300)
+        weights = [rng.random() * 10 + 0.01 for _ in range(n)]
+        assert proportional_split(total, weights) == solve_split([0.0] * n, [1 / w for w in weights], total)
 
 
 def test_proportional_split_rejects_impossible_bounds():
-    with pytest.raises(ValueError, match="too small"):
+    with pytest.raises(ValueError, match="minimum sizes sum to 4 > global batch 3"):
         proportional_split(3, [1, 1, 1, 1])
+    with pytest.raises(ValueError, match="finite and ≥ 0"):
+        proportional_split(3, [1, -1])

@@ -34,7 +34,7 @@ def test_profile_cluster_measures_the_session_node(ray_session):
     ray = ray_session
 
     @ray.remote(num_cpus=0)
-    class Scheduler:
+    class Planner:
         def __init__(self):
             self.capabilities = None
 
@@ -44,10 +44,10 @@ def test_profile_cluster_measures_the_session_node(ray_session):
         def get(self):
             return self.capabilities
 
-    scheduler = Scheduler.remote()
+    planner = Planner.remote()
     lines: list[str] = []
     started = time.monotonic()
-    nodes = profile_cluster(model="simple_cnn", timeout_s=120, emit=lines.append, scheduler=scheduler,
+    nodes = profile_cluster(model="simple_cnn", timeout_s=120, emit=lines.append, planner=planner,
                             experiment_name="test-profile")
     wall_s = time.monotonic() - started
     print(f"\nprofile_cluster: {wall_s:.1f} s wall; on the node {nodes[0].profile_time_s:.1f} s "
@@ -63,12 +63,12 @@ def test_profile_cluster_measures_the_session_node(ray_session):
     assert [p["batch_size"] for p in cpu.probe] == [8, 16, 32, 64]
     assert node.profile_time_s <= 15.0  # the budget for simple_cnn on this machine
     assert any(line.startswith("[profile] node ") and "TFLOPS" in line for line in lines)
-    # The scheduler got the same capabilities; the profilers are gone.
-    received = ray.get(scheduler.get.remote())
+    # The planner got the same capabilities; the profilers are gone.
+    received = ray.get(planner.get.remote())
     assert [NodeCapability.from_dict(d) for d in received] == nodes
     time.sleep(1.0)
     assert _alive_profilers(ray) == []
-    ray.kill(scheduler)
+    ray.kill(planner)
 
 
 def test_a_node_past_the_timeout_is_reported_failed_not_raised(ray_session):

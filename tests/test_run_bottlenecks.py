@@ -6,7 +6,7 @@ import pandas as pd
 
 from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.profiling.bottlenecks import BALANCED, MEMORY_BOUND, STRAGGLER
-from hetero_ray.profiling.run_bottlenecks import MIN_PLAN_STEPS, judge_run, node_caps_from_profiles
+from hetero_ray.profiling.run_bottlenecks import MIN_PLAN_STEPS, judge_run
 
 
 def steps(plans: list[tuple[int, list[float]]], batch: int = 32, nodes: tuple[str, ...] = ("a", "b")) -> pd.DataFrame:
@@ -26,8 +26,14 @@ def steps(plans: list[tuple[int, list[float]]], batch: int = 32, nodes: tuple[st
     return pd.DataFrame(rows)
 
 
-def verdicts(frame: pd.DataFrame, caps=None) -> list[str]:
-    return [v["verdict"] for v in judge_run(frame, caps)]
+def profiles(**cpu_caps: int) -> list[dict]:
+    """Node dicts as ``nodes.json`` holds them: one CPU device per node, with its cap."""
+    return [{"node_id": node_id, "status": "ok", "devices": [{"kind": "cpu", "index": 0, "max_batch_size": cap}]}
+            for node_id, cap in cpu_caps.items()]
+
+
+def verdicts(frame: pd.DataFrame, nodes=None) -> list[str]:
+    return [v["verdict"] for v in judge_run(frame, nodes)]
 
 
 def test_the_last_plan_alone_is_judged_once_it_ran_long_enough():
@@ -49,21 +55,20 @@ def test_a_recent_window_gives_the_verdicts_of_the_whole_run():
 def test_ranks_sharing_a_node_share_its_cap():
     frame = steps([(30, [0.001, 0.001])], batch=32, nodes=("a", "a"))
     assert verdicts(frame) == [BALANCED, BALANCED]
-    assert verdicts(frame, {"a": 64}) == [MEMORY_BOUND, MEMORY_BOUND]  # 32 of a cap of 64 // 2
-    assert verdicts(frame, {"a": 128}) == [BALANCED, BALANCED]
-    assert judge_run(frame, {"a": 64})[0]["evidence"]["memory_cap"] == 32
+    assert verdicts(frame, profiles(a=64)) == [MEMORY_BOUND, MEMORY_BOUND]  # 32 of a cap of 64 // 2
+    assert verdicts(frame, profiles(a=128)) == [BALANCED, BALANCED]
+    assert judge_run(frame, profiles(a=64))[0]["evidence"]["memory_cap"] == 32
 
 
-def test_node_caps_come_from_the_profiled_cpu_device():
-    nodes = [
-        {"node_id": "a", "status": "ok", "devices": [{"kind": "gpu", "index": 0, "max_batch_size": 512},
-                                                    {"kind": "cpu", "index": 0, "max_batch_size": 96}]},
-        {"node_id": "b", "status": "failed", "devices": [{"kind": "cpu", "max_batch_size": 64}]},
-        {"node_id": "c", "status": "ok", "devices": [{"kind": "cpu", "max_batch_size": None}]},
-        "not a node",
-    ]
-    assert node_caps_from_profiles(nodes) == {"a": 96}
-    assert node_caps_from_profiles(None) == {}
+def test_the_caps_are_the_planners():
+    """The verdicts use the caps the planner gives the ranks (planning.capacity): a GPU rank
+    has its own device's cap, not a share of the node's RAM."""
+    frame = steps([(30, [0.001, 0.001])], batch=32, nodes=("g", "g"))
+    gpus = [{"node_id": "g", "status": "ok", "devices": [
+        {"kind": "cpu", "index": 0, "max_batch_size": 40},
+        *({"kind": "gpu", "index": i, "max_batch_size": 34, "alpha_s": 0.001, "beta_s_per_sample": 1e-4}
+          for i in range(2))]}]
+    assert [v["evidence"]["memory_cap"] for v in judge_run(frame, gpus)] == [34, 34]
 
 
 def test_no_steps_no_verdicts():

@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from hetero_ray.plan import Plan, proportional_split
+from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.solver import proportional_split
 from hetero_ray.sampler import GlobalSampler, Position
 
 

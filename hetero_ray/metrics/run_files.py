@@ -4,8 +4,8 @@ Layout of ``<output-dir>/<experiment-name>/``::
 
     config.json          the resolved configuration
     attempts.json        one entry per worker-group start: attempt id, resume step, workers
-    scheduler_state.json the scheduler's plan, version counter, caps and node profiles
-    balancer_attempt.json the worker group the balancer serves: its memory caps and end step
+    planner_state.json   the planner's plan, version counter, caps, node profiles, scripted
+                         changes to come, and the worker group it serves with the run's end
     steps.parquet        one row per step and rank            } merged from parts/ at the end;
     plans.parquet        plan history                         } while running, readers merge
     epochs.parquet       one row per epoch                    } parts/<table>/*.parquet
@@ -39,10 +39,9 @@ ATTEMPTS_FILE = "attempts.json"
 SUMMARY_FILE = "summary.json"
 NODES_FILE = "nodes.json"
 MODEL_FILE = "model_final.pt"
-# The run's actors keep what they cannot learn again after a restart here (see
-# hetero_ray/scheduler.py and hetero_ray/runtime/balancer_actor.py).
-SCHEDULER_STATE_FILE = "scheduler_state.json"
-BALANCER_ATTEMPT_FILE = "balancer_attempt.json"
+# The planner actor keeps what it cannot learn again after a restart here (see
+# hetero_ray/runtime/planner_actor.py).
+PLANNER_STATE_FILE = "planner_state.json"
 PARTS_DIR = "parts"
 
 

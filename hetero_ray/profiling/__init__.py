@@ -2,8 +2,8 @@
 
 - :mod:`~hetero_ray.profiling.node_profiler`: one profiler actor per node → :class:`NodeCapability`
   (:func:`profile_cluster`), behind ``hetero-ray profile`` and the first plan of ``hetero-ray train``;
-- :mod:`~hetero_ray.profiling.capability`: the capability records, ``nodes.json``, and the
-  pure functions the scheduler turns them into a first plan with;
+- :mod:`~hetero_ray.profiling.capability`: the capability records and ``nodes.json`` (what the
+  planner makes of them: :mod:`hetero_ray.planning.capacity`);
 - :mod:`~hetero_ray.profiling.inventory`, :mod:`~hetero_ray.profiling.microbench`,
   :mod:`~hetero_ray.profiling.model_probe`: what a profiler runs on its node;
 - :mod:`~hetero_ray.profiling.gpu`: the GPU interface (NVML, or none; tests bring a fake);
@@ -13,11 +13,10 @@ Importing this package imports neither torch nor Ray.
 """
 
 from hetero_ray.profiling.capability import (
-    DeviceCapability, NodeCapability, RankCapacity, capabilities_document, first_plan_weights,
-    nodes_from_document, rank_capacities, read_nodes_json, write_nodes_json,
+    DeviceCapability, NodeCapability, capabilities_document, nodes_from_document, read_nodes_json, write_nodes_json,
 )
 
 __all__ = [
-    "DeviceCapability", "NodeCapability", "RankCapacity", "capabilities_document", "first_plan_weights",
-    "nodes_from_document", "rank_capacities", "read_nodes_json", "write_nodes_json",
+    "DeviceCapability", "NodeCapability", "capabilities_document", "nodes_from_document", "read_nodes_json",
+    "write_nodes_json",
 ]

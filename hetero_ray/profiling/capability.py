@@ -1,4 +1,4 @@
-"""What profiling found on each node, and what the scheduler makes of it.
+"""What profiling found on each node.
 
 :class:`NodeCapability` (one per node, holding :class:`DeviceCapability` per device) is
 what a node profiler reports and what ``nodes.json`` and ``hetero-ray profile --json``
@@ -17,12 +17,8 @@ hold. The document shape is::
                              "max_batch_size_method", "probe": [{"batch_size", "busy_time_s"}]}]}]}
 
 Every figure is measured on that node (or read from NVML); a figure that was not measured
-is null. :func:`rank_capacities` and :func:`first_plan_weights` are the pure functions the
-scheduler calls to turn capabilities into a first plan.
-
-Per rank, busy time is modelled as in :mod:`hetero_ray.balancing.cost_model`:
-
-    t_i(b) = α_i + β_i·b        (the node's probe of its device, fitted by fit_linear)
+is null. What the planner makes of them (each rank's busy-time line ``t_i(b) = α_i + β_i·b``
+and memory cap) is in :mod:`hetero_ray.planning.capacity`, which reads these documents.
 
 Emulated speeds (``--emulate-speeds``) are not applied here: a node profile cannot tell
 the ranks of one machine apart, so under emulation the ranks measure themselves before
@@ -35,7 +31,6 @@ import dataclasses
 import json
 import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -186,106 +181,6 @@ def write_nodes_json(path: str, nodes: Sequence[NodeCapability], model: Optional
 def read_nodes_json(path: str) -> list[NodeCapability]:
     with open(path) as f:
         return nodes_from_document(json.load(f))
-
-
-@dataclass(frozen=True)
-class RankCapacity:
-    """One rank's expected busy time ``t(b) = alpha_s + beta_s_per_sample·b`` and memory cap."""
-
-    alpha_s: float
-    beta_s_per_sample: float
-    max_batch_size: Optional[int] = None  # None: no measured cap
-
-    def busy_time_s(self, batch_size: float) -> float:
-        return self.alpha_s + self.beta_s_per_sample * batch_size
-
-    def samples_per_s_at(self, batch_size: float) -> float:
-        """Throughput at ``batch_size``: ``b / (α + β·b)``."""
-        return batch_size / self.busy_time_s(batch_size)
-
-
-def rank_capacities(
-    nodes: Sequence[NodeCapability],
-    rank_node_ids: Sequence[str],
-    rank_device_kinds: Optional[Sequence[str]] = None,
-) -> list[Optional[RankCapacity]]:
-    """Each rank's capacity from the probe of the device it will train on.
-
-    Args:
-        nodes: the profiled nodes.
-        rank_node_ids: the node of each rank (rank order).
-        rank_device_kinds: "gpu" or "cpu" per rank; None means "gpu" on nodes that have a
-            probed GPU, else "cpu". The k-th GPU rank of a node (in rank order) gets the
-            node's k-th GPU (NVML index order).
-
-    Returns:
-        A :class:`RankCapacity` per rank, or None where its node is unknown, failed, or has
-        no model probe for that device: the caller falls back (e.g. equal shares).
-        CPU ranks sharing a node share its RAM, so each gets ``max_batch_size // k`` of the
-        node's RAM-bound cap for ``k`` CPU ranks there (GPU ranks each have their own memory).
-    """
-    if rank_device_kinds is not None and len(rank_device_kinds) != len(rank_node_ids):
-        raise ValueError(f"{len(rank_device_kinds)} device kinds for {len(rank_node_ids)} ranks")
-    by_id = {node.node_id: node for node in nodes}
-    kinds: list[str] = []
-    for rank, node_id in enumerate(rank_node_ids):
-        if rank_device_kinds is not None:
-            kind = rank_device_kinds[rank]
-            if kind not in (CPU, GPU):
-                raise ValueError(f"rank {rank}: device kind must be 'cpu' or 'gpu', got {kind!r}")
-        else:
-            node = by_id.get(node_id)
-            has_gpu = node is not None and any(d.kind == GPU and d.has_probe for d in node.devices)
-            kind = GPU if has_gpu else CPU
-        kinds.append(kind)
-    cpu_ranks_per_node: dict[str, int] = {}
-    for node_id, kind in zip(rank_node_ids, kinds):
-        if kind == CPU:
-            cpu_ranks_per_node[node_id] = cpu_ranks_per_node.get(node_id, 0) + 1
-
-    gpus_taken: dict[str, int] = {}
-    out: list[Optional[RankCapacity]] = []
-    for rank, (node_id, kind) in enumerate(zip(rank_node_ids, kinds)):
-        node = by_id.get(node_id)
-        position = 0
-        if kind == GPU:
-            position = gpus_taken.get(node_id, 0)
-            gpus_taken[node_id] = position + 1
-        device = node.device(kind, position) if node is not None and node.ok else None
-        if device is None or not device.has_probe:
-            out.append(None)
-            continue
-        cap = device.max_batch_size
-        if cap is not None and kind == CPU:
-            cap = cap // cpu_ranks_per_node[node_id]
-        out.append(RankCapacity(device.alpha_s, device.beta_s_per_sample, cap))
-    return out
-
-
-def first_plan_weights(
-    capacities: Sequence[Optional[RankCapacity]], mean_local_batch_size: float,
-) -> tuple[list[float], list[Optional[int]]]:
-    """Weights and caps for the first plan (the interim rule until the split solver uses α, β).
-
-    ``weight_i = b̄ / t_i(b̄)`` — each rank's measured throughput at the mean local batch
-    ``b̄ = B/n`` — and ``cap_i`` = its measured largest batch. A rank without a capacity
-    (None) is assumed typical: it gets the median weight of the others and no cap.
-
-    Returns:
-        ``(weights, caps)`` for :func:`hetero_ray.plan.proportional_split`.
-
-    Raises:
-        ValueError: no rank has a capacity, or ``mean_local_batch_size`` ≤ 0.
-    """
-    if not mean_local_batch_size > 0:
-        raise ValueError(f"mean_local_batch_size must be > 0, got {mean_local_batch_size}")
-    known = [c.samples_per_s_at(mean_local_batch_size) for c in capacities if c is not None]
-    if not known:
-        raise ValueError("no rank has a measured capacity; fall back to equal shares")
-    typical = statistics.median(known)
-    weights = [typical if c is None else c.samples_per_s_at(mean_local_batch_size) for c in capacities]
-    caps = [None if c is None else c.max_batch_size for c in capacities]
-    return weights, caps
 
 
 def _finite(value) -> bool:

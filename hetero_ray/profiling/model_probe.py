@@ -11,7 +11,7 @@ size alike instead of bending the line. The line
 
     t(b) = α + β·b
 
-is fitted by :func:`hetero_ray.balancing.cost_model.fit_linear` (medians per size, outlier
+is fitted by :func:`hetero_ray.planning.cost_model.fit_linear` (medians per size, outlier
 rejection, weighted least squares), the same fit the balancer uses on step records.
 
 Largest batch:
@@ -40,7 +40,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from hetero_ray.balancing.cost_model import LinearFit, fit_linear
+from hetero_ray.planning.cost_model import LinearFit, fit_linear
 from hetero_ray.profile_defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
 from hetero_ray.profiling.microbench import torch_threads
 from hetero_ray.training.data import map_tensors

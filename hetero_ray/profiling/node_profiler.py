@@ -215,7 +215,7 @@ def profile_cluster(
     cpus_per_worker: float = 1.0,
     timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S,
     emit: Callable[[str], None] = print,
-    scheduler=None,
+    planner=None,
     *,
     dataset: Optional[str] = None,
     ram_fraction: float = DEFAULT_RAM_FRACTION,
@@ -234,7 +234,7 @@ def profile_cluster(
         cpus_per_worker: CPUs each profiler takes (and threads it uses): one worker's share.
         timeout_s: for the whole cluster; nodes not done by then are reported as failed.
         emit: where progress lines go.
-        scheduler: if given, ``scheduler.set_capabilities.remote([...dicts])`` is called
+        planner: if given, ``planner.set_capabilities.remote([...dicts])`` is called
             (and awaited) with the result.
         experiment_name: names the actors ``<experiment>/profiler/<node id[:8]>``
             (``profiler/<node id[:8]>`` without) in the ``hetero_ray`` namespace.
@@ -334,8 +334,8 @@ def profile_cluster(
             except Exception:  # noqa: BLE001 - already gone
                 pass
     ordered = [results[f["node_id"]] for f in facts if f["node_id"] in results]
-    if scheduler is not None:
-        ray.get(scheduler.set_capabilities.remote([c.to_dict() for c in ordered]), timeout=60)
+    if planner is not None:
+        ray.get(planner.set_capabilities.remote([c.to_dict() for c in ordered]), timeout=60)
     return ordered
 
 

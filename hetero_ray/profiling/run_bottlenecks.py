@@ -6,8 +6,10 @@ The run summary (driver), the metrics store's live query and the app all call
 1. the window is the latest attempt's last ``thresholds.window_steps`` global steps;
 2. if the plan in force at the last step ran at least :data:`MIN_PLAN_STEPS` of them, only
    its steps are judged (a verdict is about that plan, not a mix with the one before);
-3. each rank's memory cap, when the nodes were profiled, is its node's cap divided among
-   the ranks on that node at the last step: ``cap_i = cap(node_i) // ranks(node_i)``.
+3. each rank's memory cap, when the nodes were profiled, is the planner's: the one rule of
+   :func:`hetero_ray.planning.capacity.rank_memory_caps` (the CPU ranks of a node share its
+   RAM, ``cap_i = cap(node_i) // cpu_ranks(node_i)``; a GPU rank has its own device's), over
+   the ranks of the last step.
 
 Callers pass whatever step rows they hold (a whole run, or a recent window of at least
 ``window_steps`` global steps): the verdicts are the same. Pure, like the classifier.
@@ -15,24 +17,24 @@ Callers pass whatever step rows they hold (a whole run, or a recent window of at
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 
+from hetero_ray.planning.capacity import rank_memory_caps
 from hetero_ray.profiling.bottlenecks import BottleneckThresholds, classify, latest_window
 
 MIN_PLAN_STEPS = 10  # fewer steps under the last plan: too few to judge it alone; judge the window
 
 
-def judge_run(steps: pd.DataFrame, node_caps: Optional[dict[str, int]] = None,
+def judge_run(steps: pd.DataFrame, nodes: Optional[Sequence[dict]] = None,
               thresholds: BottleneckThresholds = BottleneckThresholds()) -> list[dict[str, Any]]:
     """Per-rank verdicts (as :meth:`Verdict.to_dict`) over the run's last steps.
 
     Args:
         steps: step rows (columns of :data:`hetero_ray.metrics.records.STEPS`), at least
             the last ``thresholds.window_steps`` global steps of the run.
-        node_caps: node id → largest local batch that fits on the node (profiled), if known;
-            see :func:`node_caps_from_profiles`.
+        nodes: the run's node profiles (the node dicts of ``nodes.json``), if known.
 
     Returns:
         Verdicts ordered by rank; empty when there are no step rows.
@@ -44,31 +46,14 @@ def judge_run(steps: pd.DataFrame, node_caps: Optional[dict[str, int]] = None,
     under_last = window[window["plan_version"] == last_version]
     if under_last["global_step"].nunique() >= MIN_PLAN_STEPS:
         window = under_last
-    return [v.to_dict() for v in classify(window, _rank_caps(window, node_caps), thresholds)]
+    return [v.to_dict() for v in classify(window, _rank_caps(window, nodes), thresholds)]
 
 
-def node_caps_from_profiles(nodes: Optional[list[dict]]) -> dict[str, int]:
-    """Node id → the profiled CPU device's largest batch, from ``nodes.json``'s node dicts.
-
-    Nodes that failed profiling, or have no cap, are left out (no cap is known for them).
-    """
-    caps = {}
-    for node in nodes or ():
-        if not isinstance(node, dict) or node.get("status", "ok") != "ok":
-            continue
-        cpus = sorted((d for d in node.get("devices") or () if isinstance(d, dict) and d.get("kind") == "cpu"),
-                      key=lambda d: d.get("index") or 0)
-        cap = cpus[0].get("max_batch_size") if cpus else None
-        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
-            caps[str(node.get("node_id"))] = cap
-    return caps
-
-
-def _rank_caps(window: pd.DataFrame, node_caps: Optional[dict[str, int]]) -> Optional[dict[int, int]]:
-    """``cap_i = cap(node_i) // ranks(node_i)``: ranks sharing a node share its memory."""
-    if not node_caps:
+def _rank_caps(window: pd.DataFrame, nodes: Optional[Sequence[dict]]) -> Optional[dict[int, int]]:
+    """Each rank's memory cap at the window's last step (ranks without one left out)."""
+    if not nodes:
         return None
-    last = window[window["global_step"] == window["global_step"].max()]
-    per_node = last.groupby("node_id")["rank"].nunique()
-    return {int(r.rank): node_caps[r.node_id] // int(per_node[r.node_id])
-            for r in last.itertuples() if node_caps.get(r.node_id)}
+    last = window[window["global_step"] == window["global_step"].max()].sort_values("rank")
+    ranks = [int(r) for r in last["rank"]]
+    caps = rank_memory_caps(nodes, [str(n) for n in last["node_id"]])
+    return {rank: cap for rank, cap in zip(ranks, caps) if cap}

@@ -2,8 +2,7 @@
 
 For a run whose summary holds none (a running or unfinished run), the verdicts come from
 the one rule the driver and the metrics store use too:
-:func:`hetero_ray.profiling.run_bottlenecks.judge_run`, with the node caps of the run's
-profiles; this module adds why there are none, and the table the verdicts are shown as.
+:func:`hetero_ray.profiling.run_bottlenecks.judge_run`, with the run's node profiles; this module adds why there are none, and the table the verdicts are shown as.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
-from hetero_ray.profiling.run_bottlenecks import judge_run, node_caps_from_profiles
+from hetero_ray.profiling.run_bottlenecks import judge_run
 
 COLUMNS = ("rank", "node_id", "verdict", "evidence", "recommendation")  # of verdict_frame
 
@@ -23,7 +22,7 @@ def classify_recent(steps: pd.DataFrame, nodes: list[dict]) -> tuple[list[dict],
     if steps.empty:
         return [], "no steps recorded yet"
     try:
-        verdicts = judge_run(steps, node_caps_from_profiles(nodes))
+        verdicts = judge_run(steps, nodes)
     except Exception as e:  # noqa: BLE001 - shown on the page; the app keeps working
         return [], f"the bottleneck classifier failed on this run: {type(e).__name__}: {e}"
     return verdicts, None if verdicts else "the classifier found no bottleneck in the last steps"

@@ -20,16 +20,15 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hetero_ray.constants import (
-    BALANCER_ROLE, DEFAULT_PARQUET_FLUSH_INTERVAL_S, DEFAULT_STORE_MAX_RECENT_STEPS, METRICS_STORE_ROLE,
-    PARQUET_FLUSH_INTERVAL_S_ENV_VAR, RAY_NAMESPACE, SCHEDULER_ROLE,
-    STORE_MAX_RECENT_STEPS_ENV_VAR, actor_name, env_float,
+    DEFAULT_PARQUET_FLUSH_INTERVAL_S, DEFAULT_STORE_MAX_RECENT_STEPS, METRICS_STORE_ROLE,
+    PARQUET_FLUSH_INTERVAL_S_ENV_VAR, PLANNER_ROLE, RAY_NAMESPACE, STORE_MAX_RECENT_STEPS_ENV_VAR, actor_name,
+    env_float,
 )
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.store import MetricsStore
-from hetero_ray.runtime.balancer_actor import BalancerActor
-from hetero_ray.scheduler import Scheduler
+from hetero_ray.runtime.planner_actor import PlannerActor
 
-EXPERIMENT_ROLES = (METRICS_STORE_ROLE, SCHEDULER_ROLE, BALANCER_ROLE)  # what every run starts
+EXPERIMENT_ROLES = (METRICS_STORE_ROLE, PLANNER_ROLE)  # what every run starts
 _KILL_WAIT_S = 30.0  # a killed actor is gone in well under a second; this only bounds a hung GCS
 
 
@@ -99,17 +98,13 @@ def start_metrics_store(experiment_name: str, run_dir: str, node_id: str):
     )
 
 
-def start_scheduler(experiment_name: str, run_dir: str, node_id: str, **kwargs: Any):
-    """``run_dir`` keeps its state, so that a restart continues the plan in force."""
-    return start_actor(Scheduler, experiment_name, SCHEDULER_ROLE, node_id=node_id, run_dir=run_dir, **kwargs)
-
-
-def start_balancer(experiment_name: str, run_dir: str, node_id: str, **kwargs: Any):
-    """Needs the store and the scheduler running: the balancer is handed their handles."""
+def start_planner(experiment_name: str, run_dir: str, node_id: str, **planner_kwargs: Any):
+    """The run's one planning authority (arguments of :class:`hetero_ray.planning.planner.Planner`).
+    Needs the store running: the planner is handed its handle; ``run_dir`` keeps its state,
+    so that a restart continues the plan in force."""
     store = get_actor(experiment_name, METRICS_STORE_ROLE)
-    scheduler = get_actor(experiment_name, SCHEDULER_ROLE)
-    return start_actor(BalancerActor, experiment_name, BALANCER_ROLE, store, scheduler, run_dir,
-                       node_id=node_id, **kwargs)
+    return start_actor(PlannerActor, experiment_name, PLANNER_ROLE, store, run_dir, node_id=node_id,
+                       **planner_kwargs)
 
 
 def kill_actor(handle) -> None:

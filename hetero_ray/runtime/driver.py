@@ -2,7 +2,7 @@
 
 Order matters for "bad input leaves nothing behind": every check (values, files, the
 cluster's capacity, the checkpoint a --resume continues from) runs before the run
-directory is created. After that, the metrics store and the scheduler start as named
+directory is created. After that, the metrics store and the planner start as named
 actors, Ray Train runs the workers, and the store's files are merged and summarised even
 when training fails.
 
@@ -83,19 +83,15 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
 
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
-    scheduler = actors.start_scheduler(
+    planner = actors.start_planner(
         config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
-        batch_split=config.batch_split, plan_changes=config.plan_changes,
-        policy_config=config.plan.policy_config(),
-    )
-    balancer = actors.start_balancer(
-        config.experiment_name, run_dir, node_id, policy=config.policy,
-        policy_config=config.plan.policy_config(), rebalance_interval=config.rebalance_interval,
+        rebalance_interval=config.rebalance_interval, batch_split=config.batch_split,
+        plan_changes=config.plan_changes, policy_config=config.plan.policy_config(),
     )
     total_steps = _total_steps(config)
     profiling = None
     if config.profile:
-        profiling = NodeProfiling(run_dir, store, scheduler, config.experiment_name, config.model,
+        profiling = NodeProfiling(run_dir, store, planner, config.experiment_name, config.model,
                                   config.probe_batch_sizes(), cpus_per_worker=config.cpus_per_worker,
                                   timeout_s=config.profile_timeout_s, dataset=config.dataset, emit=emit)
         profiling.start(uses_gpus=device_mode != "cpu")
@@ -117,11 +113,11 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
     finally:
         signals.finishing()
         wall_time_s = time.time() - started
-        caps = profiling.caps(wait=stopped_by is None) if profiling else None
-        summary, failure = finish_run(run_dir, store, balancer, result, wall_time_s, error, _summary_base(config),
-                                      caps, emit, write_final_model=True,
+        nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
+        summary, failure = finish_run(run_dir, store, planner, result, wall_time_s, error, _summary_base(config),
+                                      nodes, emit, write_final_model=True,
                                       interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-        for actor in (balancer, scheduler, store):
+        for actor in (planner, store):
             actors.kill_actor(actor)
         signals.restore()
     if failure is not None:
@@ -235,8 +231,8 @@ def _summary_base(config: TrainConfig) -> dict[str, Any]:
     }
 
 
-def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error: Optional[BaseException],
-               summary_base: dict[str, Any], node_caps: Optional[dict] = None,
+def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: Optional[BaseException],
+               summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
                emit: Callable[[str], None] = print, *,
                write_final_model: bool = False,
                interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
@@ -252,9 +248,9 @@ def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error:
     training itself finished: its last rows are missing.
     """
     try:
-        ray.get(balancer.close.remote(), timeout=30)
+        ray.get(planner.close.remote(), timeout=30)
     except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
-        print(f"[hetero_ray] warning: balancer could not flush its last decision ({e})")
+        print(f"[hetero_ray] warning: planner could not flush its last decision ({e})")
     try:
         store_failure = ray.get(store.failure.remote(), timeout=30)
         if store_failure and error is None:
@@ -286,7 +282,7 @@ def finish_run(run_dir: str, store, balancer, result, wall_time_s: float, error:
     if error is not None:
         failure = failure_for_user(error, run_dir, summary["global_steps"])
         summary["error"] = str(failure)
-    summary["bottlenecks"] = _bottlenecks(steps, node_caps)
+    summary["bottlenecks"] = _bottlenecks(steps, nodes)
     path = os.path.join(run_dir, run_files.SUMMARY_FILE)
     try:
         run_files.write_json(path, summary)
@@ -313,15 +309,13 @@ def _remove_unregistered_checkpoints(run_dir: str) -> None:
         shutil.rmtree(os.path.join(train_dir, name), ignore_errors=True)
 
 
-def _bottlenecks(steps, node_caps: Optional[dict]) -> list[dict]:
-    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`.
-
-    ``node_caps``: each node's largest batch (profiled); ranks sharing a node share it.
-    """
+def _bottlenecks(steps, nodes: Optional[list[dict]]) -> list[dict]:
+    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`,
+    with the memory caps the planner gives the ranks of ``nodes`` (the profiles, if any)."""
     from hetero_ray.profiling.run_bottlenecks import judge_run
 
     try:
-        return judge_run(steps, node_caps)
+        return judge_run(steps, nodes)
     except Exception as e:  # noqa: BLE001 - a summary without verdicts beats no summary
         return [{"error": f"bottleneck analysis failed: {e}"}]
 

@@ -6,7 +6,7 @@ device) takes seconds: a profiler process per node, micro-benchmarks, the model 
 batch sizes. Run before the workers start, those seconds come before the first step.
 
 On a single machine without GPUs the profilers run while the worker group starts
-(reserving no logical CPUs, so that none keeps a worker from its slot), and the scheduler
+(reserving no logical CPUs, so that none keeps a worker from its slot), and the planner
 holds the group's first plan until the profiles are in: rank 0's first plan request
 waits for them, saying so, no longer than the profiling's own timeout. There, the
 profile's line cannot tell the ranks apart anyway (they share the node's), so measuring
@@ -37,15 +37,15 @@ JOIN_SLACK_S = 30.0
 
 class NodeProfiling:
     """One run's node profiling: :meth:`start` (now, or beside the workers' start: the
-    module docstring says which), then :meth:`caps` for the summary's verdicts."""
+    module docstring says which), then :meth:`nodes` for the summary's verdicts."""
 
-    def __init__(self, run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
+    def __init__(self, run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
                  emit: Callable[[str], None] = print):
-        self._args = (run_dir, store, scheduler, experiment_name, model, batch_sizes)
+        self._args = (run_dir, store, planner, experiment_name, model, batch_sizes)
         self._kwargs = dict(cpus_per_worker=cpus_per_worker, timeout_s=timeout_s, dataset=dataset, emit=emit)
-        self._scheduler, self._emit, self.timeout_s = scheduler, emit, timeout_s
-        self._caps: Optional[dict] = None
+        self._planner, self._emit, self.timeout_s = planner, emit, timeout_s
+        self._nodes: Optional[list[dict]] = None
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -61,48 +61,48 @@ class NodeProfiling:
         if not uses_gpus and len(alive_nodes()) == 1:
             self._start_beside_workers()
         else:
-            self._caps = profile_nodes(*self._args, **self._kwargs)  # the scheduler has them on return
+            self._nodes = profile_nodes(*self._args, **self._kwargs)  # the planner has them on return
 
     def _start_beside_workers(self) -> None:
-        """Profiles in a thread; the scheduler holds the first plan until the profiles are in."""
-        ray.get(self._scheduler.await_capabilities.remote(), timeout=30)
+        """Profiles in a thread; the planner holds the first plan until the profiles are in."""
+        ray.get(self._planner.await_capabilities.remote(), timeout=30)
         self._thread = threading.Thread(target=self._run_beside, name="hetero_ray-node-profiling", daemon=True)
         self._thread.start()
 
     def _run_beside(self) -> None:
         try:
-            self._caps = profile_nodes(*self._args, reserve_cpus=False, **self._kwargs)
+            self._nodes = profile_nodes(*self._args, reserve_cpus=False, **self._kwargs)
         except Exception as e:  # noqa: BLE001 - training goes on without profiles; it must not wait for them
             self._emit(f"[hetero_ray] warning: node profiling failed ({type(e).__name__}: {e}); the first plan "
                        "does without it")
             try:
-                ray.get(self._scheduler.set_capabilities.remote([]), timeout=30)
-            except Exception:  # noqa: BLE001 - a scheduler that is gone waits for nothing
+                ray.get(self._planner.set_capabilities.remote([]), timeout=30)
+            except Exception:  # noqa: BLE001 - a planner that is gone waits for nothing
                 pass
 
-    def caps(self, wait: bool = True) -> Optional[dict]:
-        """Each profiled node's largest batch (by node id), or None: no profiles, or (with
+    def nodes(self, wait: bool = True) -> Optional[list[dict]]:
+        """The node profiles (node dicts of ``nodes.json``), or None: no profiles, or (with
         ``wait=False``, e.g. after Ctrl-C) not finished yet."""
         if self._thread is not None and self._thread.is_alive() and wait:
             self._emit("[hetero_ray] waiting for the node profiling to finish…")
             self._thread.join(timeout=self.first_plan_wait_s)
-        return self._caps
+        return self._nodes
 
 
-def profile_nodes(run_dir: str, store, scheduler, experiment_name: str, model, batch_sizes: list[int], *,
+def profile_nodes(run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
                   cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
                   emit: Callable[[str], None] = print,
-                  reserve_cpus: bool = True) -> Optional[dict[str, Optional[int]]]:
+                  reserve_cpus: bool = True) -> list[dict]:
     """Profiles every node (hardware and ``model``: a built-in name or a ProfileModel) for
-    the first plan; hands the profiles to the scheduler and the store; writes nodes.json.
+    the first plan; hands the profiles to the planner and the store; writes nodes.json.
 
-    Returns the per-node memory caps for the bottleneck analysis (by node id), or None.
+    Returns the node profiles (the node dicts of ``nodes.json``), for the bottleneck analysis.
     """
     from hetero_ray.profiling.capability import capabilities_document, write_nodes_json
     from hetero_ray.profiling.node_profiler import model_name, profile_cluster
 
     nodes = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
-                            timeout_s=timeout_s, emit=emit, scheduler=scheduler, experiment_name=experiment_name,
+                            timeout_s=timeout_s, emit=emit, planner=planner, experiment_name=experiment_name,
                             reserve_cpus=reserve_cpus)
     name = model_name(model)
     document = capabilities_document(nodes, name, batch_sizes)
@@ -119,4 +119,4 @@ def profile_nodes(run_dir: str, store, scheduler, experiment_name: str, model, b
         errors = sorted({d.error for n in unprobed for d in n.devices if d.error})
         emit(f"[hetero_ray] warning: {name} could not be probed on {len(unprobed)} node(s) "
              f"({'; '.join(errors) or 'no probe result'}); their ranks start with typical shares")
-    return {n.node_id: (n.device("cpu").max_batch_size if n.device("cpu") else None) for n in nodes if n.ok}
+    return document["nodes"]

@@ -19,7 +19,7 @@ import torch
 
 from hetero_ray.config import resume_fixed_fields
 from hetero_ray.errors import UserError
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import Position
 
 STATE_FILE = "state.pt"

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from hetero_ray.plan import Plan, largest_remainder
+from hetero_ray.planning.plan import Plan, largest_remainder
 from hetero_ray.training.models import eval_batch_stats
 
 EVAL_BATCH_SIZE = 256  # memory bound for evaluation only; does not affect results

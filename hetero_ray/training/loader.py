@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from hetero_ray.errors import UserError
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.training import timing
 from hetero_ray.training.data import map_tensors

@@ -2,7 +2,7 @@
 
 At every rebalance point (global steps that are multiples of the interval, and the first
 step of each worker group) all ranks call :func:`agree_on_plan` together. Rank 0 alone
-asks the scheduler for the latest plan (bounded wait: a slow or restarting actor means
+asks the planner for the latest plan (bounded wait: a slow or restarting actor means
 "keep the current plan"), checks it fits this worker group, and broadcasts it over the
 process group; every rank returns the same plan and applies it from this very step.
 Because the broadcast is a collective that all ranks enter at the same global step, no
@@ -20,47 +20,46 @@ import ray
 import torch
 import torch.distributed as dist
 
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 
 logger = logging.getLogger(__name__)
 
-WAIT_POLL_S = 0.2  # asking again while the scheduler awaits node profiles
+WAIT_POLL_S = 0.2  # asking again while the planner awaits node profiles
 WAIT_NOTE_EVERY_S = 5.0
 
 
-def fetch_plan(scheduler, num_workers: int, global_batch_size: int, global_step: int,
+def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: int,
                current: Optional[Plan], timeout_s: float, rank_node_ids=None,
                rank_device_kinds=None, rank_fits=None, *, wait_s: float = 0.0,
-               note: Callable[[str], None] = logger.info) -> tuple[Optional[Plan], Optional[list]]:
-    """Rank 0: the scheduler's plan if it is usable for this group, else ``current``; and
-    the per-rank memory caps the scheduler knows (None when it knows none).
+               note: Callable[[str], None] = logger.info) -> Optional[Plan]:
+    """Rank 0: the planner's plan if it is usable for this group, else ``current``.
 
-    The ranks' nodes and device kinds let the scheduler build a group's first plan from
+    The ranks' nodes and device kinds let the planner build a group's first plan from
     the profiles of the devices the ranks actually run on; ``rank_fits`` (each rank's
     warm-up line under emulated speeds) let it build that plan from the ranks themselves.
-    While the scheduler awaits node profiles for that plan, asks again for up to
+    While the planner awaits node profiles for that plan, asks again for up to
     ``wait_s`` seconds (telling ``note`` what it waits for), then takes a plan without them.
     """
     try:
-        reply = _ask_until_planned(scheduler, (num_workers, global_step, rank_node_ids, rank_device_kinds, rank_fits),
+        reply = _ask_until_planned(planner, (num_workers, global_step, rank_node_ids, rank_device_kinds, rank_fits),
                                    timeout_s, wait_s, note)
         candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
-        logger.warning("scheduler did not answer (%s); keeping plan %s", type(e).__name__, current)
-        return current, None
+        logger.warning("planner did not answer (%s); keeping plan %s", type(e).__name__, current)
+        return current
     if candidate.num_workers != num_workers or candidate.global_batch_size != global_batch_size:
         logger.warning("ignoring plan %s: not for %d workers and batch %d", candidate, num_workers,
                        global_batch_size)
-        return current, None
-    return candidate, reply.get("caps")
+        return current
+    return candidate
 
 
-def _ask_until_planned(scheduler, args: tuple, timeout_s: float, wait_s: float, note) -> dict:
+def _ask_until_planned(planner, args: tuple, timeout_s: float, wait_s: float, note) -> dict:
     started = time.monotonic()
     said = started - WAIT_NOTE_EVERY_S  # the first wait is said at once
     while True:
         waiting = time.monotonic() - started < wait_s
-        reply = ray.get(scheduler.plan_for.remote(*args, wait_for_capabilities=waiting), timeout=timeout_s)
+        reply = ray.get(planner.plan_for.remote(*args, wait_for_capabilities=waiting), timeout=timeout_s)
         if "awaiting" not in reply:
             return reply
         if time.monotonic() - said >= WAIT_NOTE_EVERY_S:

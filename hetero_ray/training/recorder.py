@@ -16,7 +16,7 @@ import ray
 class StepRecorder:
     def __init__(self, store, flush_interval_s: float, extra_sinks: Optional[list] = None):
         self._store = store
-        self._sinks = extra_sinks or []  # e.g. the balancer, fed the same step rows
+        self._sinks = extra_sinks or []  # e.g. the planner, fed the same step rows
         self._flush_interval_s = flush_interval_s
         self._steps: list[dict] = []
         self._sample_ids: list[dict] = []

@@ -3,7 +3,7 @@
 A report is ``ray.train.report`` with three things added:
 
 - hetero_ray's part of every checkpoint: the sampler position (the next step), the plan
-  in force, what the data order depends on, and the balancer's state, in a folder
+  in force, what the data order depends on, and the planner's estimates, in a folder
   ``hetero_ray/`` beside the user's own files. It is written by the lowest rank that
   passes a checkpoint (all ranks agree on it with one all-gather), so a checkpoint from
   rank 0 alone — Ray Train's usual pattern — carries it;
@@ -121,9 +121,9 @@ def _write_state(session: WorkerSession, checkpoint: ray.train.Checkpoint, posit
     with open(os.path.join(folder, STATE_FILE), "w") as f:
         json.dump(state, f)
     try:
-        balancer_state = ray.get(session.balancer.state_dict.remote(), timeout=5)
+        balancer_state = ray.get(session.planner.checkpoint_state.remote(), timeout=5)
     except Exception as e:  # noqa: BLE001 - the checkpoint matters more than this part of it
-        logger.warning("balancer state not saved with this checkpoint (%s)", type(e).__name__)
+        logger.warning("planner estimates not saved with this checkpoint (%s)", type(e).__name__)
         return
     with open(os.path.join(folder, BALANCER_STATE_FILE), "w") as f:
         json.dump(balancer_state, f)

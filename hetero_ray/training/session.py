@@ -8,7 +8,7 @@ one per process, and using the API outside a run says so instead of failing late
 What it owns:
 - the worker's :class:`~hetero_ray.training.identity.WorkerIdentity` (rank, world size,
   device, node, attempt id, every rank's node), fixed for the worker group's life;
-- the handles of the run's actors (metrics store, scheduler, balancer);
+- the handles of the run's actors (metrics store, planner);
 - the step in progress (:class:`~hetero_ray.training.current_step.CurrentStep`), where
   the prepared model's hooks find it;
 - the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
@@ -29,12 +29,11 @@ import ray.train
 import torch
 
 from hetero_ray.constants import (
-    BALANCER_ROLE, DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE,
-    PLAN_FETCH_TIMEOUT_S_ENV_VAR, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, SCHEDULER_ROLE, actor_name,
-    env_float,
+    DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE, PLAN_FETCH_TIMEOUT_S_ENV_VAR,
+    PLANNER_ROLE, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, actor_name, env_float,
 )
 from hetero_ray.errors import UserError
-from hetero_ray.plan import Plan, equal_split
+from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.sampler import Position
 from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
@@ -80,8 +79,7 @@ class WorkerSession:
     settings: WorkerSettings
     identity: WorkerIdentity
     store: Any
-    scheduler: Any
-    balancer: Any
+    planner: Any
     recorder: StepRecorder
     restored: Optional[dict] = None  # hetero_ray's part of the checkpoint this group resumes from
     speeds: Optional[SpeedSchedule] = None
@@ -108,31 +106,31 @@ class WorkerSession:
     # --- the plan protocol -------------------------------------------------------------
 
     def agree_on_plan(self, current: Optional[Plan], position: Position) -> Plan:
-        """Collective: rank 0 fetches the scheduler's plan for ``position``; all ranks get it.
+        """Collective: rank 0 fetches the planner's plan for ``position``; all ranks get it.
 
         ``current`` is the plan in force before ``position`` (None for the group's first).
         """
         identity, batch = self.identity, self.settings.global_batch_size
-        proposal, caps = None, None
+        proposal = None
         restored = self.restored_plan
         if identity.rank == 0:
             fallback = current
             if fallback is None and restored is not None and restored.num_workers == identity.num_workers:
                 fallback = restored
             if current is None and restored is not None:
-                self.scheduler.resume_from.remote(restored.to_dict())
-            proposal, caps = fetch_plan(self.scheduler, identity.num_workers, batch, position.global_step, fallback,
-                                        _plan_fetch_timeout_s(), list(identity.rank_node_ids),
-                                        list(identity.rank_device_kinds), self.rank_fits if current is None else None,
+                self.planner.resume_from.remote(restored.to_dict())
+            proposal = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
+                                  _plan_fetch_timeout_s(), list(identity.rank_node_ids),
+                                  list(identity.rank_device_kinds), self.rank_fits if current is None else None,
                                         wait_s=self.settings.first_plan_wait_s, note=self.log)
-            if proposal is None:  # no scheduler and nothing restored: equal shares keep training going
+            if proposal is None:  # no planner and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(batch, identity.num_workers)),
-                                "fallback: scheduler unreachable")
+                                "fallback: planner unreachable")
         plan = broadcast_plan(proposal, identity.rank, identity.num_workers, identity.collective_device)
         if identity.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
-            self.balancer.begin_attempt.remote(identity.attempt, identity.num_workers, position.global_step, caps,
-                                               end_global_step=self.settings.end_global_step)
+            self.planner.begin_attempt.remote(identity.attempt, identity.num_workers, position.global_step,
+                                              end_global_step=self.settings.end_global_step)
         if identity.rank == 0 and (current is None or plan.version != current.version):
             self.store.add_plan.remote({
                 "plan_version": plan.version, "first_global_step": position.global_step,
@@ -170,11 +168,10 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     local_rank = context.get_local_rank()
     device = _device(settings, local_rank)
     store = _run_actor(settings, METRICS_STORE_ROLE)
-    scheduler = _run_actor(settings, SCHEDULER_ROLE)
-    balancer = _run_actor(settings, BALANCER_ROLE)
+    planner = _run_actor(settings, PLANNER_ROLE)
     # Made before the registration and the warm-up: its first rows go out at the first step.
     recorder = StepRecorder(store, env_float(RECORD_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_RECORD_FLUSH_INTERVAL_S),
-                            extra_sinks=[balancer])
+                            extra_sinks=[planner])
     position = _position_of(restored)
     identity = register_attempt(
         store, rank=context.get_world_rank(), num_workers=context.get_world_size(),
@@ -192,7 +189,7 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     if speeds is not None and settings.warmup_model is not None:
         rank_fits = _warm_up(settings, identity, emulator, speeds.speed(identity.rank, position.global_step))
     session = WorkerSession(
-        settings=settings, identity=identity, store=store, scheduler=scheduler, balancer=balancer,
+        settings=settings, identity=identity, store=store, planner=planner,
         recorder=recorder, restored=restored, speeds=speeds, emulator=emulator, rank_fits=rank_fits,
     )
     _CURRENT = session

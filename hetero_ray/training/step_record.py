@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hetero_ray.plan import Plan
+from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import Position
 from hetero_ray.training.current_step import StepNotes
 from hetero_ray.training.identity import WorkerIdentity

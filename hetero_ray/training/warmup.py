@@ -5,7 +5,7 @@ apart when their speeds are emulated: only the emulator knows them. So when spee
 emulated, every rank times the model's step (the same recipe the node profiler runs) at a
 few batch sizes in a short warm-up, with its emulator padding the step exactly as in
 training, and fits ``t(b) = α + β·b``. All ranks warm up at once, so ranks that share a
-node's cores are measured sharing them. Rank 0 hands the fits to the scheduler with the
+node's cores are measured sharing them. Rank 0 hands the fits to the planner with the
 group's first plan request: the first plan is measured, never read from the flag.
 """
 

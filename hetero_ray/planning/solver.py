@@ -20,6 +20,9 @@ surplus among the units finishing exactly at ``L*``. ``L*`` is found by bisectio
 that is the answer. Ties go to the unit that finishes first, then to the lower rank, so
 the result is deterministic and a faster rank (smaller β, equal α) never gets less.
 The integer optimum is at most ``max_i β_i`` above the continuous one.
+
+Shares proportional to throughput are the special case ``α_i = 0``
+(:func:`proportional_split`).
 """
 
 from __future__ import annotations
@@ -103,6 +106,38 @@ def solve_split(
                 raise RuntimeError("split solver: no rank can take the remaining samples")
             sizes[order] += 1
     return sizes.astype(np.int64).tolist()
+
+
+def proportional_split(
+    global_batch_size: int,
+    weights: Sequence[float],
+    min_size: SizeBound = 1,
+    caps: Optional[Sequence[Optional[int]]] = None,
+) -> list[int]:
+    """Shares proportional to ``weights`` (throughputs, samples/s): :func:`solve_split` at
+    ``α_i = 0``, ``β_i = 1/w_i``, where every rank finishes its share ``b_i`` at the common
+    time ``b_i / w_i``.
+
+    A rank of weight 0 gets more than ``min_size`` only once every other rank is at its
+    cap; when all weights are 0, the shares are equal.
+
+    Raises:
+        ValueError: a weight that is negative or not finite, or bounds that make
+            ``Σ b_i = B`` impossible.
+    """
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if w.size == 0:
+        raise ValueError("no ranks to split over")
+    if not (np.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError(f"weights must be finite and ≥ 0, got {list(weights)}")
+    if not (w > 0).any():
+        w = np.ones(w.size)
+    positive = w > 0
+    betas = np.ones(w.size)
+    betas[positive] = 1.0 / w[positive]
+    # No throughput: its first sample beyond min_size finishes after any other rank's last (≤ B).
+    betas[~positive] = float(np.max(betas[positive])) * (global_batch_size + 1)
+    return solve_split(np.zeros(w.size), betas, global_batch_size, min_size, caps)
 
 
 def continuous_split(

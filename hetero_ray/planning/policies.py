@@ -1,12 +1,15 @@
 """Rebalance policies: from estimates to a decision (keep the plan, or adopt a new one).
 
-A policy never changes anything itself: :meth:`Policy.decide` returns a :class:`Decision`
-and the balancer actor acts on it. Every decision, adopted or not, carries its reason, the
-estimates it was made from, and the predicted step times it compared.
+A policy never changes anything itself: :meth:`Policy.initial_plan` and
+:meth:`Policy.decide` return a plan or a :class:`Decision`, and the planner acts on them. A
+policy is given what it decides from, never the machinery behind it: the profiled
+capacities of the ranks for the first plan, an estimates snapshot for every later one.
+Every decision, adopted or not, carries its reason, the estimates it was made from, and
+the predicted step times it compared.
 
 ============  =====================================================================
 ``static``        equal shares; never changes.
-``proportional``  shares proportional to profiled capability (given weights); fixed.
+``proportional``  shares proportional to profiled throughput; fixed after the first plan.
 ``dynamic``       shares proportional to measured throughput, online. This is the cost
                   model with ``α_i = 0``: ``t_i(b) = b / samples_per_s_i``.
 ``optimal``       minimise the predicted step time ``max_i α_i + β_i·b_i`` with the
@@ -34,16 +37,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence, Union
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
-from hetero_ray.balancing.cost_model import LinearFit
-from hetero_ray.balancing.estimates import ClusterEstimates, Estimates, RankEstimate
-from hetero_ray.balancing.solver import solve_split
 from hetero_ray import validate
 from hetero_ray.errors import ConfigError
-from hetero_ray.plan import Plan, equal_split, proportional_split
+from hetero_ray.planning.capacity import RankCapacity
+from hetero_ray.planning.estimates import Estimates
+from hetero_ray.planning.plan import Plan, equal_split
+from hetero_ray.planning.solver import proportional_split, solve_split
 
 POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
 DEFAULT_POLICY = "optimal"
@@ -126,17 +129,21 @@ class Decision:
         }
 
 
+Capacities = Optional[Sequence[RankCapacity]]
+
+
 class Policy(Protocol):
-    """The interface every policy implements (plain classes; state: last adoption only)."""
+    """The interface every policy implements (plain classes; state: last adoption only).
+
+    ``caps`` (per-rank memory caps, None entries or None: no cap) bound every plan it makes.
+    """
 
     name: str
+    caps: Optional[list[Optional[int]]]
 
-    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan: ...
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan: ...
 
-    def decide(self, current: Plan, estimates: "EstimatesLike", global_step: int) -> Decision: ...
-
-
-EstimatesLike = Union[Estimates, ClusterEstimates, Sequence[RankEstimate], None]
+    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision: ...
 
 
 class _BasePolicy:
@@ -148,9 +155,25 @@ class _BasePolicy:
         self._last_adopted_step: Optional[int] = None
 
     # -- plans
-    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+        """The first plan of ``num_workers`` ranks; ``capacities`` (each rank's profiled line
+        and cap, one per rank) when every rank has one, else None. Here: equal shares."""
         self._check_room(global_batch_size, num_workers)
         return Plan(0, tuple(equal_split(global_batch_size, num_workers)), f"{self.name}: equal shares")
+
+    def _throughputs(self, capacities: Capacities, global_batch_size: int, num_workers: int) -> Optional[list]:
+        """Each rank's profiled throughput at the mean local batch ``b̄ = B/n``,
+        ``b̄ / t_i(b̄)`` (None without capacities)."""
+        if capacities is None:
+            return None
+        self._check_capacities(capacities, num_workers)
+        mean_local_batch_size = global_batch_size / num_workers
+        return [c.samples_per_s_at(mean_local_batch_size) for c in capacities]
+
+    def _check_capacities(self, capacities: Sequence[RankCapacity], num_workers: int) -> None:
+        if len(capacities) != num_workers:
+            raise ConfigError(f"{self.name} policy got {len(capacities)} capacities but there are {num_workers} "
+                              "ranks; give one per rank")
 
     def _check_room(self, global_batch_size: int, num_workers: int) -> None:
         if num_workers < 1 or global_batch_size < num_workers * self.config.min_local_batch_size:
@@ -160,9 +183,9 @@ class _BasePolicy:
             )
 
     # -- decisions
-    def decide(self, current: Plan, estimates: EstimatesLike, global_step: int) -> Decision:
+    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision:
         """Keeps the plan; reports its predicted step time when there are estimates."""
-        est = estimates_of(estimates, global_step)
+        est = estimates
         predicted = math.nan
         if est is not None and len(est) == current.num_workers:
             usable = est.fresh & np.isfinite(est.alpha_s) & np.isfinite(est.beta_s_per_sample)
@@ -190,56 +213,42 @@ class StaticPolicy(_BasePolicy):
 
 
 class ProportionalPolicy(_BasePolicy):
-    """Shares proportional to profiled capability (``weights``, e.g. samples/s); fixed after start."""
+    """Shares proportional to profiled throughput at the mean local batch (equal without
+    profiles), within the caps; fixed after the first plan."""
 
     name = "proportional"
 
-    def __init__(self, weights: Sequence[float], config: Optional[PolicyConfig] = None,
-                 caps: Optional[Sequence[Optional[int]]] = None):
-        super().__init__(config, caps)
-        self.weights = [float(w) for w in weights]
-        if not self.weights or any(not (math.isfinite(w) and w > 0) for w in self.weights):
-            raise ConfigError(f"proportional policy needs one finite weight > 0 per rank, got {list(weights)}")
-
-    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
-        if len(self.weights) != num_workers:
-            raise ConfigError(
-                f"proportional policy has {len(self.weights)} weights but there are {num_workers} ranks; "
-                "give one weight per rank"
-            )
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
         self._check_room(global_batch_size, num_workers)
-        sizes = proportional_split(global_batch_size, self.weights, self.config.min_local_batch_size, self.caps)
+        weights = self._throughputs(capacities, global_batch_size, num_workers) or [1.0] * num_workers
+        sizes = proportional_split(global_batch_size, weights, self.config.min_local_batch_size, self.caps)
         return Plan(0, tuple(sizes), "proportional: shares by profiled capability")
 
 
 class _AdaptivePolicy(_BasePolicy):
     """Proposes the split that minimises the predicted step time under its cost model."""
 
-    def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None,
-                 weights: Optional[Sequence[float]] = None):
-        super().__init__(config, caps)
-        self.weights = None if weights is None else [float(w) for w in weights]
-
-    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
-        """Shares by ``weights`` when given for this many ranks, else equal (within the caps)."""
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+        """Shares by profiled throughput when there are capacities, else equal (within the caps)."""
         self._check_room(global_batch_size, num_workers)
-        if self.weights is not None and len(self.weights) == num_workers:
-            sizes = proportional_split(global_batch_size, self.weights, self.config.min_local_batch_size, self.caps)
+        weights = self._throughputs(capacities, global_batch_size, num_workers)
+        if weights is not None:
+            sizes = proportional_split(global_batch_size, weights, self.config.min_local_batch_size, self.caps)
             return Plan(0, tuple(sizes), f"{self.name}: shares by profiled capability")
-        sizes = solve_split(np.zeros(num_workers), np.ones(num_workers), global_batch_size,
-                            self.config.min_local_batch_size, self.caps)
+        sizes = proportional_split(global_batch_size, [1.0] * num_workers, self.config.min_local_batch_size,
+                                   self.caps)
         return Plan(0, tuple(sizes), f"{self.name}: equal shares until measured")
 
     def _cost_model(self, est: Estimates) -> tuple[np.ndarray, np.ndarray]:
         """Per-rank (α_i, β_i) of this policy's cost model; NaN where unknown."""
         raise NotImplementedError
 
-    def decide(self, current: Plan, estimates: EstimatesLike, global_step: int) -> Decision:
-        """Called by the balancer every rebalance interval; never raises on odd estimates
-        (wrong rank count, none fresh, infeasible around stale ranks): it keeps the plan
-        and says why."""
+    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision:
+        """Called by the balancer every rebalance interval with a snapshot of the estimates;
+        never raises on odd estimates (wrong rank count, none fresh, infeasible around stale
+        ranks): it keeps the plan and says why."""
         cfg = self.config
-        est = estimates_of(estimates, global_step)
+        est = estimates
         n = current.num_workers
         if est is None or len(est) != n:
             got = 0 if est is None else len(est)
@@ -316,27 +325,19 @@ class DynamicPolicy(_AdaptivePolicy):
 
 
 class OptimalPolicy(_AdaptivePolicy):
-    """Minimises the predicted step time with the fitted ``t_i(b) = α_i + β_i·b``.
-
-    Args:
-        profiled: per-rank fits from the profiler's probes; when given, the first plan
-            is already optimal for them.
-    """
+    """Minimises the predicted step time with the fitted ``t_i(b) = α_i + β_i·b``; with
+    profiled capacities, the first plan is already optimal for their lines."""
 
     name = "optimal"
 
-    def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None,
-                 weights: Optional[Sequence[float]] = None, profiled: Optional[Sequence[LinearFit]] = None):
-        super().__init__(config, caps, weights)
-        self.profiled = None if profiled is None else list(profiled)
-
-    def initial_plan(self, global_batch_size: int, num_workers: int) -> Plan:
-        if self.profiled is not None and len(self.profiled) == num_workers:
-            self._check_room(global_batch_size, num_workers)
-            sizes = solve_split([f.alpha_s for f in self.profiled], [f.beta_s_per_sample for f in self.profiled],
-                                global_batch_size, self.config.min_local_batch_size, self.caps)
-            return Plan(0, tuple(sizes), "optimal: split for the profiled cost model")
-        return super().initial_plan(global_batch_size, num_workers)
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+        if capacities is None:
+            return super().initial_plan(global_batch_size, num_workers)
+        self._check_room(global_batch_size, num_workers)
+        self._check_capacities(capacities, num_workers)
+        sizes = solve_split([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
+                            global_batch_size, self.config.min_local_batch_size, self.caps)
+        return Plan(0, tuple(sizes), "optimal: split for the profiled cost model")
 
     def _cost_model(self, est: Estimates):
         return est.alpha_s, est.beta_s_per_sample
@@ -346,36 +347,15 @@ def make_policy(
     name: str = DEFAULT_POLICY,
     config: Optional[PolicyConfig] = None,
     *,
-    weights: Optional[Sequence[float]] = None,
     caps: Optional[Sequence[Optional[int]]] = None,
-    profiled: Optional[Sequence[LinearFit]] = None,
 ) -> Policy:
-    """The policy called ``name`` (one of :data:`POLICY_NAMES`).
-
-    ``weights`` (per-rank capability, e.g. profiled samples/s) are required by
-    ``proportional`` and give the adaptive policies their first plan; ``profiled`` fits
-    give ``optimal`` its first plan; ``caps`` bound every rank's local batch (memory).
-    """
-    if name == "static":
-        return StaticPolicy(config, caps)
-    if name == "proportional":
-        if weights is None:
-            raise ConfigError("policy proportional needs per-rank weights (profiled capability)")
-        return ProportionalPolicy(weights, config, caps)
-    if name == "dynamic":
-        return DynamicPolicy(config, caps, weights)
-    if name == "optimal":
-        return OptimalPolicy(config, caps, weights, profiled)
-    raise ConfigError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
-
-
-def estimates_of(estimates: EstimatesLike, global_step: int) -> Optional[Estimates]:
-    """Accepts an :class:`Estimates`, a :class:`ClusterEstimates` or per-rank rows."""
-    if estimates is None or isinstance(estimates, Estimates):
-        return estimates
-    if isinstance(estimates, ClusterEstimates):
-        return estimates.estimates(global_step)
-    return Estimates.from_rank_estimates(list(estimates), global_step)
+    """The policy called ``name`` (one of :data:`POLICY_NAMES`); ``caps`` bound every rank's
+    local batch (memory)."""
+    policies = {"static": StaticPolicy, "proportional": ProportionalPolicy, "dynamic": DynamicPolicy,
+                "optimal": OptimalPolicy}
+    if name not in policies:
+        raise ConfigError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
+    return policies[name](config, caps)
 
 
 def _contenders(busy_time_s: np.ndarray, rel_se: np.ndarray) -> int:

@@ -21,10 +21,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from hetero_ray.balancing.estimates import ClusterEstimates
-from hetero_ray.balancing.policies import Decision, Policy
-from hetero_ray.balancing.solver import predicted_step_time_s, solve_split
-from hetero_ray.plan import Plan
+from hetero_ray.planning.capacity import RankCapacity
+from hetero_ray.planning.estimates import ClusterEstimates
+from hetero_ray.planning.policies import Decision, Policy
+from hetero_ray.planning.solver import predicted_step_time_s, solve_split
+from hetero_ray.planning.plan import Plan
 
 
 class SimulatedCluster:
@@ -161,25 +162,26 @@ def run_policy(
     global_batch_size: int,
     rebalance_interval: int = 20,
     estimates: Optional[ClusterEstimates] = None,
+    capacities: Optional[Sequence[RankCapacity]] = None,
 ) -> SimulationResult:
     """Trains ``steps`` simulated steps under ``policy``, deciding every ``rebalance_interval``.
 
     The loop mirrors the real one: records of step s reach the estimates after step s; at
     every multiple of the interval the policy decides from them, and an adopted plan
-    applies from that step on.
+    applies from that step on. ``capacities`` (profiled, one per rank) go to the first plan.
     """
     if steps < 1 or rebalance_interval < 1:
         raise ValueError("steps and rebalance_interval must be ≥ 1")
     n = cluster.num_workers
     est = estimates or ClusterEstimates(n)
-    plan = policy.initial_plan(global_batch_size, n)
+    plan = policy.initial_plan(global_batch_size, n, capacities)
     caps = getattr(policy, "caps", None)
     min_size = policy.config.min_local_batch_size if hasattr(policy, "config") else 1
     plans, step_times, model_times, ideal_times, decisions = [], [], [], [], []
     ideal_cache: dict[tuple, float] = {}
     for global_step in range(steps):
         if global_step > 0 and global_step % rebalance_interval == 0:
-            decision = policy.decide(plan, est, global_step)
+            decision = policy.decide(plan, est.estimates(global_step), global_step)
             decisions.append(decision)
             if decision.adopt:
                 plan = decision.plan

@@ -1,7 +1,7 @@
 """The balancer: per-step records in, decisions out, in time for each rebalance point.
 
-Plain class (the actor in :mod:`hetero_ray.runtime.balancer_actor` only forwards what it
-returns). It learns the plan in force from the records themselves (each row carries its
+Plain class, owned by the planner (:mod:`hetero_ray.planning.planner`), which acts on what
+it returns. It learns the plan in force from the records themselves (each row carries its
 ``plan_version`` and ``local_batch_size``), so it never decides on a plan the workers are
 not running.
 
@@ -53,10 +53,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from hetero_ray.balancing.cost_model import kept_mean_s
-from hetero_ray.balancing.estimates import ClusterEstimates
-from hetero_ray.balancing.policies import Decision, Policy
-from hetero_ray.plan import Plan
+from hetero_ray.planning.cost_model import kept_mean_s
+from hetero_ray.planning.estimates import ClusterEstimates
+from hetero_ray.planning.policies import Decision, Policy
+from hetero_ray.planning.plan import Plan
 
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
 _GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches
@@ -84,7 +84,7 @@ class BalancerOutput:
     """What the actor must do after a batch of records."""
 
     decision_rows: list[dict] = field(default_factory=list)  # for the metrics store
-    new_plans: list[Plan] = field(default_factory=list)  # for the scheduler, in order
+    new_plans: list[Plan] = field(default_factory=list)  # for the planner, in order
 
 
 @dataclass
@@ -280,7 +280,7 @@ class Balancer:
             self.policy.caps = [_tighter(m, learned) for m, learned in
                                 zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
         try:
-            return self.policy.decide(current, self.estimates, global_step)
+            return self.policy.decide(current, self.estimates.estimates(global_step), global_step)
         finally:
             self.policy.caps = memory_caps
 

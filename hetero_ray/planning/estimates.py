@@ -32,7 +32,7 @@ Everything but :meth:`ClusterEstimates.add` is vectorised over ranks, so a snaps
 pending list (O(1)); the pending records are folded into the windows, vectorised, at the
 next snapshot (or when the list grows long).
 
-Runs inside the balancer actor; plain Python, no Ray.
+Runs inside the planner actor; plain Python, no Ray.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hetero_ray.balancing.cost_model import (
+from hetero_ray.planning.cost_model import (
     MEDIAN_VAR_FACTOR,
     DEFAULT_MAX_SLOPE_REL_SE,
     NOISE_FLOOR_REL,

@@ -1,19 +1,19 @@
 """The plan: each rank's share of the global batch.
 
-A :class:`Plan` is the unit that every other part agrees on: the scheduler publishes it,
+A :class:`Plan` is the unit that every other part agrees on: the planner publishes it,
 rank 0 broadcasts it, the sampler cuts windows with it, the gradient hook weights by it,
 and the metrics store records it. It is immutable; a change is a new plan with a higher
 ``version``.
 
-The integer splits here keep ``Σ local_batch_sizes == global_batch_size`` exactly and
-respect per-rank lower and upper bounds.
+The integer splits here keep ``Σ local_batch_sizes == global_batch_size`` exactly; the
+splits that follow speeds are the solver's (:mod:`hetero_ray.planning.solver`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -116,65 +116,3 @@ def equal_split(global_batch_size: int, num_workers: int) -> list[int]:
     """Equal shares; the first ``B mod n`` ranks get one sample more."""
     base, extra = divmod(global_batch_size, num_workers)
     return [base + (1 if rank < extra else 0) for rank in range(num_workers)]
-
-
-def proportional_split(
-    global_batch_size: int,
-    weights: Sequence[float],
-    min_size: int = 1,
-    caps: Optional[Sequence[Optional[int]]] = None,
-) -> list[int]:
-    """Integer shares proportional to ``weights`` within ``[min_size, cap_i]``, summing to B.
-
-    Quotas ``q_i = R·w_i / Σ_free w`` are computed over the ranks not yet pinned; ranks whose
-    quota exceeds their cap are pinned at the cap (or, if none does, ranks below
-    ``min_size`` are pinned at it), and the rest ``R`` is re-shared among the others. When
-    nothing is out of bounds, the free ranks get their quotas by largest remainder, which
-    stays within bounds because the bounds are integers.
-
-    Raises:
-        ValueError: if the bounds make the sum impossible (``n·min_size > B`` or
-            ``Σ cap_i < B``), or a weight is negative or not finite.
-    """
-    n = len(weights)
-    if n == 0:
-        raise ValueError("no ranks to split over")
-    caps_list = [global_batch_size if c is None else int(c) for c in (caps or [None] * n)]
-    if any(w < 0 or not math.isfinite(w) for w in weights):
-        raise ValueError(f"weights must be finite and ≥ 0, got {list(weights)}")
-    if n * min_size > global_batch_size:
-        raise ValueError(
-            f"global batch {global_batch_size} is too small for {n} ranks of at least {min_size}"
-        )
-    if any(c < min_size for c in caps_list) or sum(caps_list) < global_batch_size:
-        raise ValueError(
-            f"per-rank caps {caps_list} cannot hold a global batch of {global_batch_size}"
-        )
-    sizes = [0] * n
-    free = list(range(n))
-    remaining = global_batch_size
-    while free:
-        free_weights = [float(weights[i]) for i in free]
-        if sum(free_weights) <= 0:
-            free_weights = [1.0] * len(free)  # no information left: share evenly
-        total_weight = sum(free_weights)
-        quotas = {i: remaining * w / total_weight for i, w in zip(free, free_weights)}
-        pinned = {i: caps_list[i] for i in free if quotas[i] > caps_list[i]}
-        if not pinned:
-            pinned = {i: min_size for i in free if quotas[i] < min_size}
-        if not pinned:
-            for i, size in zip(free, largest_remainder(free_weights, remaining)):
-                sizes[i] = size
-            return sizes
-        for i, size in pinned.items():
-            sizes[i] = size
-            remaining -= size
-        free = [i for i in free if i not in pinned]
-    # Everyone pinned: bounds were tight. Move the difference within bounds, one unit at a time.
-    step = 1 if remaining > 0 else -1
-    while remaining != 0:
-        movable = [i for i in range(n) if (sizes[i] < caps_list[i] if step > 0 else sizes[i] > min_size)]
-        best = max(movable, key=lambda i: step * weights[i] / max(sizes[i], 1))
-        sizes[best] += step
-        remaining -= step
-    return sizes

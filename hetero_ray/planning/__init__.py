@@ -1,0 +1,57 @@
+"""Planning: the plan, and how it is made and changed — estimate each rank's cost, solve for
+the best split, decide whether to switch.
+
+* :mod:`~hetero_ray.planning.plan` — the plan: each rank's share of the global batch;
+* :mod:`~hetero_ray.planning.cost_model` — ``t_i(b) = α_i + β_i·b`` and its robust fit;
+* :mod:`~hetero_ray.planning.estimates` — sliding-window per-rank estimates from step records;
+* :mod:`~hetero_ray.planning.capacity` — each rank's line and memory cap from the node profiles;
+* :mod:`~hetero_ray.planning.solver` — the split minimising ``max_i t_i(b_i)``;
+* :mod:`~hetero_ray.planning.policies` — static / proportional / dynamic / optimal decisions;
+* :mod:`~hetero_ray.planning.balancer` — step records in, decisions at rebalance points out;
+* :mod:`~hetero_ray.planning.planner` — the one planning authority: first plan, versions, caps, end;
+* :mod:`~hetero_ray.planning.simulation` — a simulated cluster to drive policies without Ray.
+
+Pure Python and numpy; the planner actor (:mod:`hetero_ray.runtime.planner_actor`) is a thin
+shell around :class:`~hetero_ray.planning.planner.Planner`.
+"""
+
+from hetero_ray.planning.cost_model import LinearFit, fit_linear
+from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
+from hetero_ray.planning.policies import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    Decision,
+    DynamicPolicy,
+    OptimalPolicy,
+    Policy,
+    PolicyConfig,
+    ProportionalPolicy,
+    StaticPolicy,
+    make_policy,
+)
+from hetero_ray.planning.simulation import SimulatedCluster, SimulationResult, run_policy
+from hetero_ray.planning.solver import continuous_split, predicted_step_time_s, solve_split
+
+__all__ = [
+    "ClusterEstimates",
+    "DEFAULT_POLICY",
+    "Decision",
+    "DynamicPolicy",
+    "Estimates",
+    "LinearFit",
+    "OptimalPolicy",
+    "POLICY_NAMES",
+    "Policy",
+    "PolicyConfig",
+    "ProportionalPolicy",
+    "RankEstimate",
+    "SimulatedCluster",
+    "SimulationResult",
+    "StaticPolicy",
+    "continuous_split",
+    "fit_linear",
+    "make_policy",
+    "predicted_step_time_s",
+    "run_policy",
+    "solve_split",
+]

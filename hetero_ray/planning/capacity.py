@@ -1,0 +1,137 @@
+"""What the planner makes of the node profiles: each rank's busy-time line and memory cap.
+
+The profiles are the node documents of ``nodes.json`` (``NodeCapability.to_dict()``, see
+:mod:`hetero_ray.profiling.capability`), read here as plain dicts so that planning needs
+nothing of profiling. Per rank, busy time is modelled as everywhere in planning:
+
+    t_i(b) = α_i + β_i·b        (the probe of the rank's device, fitted by fit_linear)
+
+The one memory-cap rule (the first plan, the policies and the bottleneck verdicts all use
+it, through :func:`rank_memory_caps`): a GPU rank has its own device's cap; the CPU ranks
+of a node share its RAM, so each gets ``cap // k`` of the node's CPU cap for ``k`` CPU
+ranks there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+CPU = "cpu"
+GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class RankCapacity:
+    """One rank's expected busy time ``t(b) = alpha_s + beta_s_per_sample·b`` and memory cap."""
+
+    alpha_s: float
+    beta_s_per_sample: float
+    max_batch_size: Optional[int] = None  # None: no measured cap
+
+    def busy_time_s(self, batch_size: float) -> float:
+        return self.alpha_s + self.beta_s_per_sample * batch_size
+
+    def samples_per_s_at(self, batch_size: float) -> float:
+        """Throughput at ``batch_size``: ``b / (α + β·b)``."""
+        return batch_size / self.busy_time_s(batch_size)
+
+
+def rank_capacities(
+    nodes: Sequence[Mapping],
+    rank_node_ids: Sequence[str],
+    rank_device_kinds: Optional[Sequence[str]] = None,
+) -> list[Optional[RankCapacity]]:
+    """Each rank's capacity from the probe of the device it trains on.
+
+    Args:
+        nodes: the profiled nodes (node dicts of ``nodes.json``).
+        rank_node_ids: the node of each rank (rank order).
+        rank_device_kinds: "gpu" or "cpu" per rank; None means "gpu" on nodes that have a
+            probed GPU, else "cpu". The k-th GPU rank of a node (in rank order) gets the
+            node's k-th GPU (index order).
+
+    Returns:
+        A :class:`RankCapacity` per rank (its cap by the rule of the module docstring), or
+        None where its node is unknown, failed, or has no model probe for that device: the
+        caller falls back (e.g. equal shares).
+
+    Raises:
+        ValueError: device kinds that are not one per rank, or not "cpu"/"gpu".
+    """
+    out: list[Optional[RankCapacity]] = []
+    for device, sharing in _rank_devices(nodes, rank_node_ids, rank_device_kinds):
+        if device is None or not _has_probe(device):
+            out.append(None)
+            continue
+        out.append(RankCapacity(float(device["alpha_s"]), float(device["beta_s_per_sample"]),
+                                _share_of_cap(device, sharing)))
+    return out
+
+
+def rank_memory_caps(
+    nodes: Optional[Sequence[Mapping]],
+    rank_node_ids: Sequence[str],
+    rank_device_kinds: Optional[Sequence[str]] = None,
+) -> list[Optional[int]]:
+    """Each rank's largest local batch by the one rule (module docstring); None where no
+    cap was measured. Arguments as for :func:`rank_capacities`; odd entries in ``nodes``
+    (not a dict, a failed node) count as unprofiled."""
+    return [None if device is None else _share_of_cap(device, sharing)
+            for device, sharing in _rank_devices(nodes or (), rank_node_ids, rank_device_kinds)]
+
+
+def _rank_devices(nodes, rank_node_ids, rank_device_kinds) -> list[tuple[Optional[Mapping], int]]:
+    """Per rank: its device's dict (None: unknown) and how many ranks share that device."""
+    if rank_device_kinds is not None and len(rank_device_kinds) != len(rank_node_ids):
+        raise ValueError(f"{len(rank_device_kinds)} device kinds for {len(rank_node_ids)} ranks")
+    by_id = {str(n.get("node_id")): n for n in nodes if isinstance(n, Mapping) and n.get("status", "ok") == "ok"}
+    kinds: list[str] = []
+    for rank, node_id in enumerate(rank_node_ids):
+        if rank_device_kinds is not None:
+            kind = rank_device_kinds[rank]
+            if kind not in (CPU, GPU):
+                raise ValueError(f"rank {rank}: device kind must be 'cpu' or 'gpu', got {kind!r}")
+        else:
+            has_gpu = any(_has_probe(d) for d in _devices(by_id.get(node_id), GPU))
+            kind = GPU if has_gpu else CPU
+        kinds.append(kind)
+    cpu_ranks = {node_id: sum(1 for n, k in zip(rank_node_ids, kinds) if n == node_id and k == CPU)
+                 for node_id in set(rank_node_ids)}
+    gpus_taken: dict[str, int] = {}
+    out = []
+    for node_id, kind in zip(rank_node_ids, kinds):
+        position = 0
+        if kind == GPU:
+            position = gpus_taken.get(node_id, 0)
+            gpus_taken[node_id] = position + 1
+        devices = _devices(by_id.get(node_id), kind)
+        device = devices[position] if position < len(devices) else None
+        out.append((device, cpu_ranks[node_id] if kind == CPU else 1))
+    return out
+
+
+def _devices(node: Optional[Mapping], kind: str) -> list[Mapping]:
+    """The node's devices of ``kind``, in index order."""
+    if node is None:
+        return []
+    of_kind = [d for d in node.get("devices") or () if isinstance(d, Mapping) and d.get("kind") == kind]
+    return sorted(of_kind, key=lambda d: d.get("index") or 0)
+
+
+def _share_of_cap(device: Mapping, sharing: int) -> Optional[int]:
+    cap = device.get("max_batch_size")
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
+        return None
+    return cap // sharing
+
+
+def _has_probe(device: Mapping) -> bool:
+    alpha, beta = device.get("alpha_s"), device.get("beta_s_per_sample")
+    return _finite(alpha) and _finite(beta) and beta > 0
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,243 @@
+"""The planner: the one place that decides which plan is in force, first and later.
+
+It owns the run's one policy instance, the plan in force and the version counter, the
+scripted plan changes still to come, the memory caps, the node profiles, the balancer
+(estimates from the step records, decisions at rebalance points) and where the run ends.
+Rank 0 asks it for the plan (:meth:`Planner.plan_for`) at every rebalance point; the
+workers' step records feed it (:meth:`Planner.add_steps`). Plain class, no Ray, no files:
+the actor that holds it (:mod:`hetero_ray.runtime.planner_actor`) keeps its state on disk.
+
+The first plan of a worker group comes from measurements when there are any: the ranks'
+own warm-up lines (under emulated speeds, which only the ranks' emulators know: see
+training/warmup.py) with the memory caps of the node profiles; else the profiles alone,
+which give each rank the busy-time line of the device it runs on
+(:mod:`hetero_ray.planning.capacity`); else equal shares. An explicit split for the
+number of workers wins over all of them. The planner answers for a world size it has not
+seen too, which is what happens after an elastic restart: a fresh first plan for the new
+number of workers, with the same global batch. While profiles are on their way
+(:meth:`Planner.await_capabilities`: the nodes are profiled beside the workers' start), a
+first plan that would use them is not made: ``plan_for`` answers ``{"awaiting": ...}`` and
+rank 0 asks again. Emulated speeds never reach this module.
+
+Later plans are the balancer's (:mod:`hetero_ray.planning.balancer`), made with the same
+policy and within the same caps as the first; an adopted one is in force from rank 0's
+next rebalance point. Plan versions only ever increase, also across a restart of the
+planner (:meth:`Planner.load_state_dict`) and a ``--resume`` (:meth:`Planner.resume_from`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.capacity import RankCapacity, rank_capacities
+from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.policies import PolicyConfig, make_policy
+
+logger = logging.getLogger(__name__)
+
+
+class Planner:
+    """Args:
+        global_batch_size: ``B``, the same for every plan.
+        policy: one of :data:`hetero_ray.planning.policies.POLICY_NAMES`.
+        rebalance_interval: steps between rebalance points.
+        batch_split: an explicit first plan (it wins for its number of workers).
+        plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied at
+            the first rebalance point at or after their step (tests and demos).
+        policy_config: keyword arguments of :class:`PolicyConfig`.
+    """
+
+    def __init__(self, global_batch_size: int, policy: str, rebalance_interval: int,
+                 batch_split: Optional[Sequence[int]] = None, plan_changes: Optional[Sequence[dict]] = None,
+                 policy_config: Optional[dict] = None):
+        self.global_batch_size = global_batch_size
+        self.batch_split = list(batch_split) if batch_split else None
+        self.policy = make_policy(policy, PolicyConfig(**(policy_config or {})))
+        self.balancer = Balancer(self.policy, rebalance_interval)
+        self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
+        self._nodes: list[dict] = []
+        self._awaiting_capabilities = False
+        self._plan: Optional[Plan] = None
+        self._next_version = 0
+        self._attempt: Optional[dict] = None  # the worker group the balancer serves (begin_attempt's arguments)
+
+    @property
+    def caps(self) -> Optional[list[Optional[int]]]:
+        """The per-rank memory caps every plan respects (None: none known)."""
+        return self.policy.caps
+
+    # ------------------------------------------------------------------ node profiles
+    def await_capabilities(self) -> None:
+        """Node profiles are on their way: a first plan that would use them waits for them."""
+        self._awaiting_capabilities = True
+
+    def set_capabilities(self, nodes: list[dict]) -> None:
+        """The profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed)."""
+        self._nodes = list(nodes)
+        self._awaiting_capabilities = False
+
+    # ------------------------------------------------------------------ rank 0
+    def plan_for(self, num_workers: int, global_step: int = 0,
+                 rank_node_ids: Optional[Sequence[str]] = None,
+                 rank_device_kinds: Optional[Sequence[str]] = None,
+                 rank_fits: Optional[Sequence[Optional[dict]]] = None,
+                 wait_for_capabilities: bool = True) -> dict:
+        """The plan in force for ``num_workers`` ranks at ``global_step`` (``Plan.to_dict()``).
+
+        A new first plan if the number of workers changed: from the ranks' own warm-up
+        lines ``rank_fits`` (``{"alpha_s", "beta_s_per_sample"}`` each) when every rank has
+        one, else from the profiles of the ranks' devices when their nodes are known; a
+        scripted change once its step is reached. While profiles are awaited, a first plan
+        that would use them is ``{"awaiting": "node profiles"}`` instead (with
+        ``wait_for_capabilities=False``: made without them).
+        """
+        while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
+            change = self._plan_changes.pop(0)
+            if len(change["local_batch_sizes"]) == num_workers:
+                self._plan = Plan(self._next_version, tuple(change["local_batch_sizes"]),
+                                  f"scripted change at step {change['global_step']}")
+                self._next_version += 1
+        first_plan = self._plan is None or self._plan.num_workers != num_workers
+        if first_plan and self._awaiting_capabilities and self._first_plan_uses_capabilities(num_workers):
+            if wait_for_capabilities:
+                return {"awaiting": "node profiles"}
+            logger.warning("node profiles still awaited: the first plan for %d workers does without them",
+                           num_workers)
+        if first_plan:
+            self._plan = self._first_plan(num_workers, rank_node_ids, rank_device_kinds, rank_fits)
+            self._next_version = self._plan.version + 1
+            logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
+        return self._plan.to_dict()
+
+    def resume_from(self, plan: dict) -> None:
+        """A worker group restored a checkpoint holding ``plan``.
+
+        A planner that lived through the failure keeps its own (newer or equal) plan; a new
+        one (the driver was restarted with --resume) adopts the checkpoint's, so plan
+        versions keep increasing across the whole run.
+        """
+        restored = Plan.from_dict(plan)
+        self._next_version = max(self._next_version, restored.version + 1)
+        if self._plan is None:
+            self._plan = restored
+
+    def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
+                      end_global_step: Optional[int] = None) -> None:
+        """A worker group starts at ``start_global_step`` (after its first plan);
+        ``end_global_step``: where the run ends (no plan is adopted for a point at or after
+        it), None when unknown."""
+        self._attempt = {"attempt": attempt, "num_workers": num_workers, "start_global_step": start_global_step,
+                         "end_global_step": end_global_step}
+        self.balancer.begin_attempt(attempt, num_workers, start_global_step, end_global_step)
+
+    # ------------------------------------------------------------------ step records
+    def add_steps(self, rows: list[dict], now: Optional[float] = None) -> list[dict]:
+        """A batch of step records; returns the decision rows they completed (for the
+        ``decisions`` table). A plan the balancer adopts is the plan in force from here on."""
+        output = self.balancer.add_steps(rows, now)
+        for plan in output.new_plans:
+            self._adopt(plan)
+        return output.decision_rows
+
+    def close(self) -> list[dict]:
+        """End of the run: decision rows still waiting for their outcome."""
+        return self.balancer.flush()
+
+    def _adopt(self, plan: Plan) -> None:
+        if plan.global_batch_size != self.global_batch_size:
+            raise ValueError(f"plan {plan} sums to {plan.global_batch_size}, the run's global batch is "
+                             f"{self.global_batch_size}")
+        self._plan = Plan(max(plan.version, self._next_version), plan.local_batch_sizes, plan.reason)
+        self._next_version = self._plan.version + 1
+
+    # ------------------------------------------------------------------ the first plan
+    def _first_plan(self, num_workers: int, rank_node_ids, rank_device_kinds, rank_fits) -> Plan:
+        """Explicit split, else the policy's first plan from the measurements there are;
+        sets the caps every later plan of this group respects."""
+        version = self._next_version
+        if self.batch_split is not None and len(self.batch_split) == num_workers:
+            self.policy.caps = None
+            return Plan(version, tuple(self.batch_split), "explicit --batch-split")
+        capacities = self._capacities(num_workers, rank_node_ids, rank_device_kinds)
+        warmed_up = rank_fits is not None and len(rank_fits) == num_workers and all(rank_fits)
+        if warmed_up:
+            capacities = _from_warm_up(rank_fits, capacities)
+        measured = capacities if capacities is not None and all(c is not None for c in capacities) else None
+        caps = None if measured is None else [c.max_batch_size for c in measured]
+        if caps is not None and (self.policy.name == "static"
+                                 or sum(c or self.global_batch_size for c in caps) < self.global_batch_size):
+            caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
+        self.policy.caps = caps
+        first = self.policy.initial_plan(self.global_batch_size, num_workers, measured)
+        reason = f"{first.reason}, measured by each rank's warm-up" if warmed_up else first.reason
+        return Plan(version, first.local_batch_sizes, reason)
+
+    def _first_plan_uses_capabilities(self, num_workers: int) -> bool:
+        """An explicit split and ``static``'s equal one use no profiles (nor caps)."""
+        explicit = self.batch_split is not None and len(self.batch_split) == num_workers
+        return not explicit and self.policy.name != "static"
+
+    def _capacities(self, num_workers, rank_node_ids, rank_device_kinds) -> Optional[list[Optional[RankCapacity]]]:
+        if not self._nodes or rank_node_ids is None or len(rank_node_ids) != num_workers:
+            return None
+        try:
+            return rank_capacities(self._nodes, rank_node_ids, rank_device_kinds)
+        except ValueError as e:  # inconsistent inputs: plan without measurements
+            logger.warning("profiles not usable for the first plan (%s)", e)
+            return None
+
+    # ------------------------------------------------------------------ state
+    def info(self) -> dict:
+        """Where it stands (for tests, operators and the dashboard)."""
+        return {"plan": None if self._plan is None else self._plan.to_dict(), "next_version": self._next_version,
+                "policy": self.policy.name, "caps": self.caps, "num_nodes": len(self._nodes),
+                "attempt": self.balancer.attempt, "num_workers": self.balancer.num_workers,
+                "end_global_step": self.balancer.end_global_step}
+
+    def state_dict(self) -> dict:
+        """Everything but the estimates (those travel with the checkpoints:
+        :meth:`checkpoint_state`); JSON-safe."""
+        return {
+            "plan": None if self._plan is None else self._plan.to_dict(),
+            "next_version": self._next_version,
+            "caps": self.caps,
+            "nodes": self._nodes,
+            "plan_changes": self._plan_changes,
+            "awaiting_capabilities": self._awaiting_capabilities,
+            "attempt": self._attempt,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues from a saved :meth:`state_dict` (after :meth:`load_checkpoint_state`,
+        whose estimates the saved worker group keeps). Raises (and changes nothing) when
+        ``state`` is not a saved state."""
+        plan = Plan.from_dict(state["plan"]) if state.get("plan") else None
+        next_version = max(int(state.get("next_version") or 0), plan.version + 1 if plan else 0)
+        caps = None if state.get("caps") is None else [None if c is None else int(c) for c in state["caps"]]
+        nodes = [dict(n) for n in state.get("nodes") or []]
+        plan_changes = [dict(c) for c in state.get("plan_changes") or []]
+        attempt = state.get("attempt")
+        if attempt is not None:
+            attempt = {"attempt": int(attempt["attempt"]), "num_workers": int(attempt["num_workers"]),
+                       "start_global_step": int(attempt["start_global_step"]),
+                       "end_global_step": attempt.get("end_global_step")}
+        self._plan, self._next_version, self.policy.caps = plan, next_version, caps
+        self._nodes, self._plan_changes = nodes, plan_changes
+        self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
+        if attempt is not None:
+            self.begin_attempt(**attempt)
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint carries: the estimates and the policy's state."""
+        return self.balancer.state_dict()
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.balancer.load_state_dict(state)
+
+
+def _from_warm_up(rank_fits: Sequence[dict], profiled: Optional[Sequence]) -> list[RankCapacity]:
+    """Each rank's warm-up line, with the memory cap its device's profile measured (if any)."""
+    caps = [c.max_batch_size if c is not None else None for c in profiled] if profiled else [None] * len(rank_fits)
+    return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), cap) for f, cap in zip(rank_fits, caps)]

@@ -1,0 +1,202 @@
+"""The planner (pure class) and its actor's shell (as a plain class, without Ray).
+
+A new actor on the same run directory — what Ray starts after the actor crashed — serves
+the plan in force, keeps counting versions from where the old one stopped, and still knows
+the node profiles, the caps, the worker group it serves and the run's end."""
+
+from __future__ import annotations
+
+import os
+
+from hetero_ray.metrics.run_files import PLANNER_STATE_FILE
+from hetero_ray.planning.planner import Planner
+from hetero_ray.planning.simulation import SimulatedCluster
+from hetero_ray.runtime.planner_actor import PlannerActor
+from tests.helpers import cpu_device, node
+
+B = 40
+NODES = [node("fast", [cpu_device(beta=0.001, cap=26)]).to_dict(),
+         node("slow", [cpu_device(beta=0.004, cap=400)]).to_dict()]
+PLACEMENT = dict(rank_node_ids=["fast", "slow"], rank_device_kinds=["cpu", "cpu"])
+
+
+class FakeStore:
+    """The metrics store's one method the planner actor calls."""
+
+    def __init__(self):
+        self.decisions: list[dict] = []
+        self.add_decision = self
+
+    def remote(self, row: dict) -> None:
+        self.decisions.append(row)
+
+
+def planner(**overrides) -> Planner:
+    return Planner(**{**dict(global_batch_size=B, policy="optimal", rebalance_interval=5), **overrides})
+
+
+def actor(run_dir, store=None, **overrides) -> PlannerActor:
+    """As the driver makes it (a restart makes it again with the same arguments)."""
+    return PlannerActor(store or FakeStore(), str(run_dir),
+                        **{**dict(global_batch_size=B, policy="optimal", rebalance_interval=5), **overrides})
+
+
+def step_rows(cluster: SimulatedCluster, step: int, plan: dict, attempt: int) -> list[dict]:
+    sizes = plan["local_batch_sizes"]
+    return [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
+             "plan_version": plan["version"], "attempt": attempt}
+            for r, (b, t) in enumerate(zip(sizes, cluster.busy_times_s(sizes, step)))]
+
+
+def test_records_feed_the_plan_rank_0_is_given():
+    """One authority: the plan the balancer adopts is the plan ``plan_for`` serves, within
+    the caps of the first plan, with versions from one counter."""
+    one = planner()
+    # Profiled as equally fast; rank 0 is really 4x faster, but holds 26 samples at most.
+    one.set_capabilities([node("fast", [cpu_device(beta=0.002, cap=26)]).to_dict(),
+                          node("slow", [cpu_device(beta=0.002, cap=400)]).to_dict()])
+    first = one.plan_for(2, 0, **PLACEMENT)
+    assert first["local_batch_sizes"] == [20, 20] and one.caps == [26, 400]
+    one.begin_attempt(0, 2, 0, end_global_step=60)
+    cluster = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.03, seed=0)
+    plan, served, decisions = first, [first], []
+    for step in range(60):
+        if step % 5 == 0:
+            plan = one.plan_for(2, step, **PLACEMENT)
+            served.append(plan)
+        decisions += one.add_steps(step_rows(cluster, step, plan, attempt=0), now=step * 0.01)
+    decisions += one.close()
+    versions = [p["version"] for p in served]
+    assert versions == sorted(versions) and versions[-1] >= 1, "the balancer never moved work"
+    assert all(p["local_batch_sizes"][0] <= 26 for p in served), served
+    adopted = {d["plan_version"]: d["local_batch_sizes"] for d in decisions if d["adopted"]}
+    assert all(adopted[p["version"]] == p["local_batch_sizes"] for p in served if p["version"] >= 1)
+
+
+def test_a_restarted_planner_serves_the_plan_in_force_and_keeps_counting(tmp_path):
+    first = actor(tmp_path)
+    first.set_capabilities(NODES)
+    profiled = first.plan_for(2, 0, **PLACEMENT)
+    assert first.info()["caps"] is not None and profiled["local_batch_sizes"][0] <= 26
+    first._planner._adopt(first._planner._plan.with_sizes([25, 15], "balancer"))  # as an adoption does
+    first._save()
+    in_force = first.plan_for(2, 20, **PLACEMENT)
+
+    again = actor(tmp_path)  # the crashed actor's replacement
+    assert again.info()["restored_from"] == [os.path.join(str(tmp_path), PLANNER_STATE_FILE)]
+    assert again.plan_for(2, 40, **PLACEMENT) == in_force  # same version and sizes
+    assert again.info()["caps"] == first.info()["caps"]
+    again._planner._adopt(again._planner._plan.with_sizes([24, 16], "balancer"))
+    assert again.plan_for(2, 45)["version"] == 2  # no version is handed out twice
+
+
+def test_a_restarted_planner_still_knows_the_group_and_the_end(tmp_path):
+    first = actor(tmp_path)
+    first.set_capabilities(NODES)
+    first.plan_for(2, 0, **PLACEMENT)
+    first.begin_attempt(3, 2, 10, end_global_step=30)
+
+    info = actor(tmp_path).info()
+    assert (info["attempt"], info["num_workers"], info["caps"], info["end_global_step"]) == (3, 2, [26, 400], 30)
+
+
+def test_a_restarted_planner_still_has_the_node_profiles(tmp_path):
+    first = actor(tmp_path)
+    first.set_capabilities(NODES)
+    first.plan_for(2, 0, **PLACEMENT)
+
+    knows_profiles = planner()
+    knows_profiles.set_capabilities(NODES)
+    three_ranks = dict(rank_node_ids=["fast", "slow", "slow"], rank_device_kinds=["cpu"] * 3)
+    expected = knows_profiles.plan_for(3, 0, **three_ranks)
+    # An elastic restart after the crash: the new group's first plan comes from the profiles.
+    again = actor(tmp_path)
+    plan = again.plan_for(3, 60, **three_ranks)
+    assert plan["local_batch_sizes"] == expected["local_batch_sizes"] and again.info()["caps"] == knows_profiles.caps
+    assert plan["version"] == 1
+
+
+def test_scripted_changes_already_applied_are_not_applied_again(tmp_path):
+    changes = [{"global_step": 10, "local_batch_sizes": [30, 10]}]
+    first = actor(tmp_path, policy="static", plan_changes=changes)
+    first.plan_for(2, 0)
+    assert first.plan_for(2, 10)["version"] == 1
+
+    again = actor(tmp_path, policy="static", plan_changes=changes)
+    assert again.plan_for(2, 20) == {"version": 1, "local_batch_sizes": [30, 10],
+                                     "reason": "scripted change at step 10"}
+
+
+def test_a_damaged_state_file_means_a_fresh_start(tmp_path):
+    (tmp_path / PLANNER_STATE_FILE).write_text('{"plan": {"version": 3, "local_batch_si')
+    fresh = actor(tmp_path, policy="static")
+    assert fresh.info()["restored_from"] == []
+    assert fresh.plan_for(2, 0)["local_batch_sizes"] == [20, 20]
+
+
+def test_without_a_run_directory_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    in_memory = PlannerActor(FakeStore(), None, global_batch_size=B, policy="static", rebalance_interval=5)
+    in_memory.plan_for(2, 0)
+    in_memory.begin_attempt(0, 2, 0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_ranks_warm_up_lines_make_the_first_plan_with_the_profiled_caps():
+    """Two ranks of ONE node (a profile cannot tell them apart): under emulated speeds their
+    own warm-up lines decide the first plan, and the node's memory cap still holds."""
+    one_node = planner()
+    one_node.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
+    placement = dict(rank_node_ids=["n", "n"], rank_device_kinds=["cpu", "cpu"])
+    fits = [{"alpha_s": 0.0, "beta_s_per_sample": 0.001}, {"alpha_s": 0.0, "beta_s_per_sample": 0.003}]
+
+    plan = one_node.plan_for(2, 0, **placement, rank_fits=fits)
+    assert plan["local_batch_sizes"] == [30, 10]  # t = 30 ms on both ranks
+    assert plan["reason"] == "optimal: split for the profiled cost model, measured by each rank's warm-up"
+    assert one_node.caps == [30, 30]  # the node's 60, shared by its two CPU ranks
+
+    profiles_only = planner()
+    profiles_only.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
+    assert profiles_only.plan_for(2, 0, **placement, rank_fits=[fits[0], None])["local_batch_sizes"] == [20, 20]
+
+
+def test_a_first_plan_waits_for_the_node_profiles_on_their_way(tmp_path):
+    """Profiling beside the workers' start: the first plan is not made without the
+    profiles while they are awaited (a restarted planner still awaits them); once they
+    are in it is the profiled plan, with its caps."""
+    waiting = actor(tmp_path)
+    waiting.await_capabilities()
+    assert waiting.plan_for(2, 0, **PLACEMENT) == {"awaiting": "node profiles"}
+    assert actor(tmp_path).plan_for(2, 0, **PLACEMENT) == {"awaiting": "node profiles"}  # after a crash
+
+    waiting.set_capabilities(NODES)
+    profiled = waiting.plan_for(2, 0, **PLACEMENT)
+    assert profiled["version"] == 0 and waiting.info()["caps"] is not None
+    assert profiled["local_batch_sizes"][0] <= 26
+
+
+def test_no_wait_where_the_first_plan_needs_no_profiles_or_the_wait_is_over():
+    def awaiting(**overrides) -> Planner:
+        made = planner(**overrides)
+        made.await_capabilities()
+        return made
+
+    assert "awaiting" not in awaiting(policy="static").plan_for(2, 0, **PLACEMENT)
+    assert awaiting(batch_split=[30, 10]).plan_for(2, 0, **PLACEMENT)["local_batch_sizes"] == [30, 10]
+    gave_up = awaiting().plan_for(2, 0, **PLACEMENT, wait_for_capabilities=False)
+    assert gave_up["local_batch_sizes"] == [20, 20]
+    failed = awaiting()
+    failed.set_capabilities([])  # profiling failed: nothing more is coming
+    assert failed.plan_for(2, 0, **PLACEMENT)["local_batch_sizes"] == [20, 20]
+
+
+def test_decision_rows_go_to_the_store(tmp_path):
+    store = FakeStore()
+    one = actor(tmp_path, store=store, batch_split=[20, 20])
+    plan = one.plan_for(2, 0)
+    one.begin_attempt(0, 2, 0)
+    cluster = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.03, seed=1)
+    for step in range(12):
+        one.add_steps(step_rows(cluster, step, plan, attempt=0))
+    one.close()
+    assert store.decisions and all(d["policy"] == "optimal" for d in store.decisions)
