@@ -20,7 +20,7 @@ with ``lag`` how old step ``g`` already is (its wall time against the clock now)
 
 An adopted decision's row waits until the new plan has run ``achieved_window_steps``
 complete steps; then its ``achieved_step_time_s`` (the slowest rank's busy time over
-those steps, as their kept mean: :func:`~hetero_ray.balancing.cost_model.kept_mean_s`,
+those steps, as their kept mean: :func:`~hetero_ray.planning.cost_model.kept_mean_s`,
 which rejects isolated spikes but, unlike a median, counts a slow mode that recurs — a
 device stalling into its CPU quota's next period every other step) is filled in and the
 row is emitted, prediction and outcome side by side.
@@ -31,17 +31,16 @@ prediction can be wrong. After ``rollback_check_steps`` steps of an adopted plan
 same quantity is compared with the plan it replaced over its last as many steps before
 the switch (the newest: a device that slowed down just before is measured slow on both
 sides, so adapting to it is not mistaken for a worse plan); if the step got slower by
-more than :data:`ROLLBACK_MARGIN`, the old shares are proposed again at once — in force from the next point, so the worse plan runs at most
-one interval — and the balancer holds the restored plan for one more decision. It also
-stops trusting the extrapolation that misled it: every rank the worse plan gave more
-samples may from then on be given at most half that increase (a cap the policy respects,
-until the worker group restarts). A second wrong move halves it again, so the shares
+more than :data:`ROLLBACK_MARGIN`, the old shares are proposed again at once — in force
+from the next point, so the worse plan runs at most one interval — and the balancer
+holds the restored plan for one more decision. It also stops trusting the extrapolation
+that misled it: every rank the worse plan gave more samples may from then on be given at
+most half that increase (a cap the policy respects, until the worker group restarts). A second wrong move halves it again, so the shares
 approach the largest a rank really runs at its predicted speed instead of swinging between
 two plans. When the step came out more than :data:`CLIFF_FACTOR` times the prediction,
 the cost is no line near that size but a cliff — a CPU quota the rank's step already
-fills, so every sample more stalls into the next period: on the cgroup testbed, predicted
-28 ms, achieved 94 ms; halving then bisected towards the cliff, one interval at ~2× the
-step time per try — and those ranks may not grow at all.
+fills, so every sample more stalls into the next period, and halving would only bisect
+towards the cliff, a costly interval per try — so those ranks may not grow at all.
 """
 
 from __future__ import annotations

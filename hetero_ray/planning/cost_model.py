@@ -309,7 +309,7 @@ def fit_linear(
 def kept_mean_s(times_s: Sequence[float]) -> float:
     """The mean of ``times_s`` after the outlier band of :func:`group_stats` (their median
     when fewer than :data:`MIN_POINTS_FOR_MEAN`); NaN when none is valid. What a plan's step
-    time is judged by (see hetero_ray/balancing/balancer.py)."""
+    time is judged by (see hetero_ray/planning/balancer.py)."""
     t = np.asarray(times_s, dtype=np.float64).ravel()
     groups = group_stats(np.zeros(t.size, np.int64), np.ones(t.size, np.int64), t)
     return float(groups.mean_s[0]) if groups.mean_s.size else math.nan
