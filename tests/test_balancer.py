@@ -192,6 +192,29 @@ def test_a_plan_that_makes_the_step_slower_is_rolled_back_within_one_interval():
     assert history[-1][0] < 60, f"still moving at step {history[-1][0]}: {history}"
 
 
+def test_a_quota_the_rank_fills_is_seen_before_any_move():
+    """The burst rank of the test above, on a node whose CPU quota its steps fill (what
+    the in-training profiler reads from its cgroup, every 5 steps): the balancer never
+    moves it onto the cliff, so there is nothing to roll back."""
+    balancer = new_balancer(interval=10)
+    sizes, version, history, decisions = [24, 24, 24, 24], 0, [], []
+    for step in range(80):
+        rows = _burst_rows(step, sizes, version)
+        step_s = max(r["busy_time_s"] for r in rows)
+        asked = step - step % 5  # the sampler's latest reading was asked for here …
+        if asked >= 5:  # … and covers the steps from the one before on
+            rows[0].update(node_id="capped", cpu_util=100 * rows[0]["busy_time_s"] / step_s,
+                           cpu_util_from_step=asked - 5, cpu_quota_cores=0.5)
+        out = balancer.add_steps(rows)
+        decisions += out.decision_rows
+        for plan in out.new_plans:
+            sizes, version = list(plan.local_batch_sizes), version + 1
+            history.append((step + 1, tuple(sizes), plan.reason))
+    assert not history, f"rank 0 was moved onto its quota's cliff: {history}"
+    assert len(decisions) >= 5 and all("CPU quota: rank 0 ≤ 24 (uses 0.50 of 0.50 cores)" in d["reason"]
+                                       for d in decisions), decisions
+
+
 def test_a_slope_that_was_only_wrong_is_trusted_half_the_way():
     # 2 ms a sample beyond 24: the first move is slower than the plan before it, but within
     # 1.5× its prediction. Later moves give rank 0 at most half the first increase.

@@ -42,7 +42,9 @@ def test_cpu_rank_fills_process_fields_and_leaves_gpu_fields_out():
         sampler.maybe_sample(5)
         assert wait_for(lambda: sampler.samples_taken >= 2)
         readings = sampler.maybe_sample(6)
-    assert set(readings) == {"cpu_util", "rss_bytes"}
+    # (cpu_quota_cores only where this process runs under a cgroup CPU quota)
+    assert set(readings) - {"cpu_quota_cores"} == {"cpu_util", "rss_bytes", "cpu_util_from_step"}
+    assert readings["cpu_util_from_step"] == 0, "the second reading covers the steps from the first one's on"
     assert readings["rss_bytes"] > 10 * 1024**2
     assert readings["cpu_util"] > 0
     # In the steps table the GPU columns are null, not zero.
@@ -191,3 +193,22 @@ def test_gauges_are_rate_limited_and_skip_missing_readings():
     assert made["hetero_ray_gpu_util"].values == []  # no GPU reading: no point, not a zero
     assert gauges.update({"rank": 0, "local_batch_size": 32, "busy_time_s": 0.0}, force=True)
     assert len(made["hetero_ray_samples_per_s"].values) == 2  # no throughput from a zero busy time
+
+
+def test_a_reading_says_from_which_step_it_covers_and_the_quota_it_ran_under(monkeypatch):
+    import hetero_ray.training.resource_sampler as resource_sampler
+
+    monkeypatch.setattr(resource_sampler, "cpu_quota_cores", lambda: 0.5)  # the cgroup files: tests/test_cgroup.py
+    with ResourceSampler(torch.device("cpu"), interval_steps=10) as sampler:
+        sampler.maybe_sample(40)  # a restarted run: its first reading covers steps of unknown origin
+        assert wait_for(lambda: sampler.samples_taken >= 1)
+        first = sampler.maybe_sample(41)
+        sampler.maybe_sample(50)
+        assert wait_for(lambda: sampler.samples_taken >= 2)
+        second = sampler.maybe_sample(51)
+        sampler.maybe_sample(20)  # back in steps (another restart): the chain starts again
+        assert wait_for(lambda: sampler.samples_taken >= 3)
+        third = sampler.maybe_sample(21)
+    assert "cpu_util_from_step" not in first and first["cpu_quota_cores"] == 0.5
+    assert second["cpu_util_from_step"] == 40
+    assert "cpu_util_from_step" not in third

@@ -19,7 +19,7 @@ from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_
 
 # Columns the in-training resource sampler adds to a step's row, where it measures.
 RESOURCE_COLUMNS = {"gpu_util", "gpu_mem_used_bytes", "gpu_mem_peak_bytes", "gpu_mem_total_bytes", "gpu_temp_c",
-                    "gpu_power_w", "cpu_util", "rss_bytes"}
+                    "gpu_power_w", "cpu_util", "rss_bytes", "cpu_util_from_step", "cpu_quota_cores"}
 
 
 def _identity(rank=1) -> WorkerIdentity:

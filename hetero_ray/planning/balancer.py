@@ -41,11 +41,16 @@ two plans. When the step came out more than :data:`CLIFF_FACTOR` times the predi
 the cost is no line near that size but a cliff — a CPU quota the rank's step already
 fills, so every sample more stalls into the next period, and halving would only bisect
 towards the cliff, a costly interval per try — so those ranks may not grow at all.
+
+Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
+cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
+the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import statistics
 import time
@@ -56,6 +61,7 @@ from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates
 from hetero_ray.planning.policies import Decision, Policy
 from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.quota import QuotaCaps
 
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
 _GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches
@@ -121,6 +127,7 @@ class Balancer:
         self._predecessor: Optional[_Predecessor] = None  # of the adoption awaiting its check
         self._holds_left = 0  # decisions to skip after a rollback
         self._learned_caps: list[Optional[int]] = []  # per rank, from rollbacks (see module docstring)
+        self._quota_caps = QuotaCaps(0)  # per rank, from CPU quotas and use (planning/quota.py)
 
     # ------------------------------------------------------------------ lifecycle
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
@@ -141,6 +148,7 @@ class Balancer:
         self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
         self._gaps_s.clear()
         self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
+        self._quota_caps = QuotaCaps(num_workers)
 
     @property
     def end_global_step(self) -> Optional[int]:
@@ -156,6 +164,7 @@ class Balancer:
             return out
         current = [r for r in rows if r.get("attempt") == self.attempt]
         self.estimates.add(current)
+        self._quota_caps.add(current)
         newest_complete = None
         for row in current:
             info = self._steps.get(row["global_step"])
@@ -273,15 +282,20 @@ class Balancer:
         return None
 
     def _policy_decides(self, current: Plan, global_step: int) -> Decision:
-        """The policy's decision, within the memory caps and the caps rollbacks taught."""
+        """The policy's decision, within the memory caps, the caps rollbacks taught and the
+        CPU quotas' caps."""
         memory_caps = self.policy.caps
-        if any(c is not None for c in self._learned_caps):
-            self.policy.caps = [_tighter(m, learned) for m, learned in
-                                zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
+        quota_caps = self._quota_caps.caps(current.version, current.local_batch_sizes)
+        if any(c is not None for c in (*self._learned_caps, *quota_caps)):
+            self.policy.caps = [_tighter(_tighter(m, learned), quota) for m, learned, quota in
+                                zip(memory_caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
         try:
-            return self.policy.decide(current, self.estimates.estimates(global_step), global_step)
+            decision = self.policy.decide(current, self.estimates.estimates(global_step), global_step)
         finally:
             self.policy.caps = memory_caps
+        met = self._quota_caps.describe(quota_caps, current.version,
+                                        decision.proposed_local_batch_sizes or current.local_batch_sizes)
+        return dataclasses.replace(decision, reason=f"{decision.reason} ({met})") if met else decision
 
     def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:
         """Slowest-rank busy time (kept mean) of the newest ``num_steps`` complete steps run

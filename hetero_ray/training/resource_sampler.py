@@ -14,7 +14,11 @@ Columns filled (those of the steps table; absent → null in Parquet):
 - ``gpu_mem_peak_bytes``: ``torch.cuda.max_memory_allocated`` since the previous reading
   (the peak is reset after each reading, so it follows plan changes);
 - ``cpu_util`` (percent of one core, this process, since the previous reading) and
-  ``rss_bytes`` — psutil, every rank.
+  ``rss_bytes`` — psutil, every rank; ``cpu_util_from_step``, the global step at which the
+  reading before it was asked for (the steps ``cpu_util`` covers begin there, so the
+  planner can tell a reading of the plan in force from one of the plan before);
+- ``cpu_quota_cores``: the cgroup CPU quota the process runs under
+  (:mod:`hetero_ray.profiling.cgroup`), on ranks that have one.
 
 On a rank without a GPU the GPU columns are left out, never invented.
 """
@@ -25,6 +29,8 @@ import threading
 from typing import Any, Optional
 
 import torch
+
+from hetero_ray.profiling.cgroup import cpu_quota_cores
 
 
 class ResourceSampler:
@@ -45,6 +51,8 @@ class ResourceSampler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_triggered: Optional[int] = None
+        self._asked_at: Optional[int] = None  # the step of the newest wake-up (set before it)
+        self._last_read_step: Optional[int] = None  # the step the latest reading was asked at
         self._thread: Optional[threading.Thread] = None
         self.samples_taken = 0
         self.last_error: Optional[str] = None
@@ -80,6 +88,7 @@ class ResourceSampler:
         if self._last_triggered is None or global_step - self._last_triggered >= self.interval_steps \
                 or global_step < self._last_triggered:  # a restart goes back in steps
             self._last_triggered = global_step
+            self._asked_at = global_step
             self._wake.set()
         return dict(self._latest)
 
@@ -105,8 +114,13 @@ class ResourceSampler:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            asked_at = self._asked_at
             try:
-                self._latest = self._read()  # one reference swap: readers never see half a dict
+                readings = self._read()
+                if self._last_read_step is not None and asked_at is not None and asked_at >= self._last_read_step:
+                    readings["cpu_util_from_step"] = int(self._last_read_step)
+                self._last_read_step = asked_at
+                self._latest = readings  # one reference swap: readers never see half a dict
             except Exception as e:  # noqa: BLE001 - a failed reading must never stop training
                 self.last_error = f"{type(e).__name__}: {e}"
 
@@ -115,6 +129,9 @@ class ResourceSampler:
         with self._process.oneshot():
             readings["cpu_util"] = float(self._process.cpu_percent(None))
             readings["rss_bytes"] = float(self._process.memory_info().rss)
+        quota = cpu_quota_cores()
+        if quota is not None:
+            readings["cpu_quota_cores"] = quota
         if self.device.type == "cuda":
             if self._reader is not None and self._gpu_index is not None:
                 try:
