@@ -201,6 +201,8 @@ def test_a_quota_the_rank_fills_is_seen_before_any_move():
     for step in range(80):
         rows = _burst_rows(step, sizes, version)
         step_s = max(r["busy_time_s"] for r in rows)
+        for row in rows:
+            row["step_time_s"] = step_s
         asked = step - step % 5  # the sampler's latest reading was asked for here …
         if asked >= 5:  # … and covers the steps from the one before on
             rows[0].update(node_id="capped", cpu_util=100 * rows[0]["busy_time_s"] / step_s,
@@ -211,7 +213,7 @@ def test_a_quota_the_rank_fills_is_seen_before_any_move():
             sizes, version = list(plan.local_batch_sizes), version + 1
             history.append((step + 1, tuple(sizes), plan.reason))
     assert not history, f"rank 0 was moved onto its quota's cliff: {history}"
-    assert len(decisions) >= 5 and all("CPU quota: rank 0 ≤ 24 (uses 0.50 of 0.50 cores)" in d["reason"]
+    assert len(decisions) >= 5 and all("CPU quota: rank 0 ≤ 24 (used 0.50 of 0.50 cores at 24 samples)" in d["reason"]
                                        for d in decisions), decisions
 
 

@@ -293,8 +293,7 @@ class Balancer:
             decision = self.policy.decide(current, self.estimates.estimates(global_step), global_step)
         finally:
             self.policy.caps = memory_caps
-        met = self._quota_caps.describe(quota_caps, current.version,
-                                        decision.proposed_local_batch_sizes or current.local_batch_sizes)
+        met = self._quota_caps.describe(quota_caps, decision.proposed_local_batch_sizes or current.local_batch_sizes)
         return dataclasses.replace(decision, reason=f"{decision.reason} ({met})") if met else decision
 
     def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:

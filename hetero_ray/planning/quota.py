@@ -17,11 +17,22 @@ already in the periods where its steps bunch up. A cap never forces a rank below
 share (its measured busy time already says whether it should shrink); it only stops a
 growth the quota cannot carry.
 
-A reading counts only when it covers steps of the plan in force alone: the in-training
-profiler's ``cpu_util`` covers the steps from ``cpu_util_from_step`` on
-(:mod:`hetero_ray.training.resource_sampler`), and under the plan before the ranks ran
-other shares. The ranks of a Ray node share its quota (a node's processes live in one
-container or cgroup). Ranks without a quota, or without readings, get no cap.
+A reading counts only when it covers steps of one plan: the in-training profiler's
+``cpu_util`` covers the steps from ``cpu_util_from_step`` on
+(:mod:`hetero_ray.training.resource_sampler`), and steps of two plans ran two shares. It
+need not be the plan in force — right after a plan change there is no reading of the new
+plan yet, and a move then is as likely to find the cliff as any other — because what a
+reading gives is the CPU a sample costs: rank ``j`` using ``u_j`` cores at steps of
+``T`` seconds with ``b_j`` samples spends ``c_j = u_j·T/b_j`` CPU-seconds a sample (its
+fixed CPU per step counted per sample: too much when the rank grows, the only time a
+cap matters, so the cap errs on the safe side), so at
+the plan in force (shares ``b'_j``, step time ``T'``) the node's ranks fit its quota while
+
+    Σ_j c_j·b'_j ≤ USABLE_FRACTION · q · T'
+
+and each rank's cap is its share times the room that leaves (for a reading of the plan in
+force, the formula above). The ranks of a Ray node share its quota (a node's processes
+live in one container or cgroup). Ranks without a quota, or without readings, get no cap.
 """
 
 from __future__ import annotations
@@ -38,10 +49,25 @@ _VERSIONS_KEPT = 4  # first steps of the newest plan versions, per rank
 @dataclass(frozen=True)
 class _Reading:
     global_step: int  # the row it came with
+    version: int  # the plan the steps it covers ran
     node_id: str
     from_step: int  # the first step the CPU reading covers
+    local_batch_size: int
     used_cores: float
     quota_cores: float
+
+
+@dataclass
+class _PlanSteps:
+    """What one rank's rows say about one plan: where it began, its mean step time."""
+
+    first_step: int
+    total_step_s: float = 0.0
+    timed_steps: int = 0
+
+    @property
+    def step_s(self) -> Optional[float]:
+        return self.total_step_s / self.timed_steps if self.timed_steps else None
 
 
 class QuotaCaps:
@@ -50,7 +76,7 @@ class QuotaCaps:
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
         self._readings: list[Optional[_Reading]] = [None] * num_workers
-        self._first_steps: list[dict[int, int]] = [{} for _ in range(num_workers)]  # version -> first step
+        self._plans: list[dict[int, _PlanSteps]] = [{} for _ in range(num_workers)]  # by plan version
 
     def add(self, rows: Sequence[dict]) -> None:
         """Takes step rows of the current worker group (any order, any ranks)."""
@@ -58,42 +84,52 @@ class QuotaCaps:
             rank = row.get("rank")
             if not isinstance(rank, int) or not 0 <= rank < self.num_workers:
                 continue
-            firsts = self._first_steps[rank]
+            plans = self._plans[rank]
             version, step = row["plan_version"], row["global_step"]
-            firsts[version] = min(step, firsts.get(version, step))
-            while len(firsts) > _VERSIONS_KEPT:
-                del firsts[min(firsts)]
+            plan = plans.get(version)
+            if plan is None:
+                plan = plans[version] = _PlanSteps(step)
+                while len(plans) > _VERSIONS_KEPT:
+                    del plans[min(plans)]
+            plan.first_step = min(plan.first_step, step)
+            step_s = row.get("step_time_s")
+            if step_s is not None and math.isfinite(step_s) and step_s > 0:
+                plan.total_step_s += step_s
+                plan.timed_steps += 1
             reading = _reading_of(row)
             latest = self._readings[rank]
-            if reading is not None and (latest is None or reading.global_step > latest.global_step):
+            if (reading is not None and reading.from_step >= plan.first_step  # steps of this plan alone
+                    and (latest is None or reading.global_step > latest.global_step)):
                 self._readings[rank] = reading
 
     def caps(self, version: int, sizes: Sequence[int]) -> list[Optional[int]]:
-        """Caps for the plan ``version`` with these shares, from readings taken under it
-        alone; None for a rank with no quota, no such reading, or a node not fully read."""
+        """Caps for the plan ``version`` with these shares; None for a rank with no quota,
+        no reading of one plan, or a node not fully read."""
         caps: list[Optional[int]] = [None] * self.num_workers
         for ranks in self._nodes().values():
-            readings = [self._reading_under(r, version) for r in ranks]
-            if any(reading is None for reading in readings):
+            costs = [self._cpu_per_sample_s(r) for r in ranks]
+            now = [self._plans[r].get(version) for r in ranks]
+            step_now = [p.step_s for p in now if p is not None and p.step_s is not None]
+            if any(c is None for c in costs) or not step_now:
                 continue
-            used = sum(reading.used_cores for reading in readings)
-            quota = min(reading.quota_cores for reading in readings)
-            if used <= 0:
+            needed = sum(c * sizes[r] for c, r in zip(costs, ranks))  # CPU-seconds a step of the plan in force
+            quota = min(self._readings[r].quota_cores for r in ranks)
+            if needed <= 0:
                 continue
-            room = USABLE_FRACTION * quota / used
+            room = USABLE_FRACTION * quota * (sum(step_now) / len(step_now)) / needed
             for rank in ranks:
                 caps[rank] = max(int(sizes[rank]), math.floor(sizes[rank] * room))
         return caps
 
-    def describe(self, caps: Sequence[Optional[int]], version: int, sizes: Sequence[int]) -> str:
+    def describe(self, caps: Sequence[Optional[int]], sizes: Sequence[int]) -> str:
         """The caps a plan with these shares meets, in words for a decision's reason ('' when
         none)."""
         parts = []
         for rank, cap in enumerate(caps):
-            reading = self._reading_under(rank, version)
+            reading = self._readings[rank]
             if cap is not None and reading is not None and sizes[rank] >= cap:
-                parts.append(f"rank {rank} ≤ {cap} (uses {reading.used_cores:.2f} of {reading.quota_cores:.2f} "
-                             "cores)")
+                parts.append(f"rank {rank} ≤ {cap} (used {reading.used_cores:.2f} of {reading.quota_cores:.2f} "
+                             f"cores at {reading.local_batch_size} samples)")
         return "CPU quota: " + ", ".join(parts) if parts else ""
 
     def _nodes(self) -> dict[str, list[int]]:
@@ -103,12 +139,13 @@ class QuotaCaps:
                 nodes.setdefault(reading.node_id, []).append(rank)
         return nodes
 
-    def _reading_under(self, rank: int, version: int) -> Optional[_Reading]:
+    def _cpu_per_sample_s(self, rank: int) -> Optional[float]:
+        """CPU-seconds a sample cost the rank, from its newest reading (of one plan's steps)."""
         reading = self._readings[rank]
-        first = self._first_steps[rank].get(version)
-        if reading is None or first is None or reading.from_step < first:
+        plan = None if reading is None else self._plans[rank].get(reading.version)
+        if plan is None or plan.step_s is None or reading.local_batch_size <= 0:
             return None
-        return reading
+        return reading.used_cores * plan.step_s / reading.local_batch_size
 
 
 def _reading_of(row: dict) -> Optional[_Reading]:
@@ -118,5 +155,5 @@ def _reading_of(row: dict) -> Optional[_Reading]:
         return None
     if not (math.isfinite(util) and math.isfinite(quota) and quota > 0 and from_step == from_step):
         return None
-    return _Reading(int(row["global_step"]), str(row.get("node_id") or f"rank-{row['rank']}"), int(from_step),
-                    util / 100.0, float(quota))
+    return _Reading(int(row["global_step"]), int(row["plan_version"]), str(row.get("node_id") or f"rank-{row['rank']}"),
+                    int(from_step), int(row.get("local_batch_size") or 0), util / 100.0, float(quota))
