@@ -15,11 +15,13 @@ the time went: the run directory made (``config.json``), the nodes profiled
 Target: hetero_ray's first step no more than 5 s after plain's.
 
     python benchmarks/bench_first_step.py [--rounds 2] [--num-workers 4] [--emulate-speeds 1,1,0.5,0.25]
+    python benchmarks/bench_first_step.py --nodes 2 --num-workers 2 [--quota 0.33]   # on a two-node cluster
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -53,29 +55,37 @@ def loop(config):
         with open(config["out"], "w") as f:
             json.dump({"first_step_end": time.time()}, f)
 
-ray.init(num_cpus=max(os.cpu_count() or 1, int(sys.argv[1])), logging_level="ERROR", log_to_driver=False)
+if os.environ.get("RAY_ADDRESS"):  # --nodes: the bench's cluster
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+else:
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(sys.argv[1])), logging_level="ERROR", log_to_driver=False)
 TorchTrainer(loop, train_loop_config={"batch": int(sys.argv[2]), "out": sys.argv[3]},
              scaling_config=ScalingConfig(num_workers=int(sys.argv[1])),
              run_config=RunConfig(name="first-step-plain", storage_path=sys.argv[4])).fit()
 """
 
 
-def _env(started: float) -> dict:
+def _env(started: float, address: str | None) -> dict:
     env = dict(os.environ, BENCH_STARTED=repr(started), PYTHONPATH=REPO)
-    env.pop("RAY_ADDRESS", None)  # each side starts its own local Ray
+    env.pop("RAY_ADDRESS", None)  # without --nodes each side starts its own local Ray
+    if address:
+        env["RAY_ADDRESS"] = address
+        if os.path.exists(os.path.expanduser("~/.ray/auth_token")):  # as `ray start` found it
+            env["RAY_AUTH_MODE"] = "token"
     return env
 
 
-def plain(workdir: str, num_workers: int) -> float:
+def plain(workdir: str, num_workers: int, address: str | None = None) -> float:
     out = os.path.join(workdir, "plain.json")
     started = time.time()
     subprocess.run([sys.executable, "-c", PLAIN_SCRIPT, str(num_workers), str(BATCH), out, workdir],
-                   env=_env(started), check=True, capture_output=True, timeout=600)
+                   env=_env(started, address), check=True, capture_output=True, timeout=600)
     with open(out) as f:
         return json.load(f)["first_step_end"] - started
 
 
-def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None) -> dict:
+def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None,
+           address: str | None = None) -> dict:
     import pandas as pd
 
     cli = os.path.join(os.path.dirname(sys.executable), "hetero-ray")
@@ -84,8 +94,10 @@ def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None
             "--output-dir", workdir, "--experiment-name", name]
     if emulate_speeds:
         argv += ["--emulate-speeds", emulate_speeds]
+    if address:
+        argv += ["--address", address]
     started = time.time()
-    subprocess.run(argv, env=_env(started), check=True, capture_output=True, timeout=600)
+    subprocess.run(argv, env=_env(started, address), check=True, capture_output=True, timeout=600)
     run_dir = os.path.join(workdir, name)
     steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
     first = float(steps[steps["global_step"] == 0]["wall_time"].max())  # the step ends with its slowest rank
@@ -109,26 +121,61 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--num-workers", type=int, default=4)
     parser.add_argument("--emulate-speeds", help="for hetero_ray, e.g. 1,1,0.5,0.25 (the demo's)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="1: each side starts its own local Ray; more: both run on one cluster of this many "
+                             "Ray nodes on this machine, the workers shared out evenly (default %(default)s)")
+    parser.add_argument("--quota", type=float,
+                        help="with --nodes: cap the last node at this many cores (cgroup v1; the cgroup bench's "
+                             "straggler)")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.num_workers < 1:
-        parser.error("--rounds and --num-workers must be ≥ 1")
+    if args.rounds < 1 or args.num_workers < 1 or args.nodes < 1:
+        parser.error("--rounds, --num-workers and --nodes must be ≥ 1")
+    if args.num_workers % args.nodes:
+        parser.error("--num-workers must be a multiple of --nodes (the same workers on every node)")
+    if args.quota is not None and args.nodes < 2:
+        parser.error("--quota caps one node of several: give --nodes 2 or more")
+    with contextlib.ExitStack() as stack:
+        address = None
+        if args.nodes > 1:
+            address = stack.enter_context(_cluster(args.nodes, args.num_workers // args.nodes, args.quota))
+        return _rounds(args, address)
+
+
+@contextlib.contextmanager
+def _cluster(nodes: int, cpus: int, quota: float | None):
+    sys.path.insert(0, REPO)
+    from benchmarks.local_cluster import cgroup_unusable_reason, local_cluster, set_cpu_quota
+
+    if quota is not None and cgroup_unusable_reason():
+        raise SystemExit(f"--quota: cannot cap a node here: {cgroup_unusable_reason()}")
+    with tempfile.TemporaryDirectory(prefix="bench_first_step_nodes_") as log_dir, \
+            local_cluster(log_dir, [cpus] * (nodes - 1), head_cpus=cpus, cpu_quota_last=quota) as (address, ray_nodes):
+        if quota is not None:
+            set_cpu_quota(ray_nodes[-1], quota)
+        print(f"cluster at {address}: {nodes} Ray nodes of {cpus} CPU(s)"
+              + (f", the last capped at {quota} core" if quota is not None else ""), flush=True)
+        yield address
+
+
+def _rounds(args, address: str | None) -> int:
     plain_s, hetero_runs = [], []
     with tempfile.TemporaryDirectory(prefix="bench_first_step_") as workdir:
         for round_ in range(args.rounds):
             order = ("plain", "hetero") if round_ % 2 == 0 else ("hetero", "plain")
             for side in order:
                 if side == "plain":
-                    plain_s.append(plain(workdir, args.num_workers))
+                    plain_s.append(plain(workdir, args.num_workers, address))
                     print(f"round {round_}: plain Ray Train first step after {plain_s[-1]:5.1f} s", flush=True)
                 else:
-                    run = hetero(workdir, args.num_workers, f"first-step-{round_}", args.emulate_speeds)
+                    run = hetero(workdir, args.num_workers, f"first-step-{round_}", args.emulate_speeds, address)
                     hetero_runs.append(run)
                     print(f"round {round_}: hetero-ray train first step after {run['first_step_s']:5.1f} s "
                           f"(run dir {_s(run['run_dir_s'])}, nodes profiled {_s(run['profiled_s'])}, "
                           f"worker group registered {_s(run['group_registered_s'])})",
                           flush=True)
     gaps = [h["first_step_s"] - p for h, p in zip(hetero_runs, plain_s)]
-    print(f"first step, {args.num_workers} workers, batch {BATCH}: plain median {statistics.median(plain_s):.1f} s, "
+    where = f"{args.nodes} nodes" if args.nodes > 1 else "local Ray"
+    print(f"first step, {args.num_workers} workers ({where}), batch {BATCH}: plain median {statistics.median(plain_s):.1f} s, "
           f"hetero-ray train median {statistics.median(h['first_step_s'] for h in hetero_runs):.1f} s; "
           f"hetero − plain per round {', '.join(f'{g:+.1f}' for g in gaps)} s (target ≤ +5 s)")
     return 0

@@ -171,16 +171,19 @@ def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: fl
 
 
 @contextlib.contextmanager
-def local_cluster(log_dir: str, worker_cpus: list[int], head_cpus: int = 1) -> Iterator[tuple[str, list[RayNode]]]:
-    """A head plus worker nodes on this machine; yields (address, [head, *workers])."""
+def local_cluster(log_dir: str, worker_cpus: list[int], head_cpus: int = 1,
+                  cpu_quota_last: Optional[float] = None) -> Iterator[tuple[str, list[RayNode]]]:
+    """A head plus worker nodes on this machine; yields (address, [head, *workers]).
+    ``cpu_quota_last``: the last worker node runs in a cgroup (see :func:`start_node`)."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     nodes: list[RayNode] = []
     try:
         nodes.append(start_node(port=port, num_cpus=head_cpus, log_dir=log_dir))
         time.sleep(3)  # the GCS must listen before workers join
-        for cpus in worker_cpus:
-            nodes.append(start_node(address=address, num_cpus=cpus, log_dir=log_dir))
+        for i, cpus in enumerate(worker_cpus):
+            quota = cpu_quota_last if i == len(worker_cpus) - 1 else None
+            nodes.append(start_node(address=address, num_cpus=cpus, cpu_quota=quota, log_dir=log_dir))
         wait_for_nodes(address, len(nodes), nodes)
         yield address, nodes
     finally:
