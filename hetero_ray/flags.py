@@ -84,7 +84,7 @@ def add_flags(parser, config_class) -> None:
                 options["metavar"] = flag.metavar
             if flag.repeat:
                 options["action"] = "append"
-            shown = _shown(options["default"])
+            shown = _shown(options["default"], several_fields=bool(flag.sets))
             if shown:
                 options["help"] = f"{flag.help} (default {shown})"
         parser.add_argument(flag_name(f), **options)
@@ -105,13 +105,13 @@ def settings_from_args(args: argparse.Namespace, config_class) -> dict[str, Any]
     return settings
 
 
-def _shown(default) -> str:
+def _shown(default, several_fields: bool = False) -> str:
     """A default as ``--help`` shows it; empty for none (unset, or a switch)."""
     if default is None or default is argparse.SUPPRESS:
         return ""
-    if isinstance(default, tuple):  # several fields from one flag: MIN-MAX
+    if several_fields:  # one value per field the flag sets (Flag.sets): MIN-MAX
         return "-".join(str(v) for v in default if v is not None)
-    if isinstance(default, list):
+    if isinstance(default, (list, tuple)):  # a list setting (a frozen default is a tuple)
         return ",".join(map(str, default))
     return str(default)
 

@@ -166,8 +166,9 @@ def _run_burst(beyond_s: float, steps: int = 80):
     for step in range(steps):
         out = balancer.add_steps(_burst_rows(step, sizes, version, beyond_s))
         rows += out.decision_rows
-        for plan in out.new_plans:  # in force from the next step
-            sizes, version = list(plan.local_batch_sizes), version + 1
+        for proposal in out.new_plans:  # in force from the next step, numbered as the planner does
+            plan = proposal.numbered(version + 1)
+            sizes, version = list(plan.local_batch_sizes), plan.version
             history.append((step + 1, tuple(sizes), plan.reason))
     return balancer, rows, history
 

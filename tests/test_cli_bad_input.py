@@ -96,6 +96,27 @@ def test_bad_flags_exit_2_without_a_run_directory(flags, fragment, tmp_path, cap
     assert not output_dir.exists()
 
 
+PROFILE_CASES = [
+    # (id, flags, expected message fragment): each fails before Ray is started
+    ("unknown model", ["--model", "vgg99"], "--model must be one of"),
+    ("dataset without model", ["--dataset", "cifar10"], "--dataset only shapes the --model probe"),
+    ("one probe size", ["--batch-sizes", "8"], "--batch-sizes needs two or more different positive sizes"),
+    ("probe sizes not integers", ["--batch-sizes", "8,x"], "comma-separated integers"),
+    ("zero cpus per worker", ["--cpus-per-worker", "0"], "--cpus-per-worker must be a positive number"),
+    ("ram fraction above one", ["--ram-fraction", "1.5"], "--ram-fraction must be in (0, 1]"),
+    ("zero timeout", ["--timeout", "0"], "--timeout must be a positive number of seconds"),
+]
+
+
+@pytest.mark.parametrize("flags,fragment", [c[1:] for c in PROFILE_CASES], ids=[c[0] for c in PROFILE_CASES])
+def test_bad_profile_flags_exit_2_naming_the_flag(flags, fragment, tmp_path, capsys):
+    json_file = tmp_path / "nodes.json"
+    code, err = run_cli(["profile", "--address", "127.0.0.1:1", "--json", str(json_file), *flags], capsys)
+    assert code == 2
+    assert fragment in err
+    assert not json_file.exists()
+
+
 def test_missing_data_dir(tmp_path, capsys):
     code, err = run_cli(base_args(tmp_path / "runs") + ["--dataset", "cifar10", "--data-dir", str(tmp_path / "nope")], capsys)
     assert code == 2 and "nope" in err and "--download" in err

@@ -193,3 +193,34 @@ def test_help_groups_the_flags_by_part_and_shows_the_defaults(capsys):
     assert [text.index(heading) for heading in order] == sorted(text.index(heading) for heading in order)
     assert "(default 2)" in text.split("--num-workers N|MIN-MAX")[1].split("--cpus-per-worker")[0]
     assert "--profile-timeout SECONDS seconds for profiling the whole cluster (default 120.0)" in text
+
+
+# --- hetero-ray profile is generated from ProfileConfig the same way
+
+
+def _profile_args(*flags: str):
+    from hetero_ray.cli.main import build_parser
+
+    return build_parser().parse_args(["profile", *flags])
+
+
+def test_every_profile_setting_has_a_flag_and_the_flags_defaults_are_the_configs():
+    from hetero_ray.cli.profile import config_from_args
+    from hetero_ray.profiling.node_profiler import ProfileConfig
+
+    args = _profile_args()
+    # A field added to ProfileConfig without a flag lands in this difference.
+    unflagged = {f.name for f in dataclasses.fields(ProfileConfig)} - set(vars(args))
+    assert unflagged == {"microbench_s", "probe_cpu_on_gpu_nodes"}  # set from Python only
+    assert config_from_args(args) == ProfileConfig()
+    assert (args.address, args.json) == (None, None)  # the command's own flags, beside the settings
+
+
+def test_profile_flags_become_settings():
+    from hetero_ray.cli.profile import config_from_args
+
+    config = config_from_args(_profile_args(
+        "--model", "mlp", "--dataset", "synthetic_image", "--batch-sizes", "32,8", "--cpus-per-worker", "2",
+        "--ram-fraction", "0.25", "--timeout", "30"))
+    assert (config.model, config.dataset, config.batch_sizes) == ("mlp", "synthetic_image", (8, 32))
+    assert (config.cpus_per_worker, config.ram_fraction, config.timeout_s) == (2.0, 0.25, 30.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from hetero_ray.metrics.run_files import PLANNER_STATE_FILE
+from hetero_ray.planning.balancer import Proposal
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.simulation import SimulatedCluster
 from hetero_ray.runtime.planner_actor import PlannerActor
@@ -73,12 +74,49 @@ def test_records_feed_the_plan_rank_0_is_given():
     assert all(adopted[p["version"]] == p["local_batch_sizes"] for p in served if p["version"] >= 1)
 
 
+def test_a_decision_row_names_the_version_its_plan_was_given():
+    """The planner alone numbers plans. Records reach it an interval late, so a scripted
+    change is adopted between two balancer decisions while the second is still made on
+    records of the plan before that change; its row must name the version its plan was
+    given, not one after the plan it decided on (that is the scripted plan's)."""
+    scripted_step = 15
+    one = planner(plan_changes=[{"global_step": scripted_step, "local_batch_sizes": [30, 10]}])
+    cluster = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.03, seed=0)
+    plan = one.plan_for(2, 0)
+    one.begin_attempt(0, 2, 0, end_global_step=60)
+    served, decisions, late = [plan], [], []
+    for step in range(60):
+        if step and step % 5 == 0:  # rank 0 at a rebalance point, then the last interval's records
+            plan = one.plan_for(2, step)
+            served.append(plan)
+            decisions += one.add_steps(late)
+            late = []
+        late += step_rows(cluster, step, plan, attempt=0)
+    decisions += one.add_steps(late) + one.close()
+
+    scripted = next(p for p in served if p["reason"].startswith("scripted"))
+    adopted = sorted((d for d in decisions if d["adopted"]), key=lambda d: d["global_step"])
+    by_version = {d["plan_version"]: d for d in adopted}
+    assert any(d["plan_version"] < scripted["version"] for d in adopted), "no balancer plan before the change"
+    after = next(p for p in served if p["version"] > scripted["version"])
+    assert by_version[after["version"]]["global_step"] < scripted_step  # decided on the plan before the change
+    for p in served:  # every balancer plan rank 0 was given has the row of its decision
+        if p["version"] >= 1 and p is not scripted:
+            assert by_version[p["version"]]["local_batch_sizes"] == p["local_batch_sizes"], (p, adopted)
+    versions = [d["plan_version"] for d in adopted]
+    assert versions == sorted(set(versions)) and scripted["version"] not in versions, versions
+    sizes_of = {}
+    for p in served:  # versions only increase, and none is handed out twice
+        assert p["version"] >= max(sizes_of, default=0)
+        assert sizes_of.setdefault(p["version"], p["local_batch_sizes"]) == p["local_batch_sizes"]
+
+
 def test_a_restarted_planner_serves_the_plan_in_force_and_keeps_counting(tmp_path):
     first = actor(tmp_path)
     first.set_capabilities(NODES)
     profiled = first.plan_for(2, 0, **PLACEMENT)
     assert first.info()["caps"] is not None and profiled["local_batch_sizes"][0] <= 26
-    first._planner._adopt(first._planner._plan.with_sizes([25, 15], "balancer"))  # as an adoption does
+    first._planner._adopt(Proposal((25, 15), "balancer", row={}))  # as an adoption does
     first._save()
     in_force = first.plan_for(2, 20, **PLACEMENT)
 
@@ -86,7 +124,7 @@ def test_a_restarted_planner_serves_the_plan_in_force_and_keeps_counting(tmp_pat
     assert again.info()["restored_from"] == [os.path.join(str(tmp_path), PLANNER_STATE_FILE)]
     assert again.plan_for(2, 40, **PLACEMENT) == in_force  # same version and sizes
     assert again.info()["caps"] == first.info()["caps"]
-    again._planner._adopt(again._planner._plan.with_sizes([24, 16], "balancer"))
+    again._planner._adopt(Proposal((24, 16), "balancer", row={}))
     assert again.plan_for(2, 45)["version"] == 2  # no version is handed out twice
 
 

@@ -11,6 +11,10 @@ Figures are measured on each node by a profiler actor pinned there (matmul throu
 memory bandwidth, host↔device copies; with ``--model`` the model's busy-time line and its
 largest batch), not looked up from a spec sheet. A node that fails (NVML error, timeout)
 is reported as failed; the others complete. Exit status 1 only if every node failed.
+
+The profile's flags are :class:`ProfileConfig`'s settings (each field declares its flag,
+:func:`hetero_ray.flags.setting`); only --address and --json, which say where to run and
+where to write, are written out here.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from hetero_ray.config import DATASETS, MODELS
-from hetero_ray.errors import ConfigError, UserError
-from hetero_ray.flags import int_list
+from hetero_ray import flags
+from hetero_ray.errors import UserError
+from hetero_ray.profiling.node_profiler import ProfileConfig
 
 HELP = "measure each node's compute, memory bandwidth and (with --model) the model's per-sample cost"
 
@@ -28,36 +32,20 @@ ALL_FAILED_EXIT_CODE = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hetero_ray.profile_defaults import (
-        DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
-    )
-
+    """The cluster to profile and the output file, around :class:`ProfileConfig`'s settings."""
     parser.add_argument("--address", help="Ray cluster to profile (HOST:PORT, auto, ray://…); "
                                           "default RAY_ADDRESS or a local Ray on this machine")
-    parser.add_argument("--model", help=f"also probe this model: one of {', '.join(MODELS)}")
-    parser.add_argument("--dataset", help=f"sample shapes for --model: one of {', '.join(DATASETS)} "
-                                          "(default: the model's synthetic data)")
-    parser.add_argument("--batch-sizes", type=int_list, default=",".join(map(str, DEFAULT_PROBE_BATCH_SIZES)),
-                        metavar="B1,B2,...", help="probe batch sizes (default %(default)s)")
-    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
-                        help="CPUs one training worker gets; each profiler takes (and measures with) "
-                             "that many (default %(default)s)")
-    parser.add_argument("--ram-fraction", type=float, default=DEFAULT_RAM_FRACTION,
-                        help="CPU nodes: share of available RAM one worker's batch may use (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S,
-                        help="seconds for the whole cluster; nodes not done are reported as failed "
-                             "(default %(default)s)")
+    flags.add_flags(parser, ProfileConfig)
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
 
 
-def run(args: argparse.Namespace) -> int:
-    from hetero_ray.profiling.node_profiler import ProfileConfig
+def config_from_args(args: argparse.Namespace) -> ProfileConfig:
+    """The configuration the flags give; raises ConfigError on bad values."""
+    return ProfileConfig(**flags.settings_from_args(args, ProfileConfig))
 
-    config = ProfileConfig(model=args.model, dataset=args.dataset, batch_sizes=tuple(args.batch_sizes),
-                           cpus_per_worker=args.cpus_per_worker, timeout_s=args.timeout,
-                           ram_fraction=args.ram_fraction)
-    if args.dataset and not args.model:
-        raise ConfigError("--dataset only shapes the --model probe; pass --model too")
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
     if args.json:
         _check_writable(args.json)
 

@@ -84,12 +84,27 @@ class _Predecessor:
     version: int
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """Shares the balancer adopted, not yet a plan: the planner alone numbers plans."""
+
+    local_batch_sizes: tuple[int, ...]
+    reason: str
+    row: dict = field(repr=False)  # its decision row, emitted once the outcome is measured
+
+    def numbered(self, version: int) -> Plan:
+        """The plan the shares become as ``version``, which their decision row records."""
+        plan = Plan(version, self.local_batch_sizes, self.reason)
+        self.row["plan_version"] = plan.version
+        return plan
+
+
 @dataclass
 class BalancerOutput:
     """What the actor must do after a batch of records."""
 
     decision_rows: list[dict] = field(default_factory=list)  # for the metrics store
-    new_plans: list[Plan] = field(default_factory=list)  # for the planner, in order
+    new_plans: list[Proposal] = field(default_factory=list)  # for the planner to number, in order
 
 
 @dataclass
@@ -257,7 +272,8 @@ class Balancer:
             decision = self._policy_decides(current, global_step)
         row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time()}
         if decision.adopt:
-            out.new_plans.append(decision.plan)
+            row["plan_version"] = None  # the planner's to give (Proposal.numbered)
+            out.new_plans.append(Proposal(decision.plan.local_batch_sizes, decision.plan.reason, row))
             self._waiting_since_version = current.version
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []
@@ -326,8 +342,6 @@ class Balancer:
         worse = Plan(info.plan_version, tuple(info.local_batch_sizes[r] for r in range(self.num_workers)))
         reason = (f"rollback: plan v{worse.version} made the step slower ({before_s * 1e3:.1f} ms → "
                   f"{achieved_s * 1e3:.1f} ms, over {len(self._achieved)} steps); back to the shares before it")
-        restored = worse.with_sizes(predecessor.local_batch_sizes, reason)
-        out.new_plans.append(restored)
         predicted = row.get("predicted_step_time_s")
         cliff = predicted is not None and predicted > 0 and achieved_s > CLIFF_FACTOR * predicted
         for rank, (before, after) in enumerate(zip(predecessor.local_batch_sizes, worse.local_batch_sizes)):
@@ -336,11 +350,12 @@ class Balancer:
                 self._learned_caps[rank] = _tighter(self._learned_caps[rank], cap)
         rollback_row = {
             "global_step": int(global_step), "policy": self.policy.name, "adopted": True, "reason": reason,
-            "plan_version": int(restored.version), "local_batch_sizes": [int(b) for b in restored.local_batch_sizes],
+            "plan_version": None, "local_batch_sizes": [int(b) for b in predecessor.local_batch_sizes],
             "predicted_step_time_s": before_s, "current_predicted_step_time_s": achieved_s,
             "predicted_gain": (achieved_s - before_s) / achieved_s,
             "achieved_step_time_s": None, "wall_time": time.time(),
         }
+        out.new_plans.append(Proposal(predecessor.local_batch_sizes, reason, rollback_row))
         self._awaiting_outcome, self._achieved = (rollback_row, worse.version), []
         self._waiting_since_version = worse.version
         self._holds_left = 1

@@ -21,8 +21,11 @@ rank 0 asks again. Emulated speeds never reach this module.
 
 Later plans are the balancer's (:mod:`hetero_ray.planning.balancer`), made with the same
 policy and within the same caps as the first; an adopted one is in force from rank 0's
-next rebalance point. Plan versions only ever increase, also across a restart of the
-planner (:meth:`Planner.load_state_dict`) and a ``--resume`` (:meth:`Planner.resume_from`).
+next rebalance point. The planner numbers every plan, the balancer's too (it proposes
+shares, not versions), so a decision row names the version its plan was given even when a
+scripted change or a resume came in between. Plan versions only ever increase, also across
+a restart of the planner (:meth:`Planner.load_state_dict`) and a ``--resume``
+(:meth:`Planner.resume_from`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Optional, Sequence
 
-from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.balancer import Balancer, Proposal
 from hetero_ray.planning.capacity import RankCapacity, rank_capacities
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy
@@ -135,22 +138,27 @@ class Planner:
     # ------------------------------------------------------------------ step records
     def add_steps(self, rows: list[dict], now: Optional[float] = None) -> list[dict]:
         """A batch of step records; returns the decision rows they completed (for the
-        ``decisions`` table). A plan the balancer adopts is the plan in force from here on."""
+        ``decisions`` table). Shares the balancer adopts are numbered here and are the plan
+        in force from here on; their decision row records the version they were given."""
         output = self.balancer.add_steps(rows, now)
-        for plan in output.new_plans:
-            self._adopt(plan)
+        for proposal in output.new_plans:
+            self._adopt(proposal)
         return output.decision_rows
 
     def close(self) -> list[dict]:
         """End of the run: decision rows still waiting for their outcome."""
         return self.balancer.flush()
 
-    def _adopt(self, plan: Plan) -> None:
-        if plan.global_batch_size != self.global_batch_size:
-            raise ValueError(f"plan {plan} sums to {plan.global_batch_size}, the run's global batch is "
-                             f"{self.global_batch_size}")
-        self._plan = Plan(max(plan.version, self._next_version), plan.local_batch_sizes, plan.reason)
-        self._next_version = self._plan.version + 1
+    def _adopt(self, proposal: Proposal) -> None:
+        """The balancer's shares become the plan in force, numbered by the one counter (the
+        workers may still run an older plan: a scripted change or a resume may have come
+        between the records the balancer decided on and this adoption)."""
+        total = sum(proposal.local_batch_sizes)
+        if total != self.global_batch_size:
+            raise ValueError(f"shares {list(proposal.local_batch_sizes)} sum to {total}, the run's global batch "
+                             f"is {self.global_batch_size}")
+        self._plan = proposal.numbered(self._next_version)
+        self._next_version += 1
 
     # ------------------------------------------------------------------ the first plan
     def _first_plan(self, num_workers: int, rank_node_ids, rank_device_kinds, rank_fits) -> Plan:

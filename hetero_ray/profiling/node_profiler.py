@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from hetero_ray import validate
+from hetero_ray.config import DATASETS, MODELS
+from hetero_ray.errors import ConfigError
+from hetero_ray.flags import int_list, setting
 from hetero_ray.profiling.capability import (
     CPU, FAILED, GPU, DeviceCapability, NodeCapability,
 )
@@ -37,25 +40,38 @@ PROFILER_ROLE = "profiler"
 
 @dataclass
 class ProfileConfig:
-    """What to profile; validated here, so the CLI and the driver reject the same values."""
+    """What to profile; validated here, so the CLI and the driver reject the same values.
 
-    model: Any = None  # a built-in model's name or a ProfileModel; None: inventory and micro-benchmarks only
-    dataset: Optional[str] = None  # shapes of its samples (default: the model's synthetic data)
-    batch_sizes: tuple[int, ...] = DEFAULT_PROBE_BATCH_SIZES
-    cpus_per_worker: float = 1.0  # what one training worker gets, so that is what is measured
-    timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
-    ram_fraction: float = DEFAULT_RAM_FRACTION  # CPU cap: share of available RAM for one batch
+    The fields with a flag (:func:`hetero_ray.flags.setting`) are ``hetero-ray profile``'s
+    settings: its parser is generated from them.
+    """
+
+    # A built-in model's name or a ProfileModel; None: inventory and micro-benchmarks only.
+    model: Any = setting(None, f"also probe this model: one of {', '.join(MODELS)}")
+    dataset: Optional[str] = setting(  # shapes of its samples
+        None, f"sample shapes for --model: one of {', '.join(DATASETS)} (default: the model's synthetic data)")
+    batch_sizes: tuple[int, ...] = setting(
+        DEFAULT_PROBE_BATCH_SIZES, "probe batch sizes", type=int_list, metavar="B1,B2,...")
+    cpus_per_worker: float = setting(  # what one training worker gets, so that is what is measured
+        1.0, "CPUs one training worker gets; each profiler takes (and measures with) that many", type=float)
+    ram_fraction: float = setting(  # CPU cap: share of available RAM for one batch
+        DEFAULT_RAM_FRACTION, "CPU nodes: share of available RAM one worker's batch may use", type=float)
+    timeout_s: float = setting(
+        DEFAULT_PROFILE_TIMEOUT_S, "seconds for the whole cluster; nodes not done are reported as failed",
+        name="--timeout", type=float, metavar="TIMEOUT")
+    # No flag: set from Python only (tests shorten the micro-benchmarks).
     microbench_s: float = DEFAULT_MICROBENCH_S
     probe_cpu_on_gpu_nodes: bool = False  # GPU nodes train on their GPUs; skip the CPU probe
 
     def __post_init__(self):
-        from hetero_ray.config import DATASETS, MODELS
         from hetero_ray.profiling.recipe import ProfileModel
 
         if self.model is not None and not isinstance(self.model, ProfileModel):
             validate.choice("--model", self.model, MODELS)
         if self.dataset is not None:
             validate.choice("--dataset", self.dataset, DATASETS)
+            if self.model is None:
+                raise ConfigError("--dataset only shapes the --model probe; pass --model too")
         self.batch_sizes = tuple(validate.probe_sizes("--batch-sizes", self.batch_sizes or ()))
         validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
         validate.positive_number("--timeout", self.timeout_s, unit="seconds")
