@@ -34,7 +34,7 @@ from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.runtime import actors, cluster, node_checks, storage
-from hetero_ray.runtime.driver import finish_run
+from hetero_ray.runtime.finishing import finish_run
 from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
