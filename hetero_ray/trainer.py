@@ -13,32 +13,29 @@ user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
 ``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
 (:mod:`hetero_ray.training.entry`), and writes the run's tables and ``summary.json`` —
 also when training fails — where the dashboard and ``hetero-ray report`` read them.
+Everything after the checks is :mod:`hetero_ray.runtime.lifecycle`, which ``hetero-ray
+train`` runs too.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import time
 from typing import Any, Callable, Optional
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig
 
 from hetero_ray.config import _EXPERIMENT_NAME, default_experiment_name
-from hetero_ray.constants import (
-    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S,
-    PROGRESS_INTERVAL_S_ENV_VAR, env_float,
-)
+from hetero_ray.constants import CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.runtime import actors, cluster, node_checks, storage
-from hetero_ray.runtime.finishing import finish_run
-from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.failures import RunGuard
-from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
-from hetero_ray.runtime.progress import ProgressPrinter
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES
+from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
 
@@ -120,59 +117,10 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-        node_id = ray.get_runtime_context().get_node_id()
-        store = actors.start_metrics_store(self._name, run.run_dir, node_id)
-        planner = actors.start_planner(
-            self._name, run.run_dir, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
-            rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
-            plan_changes=hetero.plan_changes, policy_config=hetero.policy_config(),
-        )
-        profiling = None
-        if hetero.profiles_nodes:
-            profiling = NodeProfiling(run.run_dir, store, planner, self._name, hetero.profile_model,
-                                      self._probe_batch_sizes(), cpus_per_worker=cpus_per_worker,
-                                      timeout_s=hetero.profile_timeout_s, emit=self._emit)
-            profiling.start(uses_gpus=use_gpu)
-        started = time.time()
-        error: Optional[BaseException] = None
-        result = None
-        stopped_by: Optional[int] = None  # the signal that stopped training by hand
-        signals = StopSignals().install()  # Ctrl-C and SIGTERM, as for the CLI: see runtime/interrupts.py
-        try:
-            trainer = self._torch_trainer(run, "gpu" if use_gpu else "cpu",
-                                          profiling.first_plan_wait_s if profiling else 0.0)
-            with ProgressPrinter(store, None, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S),
-                                 self._emit):
-                result = trainer.fit()
-        except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
-            error = e
-        except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
-            if result is None:
-                stopped_by = signals.stopped_by()
-        finally:
-            signals.finishing()
-            nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
-            summary, failure = finish_run(run.run_dir, store, planner, result, time.time() - started, error,
-                                          self._summary_base(), nodes, emit=self._emit,
-                                          interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-            for actor in (planner, store):
-                actors.kill_actor(actor)
-            try:
-                run.upload()
-            except OSError as e:
-                self._emit(f"[hetero_ray] warning: the run's tables could not be copied to {run.remote_run_uri} "
-                           f"({e}); they are in {run.run_dir}")
-            signals.restore()
-        if failure is not None:
-            raise failure from error
-        if stopped_by is not None:
-            raise RunInterrupted(
-                f"interrupted by {SIGNAL_NAMES[stopped_by]} at global step {summary['global_steps']}: summary.json "
-                f"says \"interrupted\", and the steps trained so far are in {run.run_dir}; fit() again with "
-                f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
-                stopped_by, resumable=True)
-        self._emit(f"[hetero_ray] finished: {summary['global_steps']} global steps; files in {run.run_dir}")
-        return result
+        make_trainer = functools.partial(self._torch_trainer, run, "gpu" if use_gpu else "cpu")
+        finished = run_lifecycle(self._run_spec(run, use_gpu, cpus_per_worker), make_trainer, emit=self._emit)
+        self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
+        return finished.result
 
     def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
         from ray.train.torch import TorchTrainer
@@ -205,12 +153,38 @@ class HeteroTrainer:
         hetero = self._hetero
         return list(hetero.profile_batch_sizes or probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
 
-    def _summary_base(self) -> dict[str, Any]:
+    def _run_spec(self, run: storage.RunStorage, use_gpu: bool, cpus_per_worker: float) -> RunSpec:
         hetero = self._hetero
-        model = hetero.profile_model.name if hetero.profile_model is not None else None
-        return {"experiment_name": self._name, "model": model, "dataset": None, "policy": hetero.policy,
-                "num_workers": self._max_workers, "global_batch_size": hetero.global_batch_size,
-                "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None}
+        profiling = None
+        if hetero.profiles_nodes:
+            profiling = ProfilingSpec(hetero.profile_model, self._probe_batch_sizes(), cpus_per_worker,
+                                      hetero.profile_timeout_s, uses_gpus=use_gpu)
+        return RunSpec(
+            experiment_name=self._name,
+            run_dir=run.run_dir,
+            planner_settings=dict(global_batch_size=hetero.global_batch_size, policy=hetero.policy,
+                                  rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
+                                  plan_changes=hetero.plan_changes, policy_config=hetero.policy_config()),
+            summary_base={
+                "experiment_name": self._name,
+                "model": hetero.profile_model.name if hetero.profile_model is not None else None,
+                "dataset": None,
+                "policy": hetero.policy,
+                "num_workers": self._max_workers,
+                "global_batch_size": hetero.global_batch_size,
+                "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
+            },
+            interruption=functools.partial(self._interrupted, run.run_dir),
+            profiling=profiling,
+            remote_run_uri=run.remote_run_uri,
+        )
+
+    def _interrupted(self, run_dir: str, signum: int, summary: dict[str, Any]) -> RunInterrupted:
+        return RunInterrupted(
+            f"interrupted by {SIGNAL_NAMES[signum]} at global step {summary['global_steps']}: summary.json "
+            f"says \"interrupted\", and the steps trained so far are in {run_dir}; fit() again with "
+            f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
+            signum, resumable=True)
 
 
 def _worker_range(num_workers) -> tuple[int, int]:

@@ -4,18 +4,19 @@ Order matters for "bad input leaves nothing behind": every check (values, files,
 cluster's capacity, the checkpoint a --resume continues from) runs before the run
 directory is created. After that, the metrics store and the planner start as named
 actors, Ray Train runs the workers, and the store's files are merged and summarised even
-when training fails.
+when training fails: :mod:`hetero_ray.runtime.lifecycle`, the part ``HeteroTrainer.fit()``
+shares.
 
 Failures a retry cannot fix stop the run at once (:mod:`hetero_ray.runtime.failures`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import ray
 
@@ -23,17 +24,14 @@ from hetero_ray import preflight
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
-    DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, PLACEMENT_TIMEOUT_S_ENV_VAR,
-    PROGRESS_INTERVAL_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
+    DEFAULT_PLACEMENT_TIMEOUT_S, PLACEMENT_TIMEOUT_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
 )
 from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
 from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
 from hetero_ray.runtime.failures import RunGuard, is_disk_full
-from hetero_ray.runtime.finishing import finish_run
-from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
-from hetero_ray.runtime.node_profiling import NodeProfiling
-from hetero_ray.runtime.progress import ProgressPrinter
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES
+from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 
 
 @dataclass
@@ -80,53 +78,13 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
     emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
          + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-    node_id = ray.get_runtime_context().get_node_id()
-    store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
-    planner = actors.start_planner(
-        config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
-        rebalance_interval=config.rebalance_interval, batch_split=config.batch_split,
-        plan_changes=config.plan_changes, policy_config=config.plan.policy_config(),
-    )
     total_steps = _total_steps(config)
-    profiling = None
-    if config.profile:
-        profiling = NodeProfiling(run_dir, store, planner, config.experiment_name, config.model,
-                                  config.probe_batch_sizes(), cpus_per_worker=config.cpus_per_worker,
-                                  timeout_s=config.profile_timeout_s, dataset=config.dataset, emit=emit)
-        profiling.start(uses_gpus=device_mode != "cpu")
-    started = time.time()
-    error: Optional[BaseException] = None
-    result = None
-    stopped_by: Optional[int] = None  # the signal that stopped training by hand
-    signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
-    try:
-        trainer = _make_trainer(config, run_dir, device_mode, backend, total_steps,
-                                profiling.first_plan_wait_s if profiling else 0.0)
-        with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
-            result = trainer.fit()
-    except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
-        error = e
-    except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
-        if result is None:  # a stop after fit() returned finds training finished
-            stopped_by = signals.stopped_by()
-    finally:
-        signals.finishing()
-        wall_time_s = time.time() - started
-        nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
-        summary, failure = finish_run(run_dir, store, planner, result, wall_time_s, error, _summary_base(config),
-                                      nodes, emit, write_final_model=True,
-                                      interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-        for actor in (planner, store):
-            actors.kill_actor(actor)
-        signals.restore()
-    if failure is not None:
-        raise failure from error
-    if stopped_by is not None:
-        raise _interrupted(run_dir, summary, stopped_by)
-    return RunResult(run_dir, summary)
+    make_trainer = functools.partial(_make_trainer, config, run_dir, device_mode, backend, total_steps)
+    finished = run_lifecycle(_run_spec(config, run_dir, device_mode, total_steps), make_trainer, emit=emit)
+    return RunResult(run_dir, finished.summary)
 
 
-def _interrupted(run_dir: str, summary: dict[str, Any], signum: int) -> RunInterrupted:
+def _interrupted(run_dir: str, signum: int, summary: dict[str, Any]) -> RunInterrupted:
     """What a person reads after stopping a run: how far it got, where, whether --resume can continue."""
     name = SIGNAL_NAMES[signum] + (" (Ctrl-C)" if signum == signal.SIGINT else "")
     recorded = (f"interrupted by {name} at global step {summary['global_steps']}: summary.json says "
@@ -218,16 +176,31 @@ def _warmup_settings(config: TrainConfig) -> dict:
             "warmup_batch_sizes": config.probe_batch_sizes()}
 
 
-def _summary_base(config: TrainConfig) -> dict[str, Any]:
-    return {
-        "experiment_name": config.experiment_name,
-        "model": config.model,
-        "dataset": config.dataset,
-        "policy": config.policy,
-        "num_workers": config.num_workers,
-        "global_batch_size": config.batch_size,
-        "emulate_speeds": config.emulate_speeds,
-    }
+def _run_spec(config: TrainConfig, run_dir: str, device_mode: str, total_steps: int) -> RunSpec:
+    profiling = None
+    if config.profile:
+        profiling = ProfilingSpec(config.model, config.probe_batch_sizes(), config.cpus_per_worker,
+                                  config.profile_timeout_s, uses_gpus=device_mode != "cpu", dataset=config.dataset)
+    return RunSpec(
+        experiment_name=config.experiment_name,
+        run_dir=run_dir,
+        planner_settings=dict(global_batch_size=config.batch_size, policy=config.policy,
+                              rebalance_interval=config.rebalance_interval, batch_split=config.batch_split,
+                              plan_changes=config.plan_changes, policy_config=config.plan.policy_config()),
+        summary_base={
+            "experiment_name": config.experiment_name,
+            "model": config.model,
+            "dataset": config.dataset,
+            "policy": config.policy,
+            "num_workers": config.num_workers,
+            "global_batch_size": config.batch_size,
+            "emulate_speeds": config.emulate_speeds,
+        },
+        interruption=functools.partial(_interrupted, run_dir),
+        profiling=profiling,
+        total_steps=total_steps,
+        write_final_model=True,
+    )
 
 
 def _describe_checkpoint(run_dir: str) -> str:
