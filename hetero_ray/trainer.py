@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig
@@ -39,6 +39,9 @@ from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
 
+if TYPE_CHECKING:
+    from ray.train.torch import TorchConfig
+
 
 class HeteroTrainer:
     """Data-parallel training of the user's loop on a heterogeneous Ray cluster.
@@ -52,6 +55,8 @@ class HeteroTrainer:
         run_config: the run's name (the experiment's name everywhere: Ray Train, actors,
             files), its storage, failure and checkpoint settings, callbacks.
         hetero_config: the global batch and how it is shared out.
+        torch_config: the process group's settings (``ray.train.torch.TorchConfig``), as
+            for ``TorchTrainer``; ``backend="nccl"`` needs ``ScalingConfig(use_gpu=True)``.
 
     Raises:
         UserError (ConfigError): a bad argument, said before anything starts.
@@ -59,7 +64,8 @@ class HeteroTrainer:
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
                  scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
-                 hetero_config: Optional[HeteroConfig] = None, emit: Callable[[str], None] = print):
+                 hetero_config: Optional[HeteroConfig] = None, torch_config: Optional[TorchConfig] = None,
+                 emit: Callable[[str], None] = print):
         if not callable(train_loop_per_worker):
             raise ConfigError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         takes_config(train_loop_per_worker)  # raises for a loop with more than one argument
@@ -72,6 +78,7 @@ class HeteroTrainer:
         run_config = run_config or RunConfig()
         if not isinstance(scaling_config, ScalingConfig) or not isinstance(run_config, RunConfig):
             raise ConfigError("scaling_config and run_config must be ray.train.ScalingConfig and ray.train.RunConfig")
+        _check_torch_config(torch_config, scaling_config)
         self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
         hetero_config.check_workers(self._max_workers)
         name = run_config.name or default_experiment_name()
@@ -83,6 +90,7 @@ class HeteroTrainer:
         self._scaling = scaling_config
         self._run_config = run_config
         self._hetero = hetero_config
+        self._torch_config = torch_config
         self._name = name
         self._emit = emit
 
@@ -147,7 +155,7 @@ class HeteroTrainer:
             worker_runtime_env=user.worker_runtime_env,
         )
         return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
-                            scaling_config=self._scaling, run_config=run_config)
+                            torch_config=self._torch_config, scaling_config=self._scaling, run_config=run_config)
 
     def _probe_batch_sizes(self) -> list[int]:
         hetero = self._hetero
@@ -185,6 +193,21 @@ class HeteroTrainer:
             f"says \"interrupted\", and the steps trained so far are in {run_dir}; fit() again with "
             f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
             signum, resumable=True)
+
+
+def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:
+    if torch_config is None:
+        return
+    from ray.train.torch import TorchConfig
+
+    if not isinstance(torch_config, TorchConfig):
+        raise ConfigError(f"torch_config must be a ray.train.torch.TorchConfig, got {type(torch_config).__name__}; "
+                          "pass torch_config=TorchConfig(backend=...) or leave it out")
+    # Ray gives GPUs only when every worker asks for one; workers on CPUs (or a mix of
+    # GPUs and CPUs) can only join a gloo group.
+    if torch_config.backend == "nccl" and not scaling_config.use_gpu:
+        raise ConfigError("TorchConfig(backend='nccl') needs every worker on a GPU (ScalingConfig(use_gpu=True)); "
+                          "use TorchConfig(backend='gloo') with CPU or mixed GPU/CPU workers")
 
 
 def _worker_range(num_workers) -> tuple[int, int]:
