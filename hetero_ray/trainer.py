@@ -13,34 +13,34 @@ user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
 ``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
 (:mod:`hetero_ray.training.entry`), and writes the run's tables and ``summary.json`` —
 also when training fails — where the dashboard and ``hetero-ray report`` read them.
+Everything after the checks is :mod:`hetero_ray.runtime.lifecycle`, which ``hetero-ray
+train`` runs too.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig
 
 from hetero_ray.config import _EXPERIMENT_NAME, default_experiment_name
-from hetero_ray.constants import (
-    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S,
-    PROGRESS_INTERVAL_S_ENV_VAR, env_float,
-)
+from hetero_ray.constants import CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.runtime import actors, cluster, node_checks, storage
-from hetero_ray.runtime.driver import finish_run
-from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.failures import RunGuard
-from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
-from hetero_ray.runtime.progress import ProgressPrinter
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES
+from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
+
+if TYPE_CHECKING:
+    from ray.train.torch import TorchConfig
 
 
 class HeteroTrainer:
@@ -55,6 +55,8 @@ class HeteroTrainer:
         run_config: the run's name (the experiment's name everywhere: Ray Train, actors,
             files), its storage, failure and checkpoint settings, callbacks.
         hetero_config: the global batch and how it is shared out.
+        torch_config: the process group's settings (``ray.train.torch.TorchConfig``), as
+            for ``TorchTrainer``; ``backend="nccl"`` needs ``ScalingConfig(use_gpu=True)``.
 
     Raises:
         UserError (ConfigError): a bad argument, said before anything starts.
@@ -62,7 +64,8 @@ class HeteroTrainer:
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
                  scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
-                 hetero_config: Optional[HeteroConfig] = None, emit: Callable[[str], None] = print):
+                 hetero_config: Optional[HeteroConfig] = None, torch_config: Optional[TorchConfig] = None,
+                 emit: Callable[[str], None] = print):
         if not callable(train_loop_per_worker):
             raise ConfigError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         takes_config(train_loop_per_worker)  # raises for a loop with more than one argument
@@ -75,6 +78,7 @@ class HeteroTrainer:
         run_config = run_config or RunConfig()
         if not isinstance(scaling_config, ScalingConfig) or not isinstance(run_config, RunConfig):
             raise ConfigError("scaling_config and run_config must be ray.train.ScalingConfig and ray.train.RunConfig")
+        _check_torch_config(torch_config, scaling_config)
         self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
         hetero_config.check_workers(self._max_workers)
         name = run_config.name or default_experiment_name()
@@ -86,6 +90,7 @@ class HeteroTrainer:
         self._scaling = scaling_config
         self._run_config = run_config
         self._hetero = hetero_config
+        self._torch_config = torch_config
         self._name = name
         self._emit = emit
 
@@ -120,59 +125,10 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-        node_id = ray.get_runtime_context().get_node_id()
-        store = actors.start_metrics_store(self._name, run.run_dir, node_id)
-        planner = actors.start_planner(
-            self._name, run.run_dir, node_id, global_batch_size=hetero.global_batch_size, policy=hetero.policy,
-            rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
-            plan_changes=hetero.plan_changes, policy_config=hetero.policy_config(),
-        )
-        profiling = None
-        if hetero.profiles_nodes:
-            profiling = NodeProfiling(run.run_dir, store, planner, self._name, hetero.profile_model,
-                                      self._probe_batch_sizes(), cpus_per_worker=cpus_per_worker,
-                                      timeout_s=hetero.profile_timeout_s, emit=self._emit)
-            profiling.start(uses_gpus=use_gpu)
-        started = time.time()
-        error: Optional[BaseException] = None
-        result = None
-        stopped_by: Optional[int] = None  # the signal that stopped training by hand
-        signals = StopSignals().install()  # Ctrl-C and SIGTERM, as for the CLI: see runtime/interrupts.py
-        try:
-            trainer = self._torch_trainer(run, "gpu" if use_gpu else "cpu",
-                                          profiling.first_plan_wait_s if profiling else 0.0)
-            with ProgressPrinter(store, None, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S),
-                                 self._emit):
-                result = trainer.fit()
-        except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
-            error = e
-        except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
-            if result is None:
-                stopped_by = signals.stopped_by()
-        finally:
-            signals.finishing()
-            nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
-            summary, failure = finish_run(run.run_dir, store, planner, result, time.time() - started, error,
-                                          self._summary_base(), nodes, emit=self._emit,
-                                          interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-            for actor in (planner, store):
-                actors.kill_actor(actor)
-            try:
-                run.upload()
-            except OSError as e:
-                self._emit(f"[hetero_ray] warning: the run's tables could not be copied to {run.remote_run_uri} "
-                           f"({e}); they are in {run.run_dir}")
-            signals.restore()
-        if failure is not None:
-            raise failure from error
-        if stopped_by is not None:
-            raise RunInterrupted(
-                f"interrupted by {SIGNAL_NAMES[stopped_by]} at global step {summary['global_steps']}: summary.json "
-                f"says \"interrupted\", and the steps trained so far are in {run.run_dir}; fit() again with "
-                f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
-                stopped_by, resumable=True)
-        self._emit(f"[hetero_ray] finished: {summary['global_steps']} global steps; files in {run.run_dir}")
-        return result
+        make_trainer = functools.partial(self._torch_trainer, run, "gpu" if use_gpu else "cpu")
+        finished = run_lifecycle(self._run_spec(run, use_gpu, cpus_per_worker), make_trainer, emit=self._emit)
+        self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
+        return finished.result
 
     def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
         from ray.train.torch import TorchTrainer
@@ -199,18 +155,59 @@ class HeteroTrainer:
             worker_runtime_env=user.worker_runtime_env,
         )
         return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
-                            scaling_config=self._scaling, run_config=run_config)
+                            torch_config=self._torch_config, scaling_config=self._scaling, run_config=run_config)
 
     def _probe_batch_sizes(self) -> list[int]:
         hetero = self._hetero
         return list(hetero.profile_batch_sizes or probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
 
-    def _summary_base(self) -> dict[str, Any]:
+    def _run_spec(self, run: storage.RunStorage, use_gpu: bool, cpus_per_worker: float) -> RunSpec:
         hetero = self._hetero
-        model = hetero.profile_model.name if hetero.profile_model is not None else None
-        return {"experiment_name": self._name, "model": model, "dataset": None, "policy": hetero.policy,
-                "num_workers": self._max_workers, "global_batch_size": hetero.global_batch_size,
-                "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None}
+        profiling = None
+        if hetero.profiles_nodes:
+            profiling = ProfilingSpec(hetero.profile_model, self._probe_batch_sizes(), cpus_per_worker,
+                                      hetero.profile_timeout_s, uses_gpus=use_gpu)
+        return RunSpec(
+            experiment_name=self._name,
+            run_dir=run.run_dir,
+            planner_settings=dict(global_batch_size=hetero.global_batch_size, policy=hetero.policy,
+                                  rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
+                                  plan_changes=hetero.plan_changes, policy_config=hetero.policy_config()),
+            summary_base={
+                "experiment_name": self._name,
+                "model": hetero.profile_model.name if hetero.profile_model is not None else None,
+                "dataset": None,
+                "policy": hetero.policy,
+                "num_workers": self._max_workers,
+                "global_batch_size": hetero.global_batch_size,
+                "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
+            },
+            interruption=functools.partial(self._interrupted, run.run_dir),
+            profiling=profiling,
+            remote_run_uri=run.remote_run_uri,
+        )
+
+    def _interrupted(self, run_dir: str, signum: int, summary: dict[str, Any]) -> RunInterrupted:
+        return RunInterrupted(
+            f"interrupted by {SIGNAL_NAMES[signum]} at global step {summary['global_steps']}: summary.json "
+            f"says \"interrupted\", and the steps trained so far are in {run_dir}; fit() again with "
+            f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
+            signum, resumable=True)
+
+
+def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:
+    if torch_config is None:
+        return
+    from ray.train.torch import TorchConfig
+
+    if not isinstance(torch_config, TorchConfig):
+        raise ConfigError(f"torch_config must be a ray.train.torch.TorchConfig, got {type(torch_config).__name__}; "
+                          "pass torch_config=TorchConfig(backend=...) or leave it out")
+    # Ray gives GPUs only when every worker asks for one; workers on CPUs (or a mix of
+    # GPUs and CPUs) can only join a gloo group.
+    if torch_config.backend == "nccl" and not scaling_config.use_gpu:
+        raise ConfigError("TorchConfig(backend='nccl') needs every worker on a GPU (ScalingConfig(use_gpu=True)); "
+                          "use TorchConfig(backend='gloo') with CPU or mixed GPU/CPU workers")
 
 
 def _worker_range(num_workers) -> tuple[int, int]:

@@ -117,13 +117,23 @@ def batchnorm_loop(config: dict) -> None:
             if every and completed_step % every == 0 and completed_step > 0:
                 with tempfile.TemporaryDirectory() as directory:
                     hetero_ray.train.report(
-                        {"epoch": epoch, "loss": loss.item(), "restored_from": restored_from},
+                        {"epoch": epoch, "loss": loss.item(), "restored_from": restored_from,
+                         "process_group": _process_group()},
                         checkpoint=_checkpoint_rank0(model, optimizer, directory, global_step=completed_step))
         with tempfile.TemporaryDirectory() as directory:
             hetero_ray.train.report(
-                {"epoch": epoch, "loss": loss.item(), "restored_from": restored_from},
+                {"epoch": epoch, "loss": loss.item(), "restored_from": restored_from,
+                 "process_group": _process_group()},
                 checkpoint=_checkpoint_rank0(model, optimizer, directory,
                                              global_step=loader.position.global_step - 1))
+
+
+def _process_group() -> str:
+    """The workers' process group as the run's TorchConfig set it up: its backend, and how
+    the ranks met (Ray Train sets MASTER_ADDR for ``init_method="env"`` only)."""
+    import torch.distributed as dist
+
+    return f"{dist.get_backend()} via {'env' if 'MASTER_ADDR' in os.environ else 'tcp'}"
 
 
 def _maybe_crash(config: dict, completed_step: int) -> None:

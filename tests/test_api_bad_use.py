@@ -111,6 +111,34 @@ def test_trainer_arguments_are_checked_before_anything_starts():
         HeteroTrainer(_loop, run_config=RunConfig(name="../x"), hetero_config=HeteroConfig(global_batch_size=8))
 
 
+@pytest.mark.parametrize("make_torch_config, use_gpu, message", [
+    (lambda: {"backend": "gloo"}, False, r"torch_config must be a ray.train.torch.TorchConfig, got dict; pass "
+                                         r"torch_config=TorchConfig\(backend=...\)"),
+    (lambda: _torch_config("nccl"), False, r"needs every worker on a GPU \(ScalingConfig\(use_gpu=True\)\); use "
+                                           r"TorchConfig\(backend='gloo'\)"),
+], ids=["not-a-TorchConfig", "nccl-on-cpu-workers"])
+def test_torch_config_is_checked_before_anything_starts(make_torch_config, use_gpu, message):
+    from ray.train import ScalingConfig
+
+    with pytest.raises(ConfigError, match=message):
+        HeteroTrainer(_loop, scaling_config=ScalingConfig(num_workers=2, use_gpu=use_gpu),
+                      hetero_config=HeteroConfig(global_batch_size=8), torch_config=make_torch_config())
+
+
+def test_nccl_with_gpu_workers_and_gloo_with_cpu_workers_are_accepted():
+    from ray.train import ScalingConfig
+
+    for backend, use_gpu in (("nccl", True), ("gloo", False), ("gloo", True), (None, False)):
+        HeteroTrainer(_loop, scaling_config=ScalingConfig(num_workers=2, use_gpu=use_gpu),
+                      hetero_config=HeteroConfig(global_batch_size=8), torch_config=_torch_config(backend))
+
+
+def _torch_config(backend):
+    from ray.train.torch import TorchConfig
+
+    return TorchConfig(backend=backend)
+
+
 def non_scalar_loss_loop(config):
     import hetero_ray.train
 

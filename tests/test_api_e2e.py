@@ -9,7 +9,8 @@ worker processes: a user's own model (with BatchNorm), Dataset and loop.
 - nothing lost: a SIGKILL right after a checkpoint resumes at its exact step, with the
   user's own checkpoint contents, exactly once, and the weights of one device;
 - profiled with the user's model: HeteroConfig(profile_model=ProfileModel(...)) probes it
-  on every node before the first step; a recipe that fails is said, and training goes on.
+  on every node before the first step; a recipe that fails is said, and training goes on;
+- URI storage, and a TorchConfig that reaches the workers' process group.
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ def test_sigkill_in_a_user_loop_resumes_at_the_exact_step(ray_session, tmp_path)
 def test_uri_storage_keeps_checkpoints_there_and_copies_the_tables(ray_session, tmp_path):
     """A file:// URI takes the path every pyarrow.fs URI (s3://, gs://) takes: Ray Train
     checkpoints to the URI, the tables are written locally and copied there at the end;
-    the Ray Train run is named after the experiment."""
+    the Ray Train run is named after the experiment. The run's TorchConfig (not Ray
+    Train's default way of meeting, init_method="env") sets up the workers' group."""
     from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
 
     remote, local = tmp_path / "bucket", tmp_path / "local"
     trainer = HeteroTrainer(
@@ -120,9 +123,11 @@ def test_uri_storage_keeps_checkpoints_there_and_copies_the_tables(ray_session, 
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="api-uri", storage_path=f"file://{remote}"),
         hetero_config=HeteroConfig(global_batch_size=16, policy="static", output_dir=str(local)),
+        torch_config=TorchConfig(backend="gloo", init_method="tcp"),
     )
     result = trainer.fit()
 
+    assert result.metrics["process_group"] == "gloo via tcp"
     assert result.path.rstrip("/").endswith("bucket/api-uri")
     assert result.checkpoint.path.startswith(str(remote / "api-uri" / "checkpoint_"))
     for name in ("steps.parquet", "plans.parquet", "summary.json"):

@@ -4,18 +4,19 @@ Order matters for "bad input leaves nothing behind": every check (values, files,
 cluster's capacity, the checkpoint a --resume continues from) runs before the run
 directory is created. After that, the metrics store and the planner start as named
 actors, Ray Train runs the workers, and the store's files are merged and summarised even
-when training fails.
+when training fails: :mod:`hetero_ray.runtime.lifecycle`, the part ``HeteroTrainer.fit()``
+shares.
 
 Failures a retry cannot fix stop the run at once (:mod:`hetero_ray.runtime.failures`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import ray
 
@@ -23,18 +24,14 @@ from hetero_ray import preflight
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
-    DEFAULT_PLACEMENT_TIMEOUT_S, DEFAULT_PROGRESS_INTERVAL_S, PLACEMENT_TIMEOUT_S_ENV_VAR,
-    PROGRESS_INTERVAL_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
+    DEFAULT_PLACEMENT_TIMEOUT_S, PLACEMENT_TIMEOUT_S_ENV_VAR, RAY_TRAIN_SUBDIR, env_float,
 )
 from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
-from hetero_ray.metrics.store import StoreWriteFailed
-from hetero_ray.metrics.summary import build_summary
 from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
-from hetero_ray.runtime.failures import RunGuard, failure_for_user, is_disk_full
-from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
-from hetero_ray.runtime.node_profiling import NodeProfiling
-from hetero_ray.runtime.progress import ProgressPrinter
+from hetero_ray.runtime.failures import RunGuard, is_disk_full
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES
+from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 
 
 @dataclass
@@ -81,53 +78,13 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
     emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
          + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-    node_id = ray.get_runtime_context().get_node_id()
-    store = actors.start_metrics_store(config.experiment_name, run_dir, node_id)
-    planner = actors.start_planner(
-        config.experiment_name, run_dir, node_id, global_batch_size=config.batch_size, policy=config.policy,
-        rebalance_interval=config.rebalance_interval, batch_split=config.batch_split,
-        plan_changes=config.plan_changes, policy_config=config.plan.policy_config(),
-    )
     total_steps = _total_steps(config)
-    profiling = None
-    if config.profile:
-        profiling = NodeProfiling(run_dir, store, planner, config.experiment_name, config.model,
-                                  config.probe_batch_sizes(), cpus_per_worker=config.cpus_per_worker,
-                                  timeout_s=config.profile_timeout_s, dataset=config.dataset, emit=emit)
-        profiling.start(uses_gpus=device_mode != "cpu")
-    started = time.time()
-    error: Optional[BaseException] = None
-    result = None
-    stopped_by: Optional[int] = None  # the signal that stopped training by hand
-    signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
-    try:
-        trainer = _make_trainer(config, run_dir, device_mode, backend, total_steps,
-                                profiling.first_plan_wait_s if profiling else 0.0)
-        with ProgressPrinter(store, total_steps, env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
-            result = trainer.fit()
-    except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
-        error = e
-    except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
-        if result is None:  # a stop after fit() returned finds training finished
-            stopped_by = signals.stopped_by()
-    finally:
-        signals.finishing()
-        wall_time_s = time.time() - started
-        nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
-        summary, failure = finish_run(run_dir, store, planner, result, wall_time_s, error, _summary_base(config),
-                                      nodes, emit, write_final_model=True,
-                                      interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-        for actor in (planner, store):
-            actors.kill_actor(actor)
-        signals.restore()
-    if failure is not None:
-        raise failure from error
-    if stopped_by is not None:
-        raise _interrupted(run_dir, summary, stopped_by)
-    return RunResult(run_dir, summary)
+    make_trainer = functools.partial(_make_trainer, config, run_dir, device_mode, backend, total_steps)
+    finished = run_lifecycle(_run_spec(config, run_dir, device_mode, total_steps), make_trainer, emit=emit)
+    return RunResult(run_dir, finished.summary)
 
 
-def _interrupted(run_dir: str, summary: dict[str, Any], signum: int) -> RunInterrupted:
+def _interrupted(run_dir: str, signum: int, summary: dict[str, Any]) -> RunInterrupted:
     """What a person reads after stopping a run: how far it got, where, whether --resume can continue."""
     name = SIGNAL_NAMES[signum] + (" (Ctrl-C)" if signum == signal.SIGINT else "")
     recorded = (f"interrupted by {name} at global step {summary['global_steps']}: summary.json says "
@@ -219,122 +176,31 @@ def _warmup_settings(config: TrainConfig) -> dict:
             "warmup_batch_sizes": config.probe_batch_sizes()}
 
 
-def _summary_base(config: TrainConfig) -> dict[str, Any]:
-    return {
-        "experiment_name": config.experiment_name,
-        "model": config.model,
-        "dataset": config.dataset,
-        "policy": config.policy,
-        "num_workers": config.num_workers,
-        "global_batch_size": config.batch_size,
-        "emulate_speeds": config.emulate_speeds,
-    }
-
-
-def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: Optional[BaseException],
-               summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
-               emit: Callable[[str], None] = print, *,
-               write_final_model: bool = False,
-               interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
-    """Merges the tables, writes summary.json (and, for built-in runs, the final model);
-    never raises.
-
-    Args:
-        interrupted_by: the signal's name when one stopped training before its end: the
-            summary says ``interrupted`` (not ``finished``), and there is no final model.
-
-    Returns the summary and, for a failed run, the exception to raise (see
-    :func:`failure_for_user`). A store that stopped writing fails the run even when
-    training itself finished: its last rows are missing.
-    """
-    try:
-        ray.get(planner.close.remote(), timeout=30)
-    except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
-        print(f"[hetero_ray] warning: planner could not flush its last decision ({e})")
-    try:
-        store_failure = ray.get(store.failure.remote(), timeout=30)
-        if store_failure and error is None:
-            error = StoreWriteFailed(store_failure["message"])
-        ray.get(store.finalize.remote(), timeout=120)
-    except Exception as e:  # noqa: BLE001 - still summarise what is on disk
-        print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
-    _remove_unregistered_checkpoints(run_dir)
-    if (write_final_model and error is None and interrupted_by is None and result is not None
-            and result.checkpoint is not None):
-        try:
-            _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
-        except OSError as e:
-            error = e
-    steps = run_files.read_table(run_dir, "steps")
-    epochs = run_files.read_table(run_dir, "epochs")
-    plans = run_files.read_table(run_dir, "plans")
-    attempts = run_files.read_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
-    summary = build_summary(steps, epochs, plans, attempts, base={
-        **summary_base,
-        "wall_time_s": wall_time_s,
-        "status": "failed" if error is not None else ("interrupted" if interrupted_by else "finished"),
-        "error": None,
-        "run_dir": run_dir,
-    })
-    if interrupted_by:
-        summary["interrupted_by"] = interrupted_by
-    failure = None
-    if error is not None:
-        failure = failure_for_user(error, run_dir, summary["global_steps"])
-        summary["error"] = str(failure)
-    summary["bottlenecks"] = _bottlenecks(steps, nodes)
-    path = os.path.join(run_dir, run_files.SUMMARY_FILE)
-    try:
-        run_files.write_json(path, summary)
-    except OSError as e:
-        emit(f"[hetero_ray] {path} could not be written ({e.strerror or e}); status: {summary['status']}"
-             + (f", error: {summary['error']}" if summary["error"] else ""))
-    return summary, failure
-
-
-def _remove_unregistered_checkpoints(run_dir: str) -> None:
-    """Removes checkpoint folders Ray Train never registered: uploads cut short (a full
-    disk, a killed worker). Ray restores only registered ones, and a half-written
-    checkpoint must not look like a good one to a person or a later tool."""
-    import shutil
-
-    train_dir = checkpoints.ray_train_dir(run_dir)
-    try:
-        registered = checkpoints.registered_checkpoint_names(run_dir)
-        names = [n for n in os.listdir(train_dir) if n.startswith("checkpoint_") and n not in registered
-                 and os.path.isdir(os.path.join(train_dir, n))]
-    except (OSError, ValueError):  # no folder, or a snapshot that cannot be read: delete nothing
-        return
-    for name in names:
-        shutil.rmtree(os.path.join(train_dir, name), ignore_errors=True)
-
-
-def _bottlenecks(steps, nodes: Optional[list[dict]]) -> list[dict]:
-    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`,
-    with the memory caps the planner gives the ranks of ``nodes`` (the profiles, if any)."""
-    from hetero_ray.profiling.run_bottlenecks import judge_run
-
-    try:
-        return judge_run(steps, nodes)
-    except Exception as e:  # noqa: BLE001 - a summary without verdicts beats no summary
-        return [{"error": f"bottleneck analysis failed: {e}"}]
-
-
-def _write_final_model(checkpoint, path: str) -> None:
-    import torch
-
-    from hetero_ray.training.checkpointing import load_state
-
-    with checkpoint.as_directory() as directory:
-        state = load_state(directory)
-    tmp = path + ".tmp"
-    try:
-        torch.save(state.model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+def _run_spec(config: TrainConfig, run_dir: str, device_mode: str, total_steps: int) -> RunSpec:
+    profiling = None
+    if config.profile:
+        profiling = ProfilingSpec(config.model, config.probe_batch_sizes(), config.cpus_per_worker,
+                                  config.profile_timeout_s, uses_gpus=device_mode != "cpu", dataset=config.dataset)
+    return RunSpec(
+        experiment_name=config.experiment_name,
+        run_dir=run_dir,
+        planner_settings=dict(global_batch_size=config.batch_size, policy=config.policy,
+                              rebalance_interval=config.rebalance_interval, batch_split=config.batch_split,
+                              plan_changes=config.plan_changes, policy_config=config.plan.policy_config()),
+        summary_base={
+            "experiment_name": config.experiment_name,
+            "model": config.model,
+            "dataset": config.dataset,
+            "policy": config.policy,
+            "num_workers": config.num_workers,
+            "global_batch_size": config.batch_size,
+            "emulate_speeds": config.emulate_speeds,
+        },
+        interruption=functools.partial(_interrupted, run_dir),
+        profiling=profiling,
+        total_steps=total_steps,
+        write_final_model=True,
+    )
 
 
 def _describe_checkpoint(run_dir: str) -> str:

@@ -43,14 +43,13 @@ class RunStorage:
         info = filesystem.get_file_info(f"{path}/{RAY_CHECKPOINT_SNAPSHOT}")
         return info.type != pyarrow.fs.FileType.NotFound
 
-    def upload(self) -> None:
-        """Copies the run's tables next to Ray Train's files (URI storage only)."""
-        if self.remote_run_uri is None:
-            return
-        import pyarrow.fs
 
-        filesystem, path = pyarrow.fs.FileSystem.from_uri(self.remote_run_uri)
-        pyarrow.fs.copy_files(self.run_dir, path, destination_filesystem=filesystem)
+def upload(run_dir: str, remote_run_uri: str) -> None:
+    """Copies the run's tables from ``run_dir`` next to Ray Train's files at ``remote_run_uri``."""
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(remote_run_uri)
+    pyarrow.fs.copy_files(run_dir, path, destination_filesystem=filesystem)
 
 
 def resolve(storage_path: Optional[str], name: str, output_dir: Optional[str]) -> RunStorage:

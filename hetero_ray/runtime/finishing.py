@@ -1,0 +1,126 @@
+"""The end of a run, however it ended: the store's tables merged, summary.json written
+(with each rank's bottleneck verdict), checkpoints Ray Train never registered removed,
+and, for a built-in run that finished, the final model.
+
+It runs after training finished, failed or was stopped by hand, so it must not raise:
+what it cannot write it says, and a failure it meets becomes the run's failure.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+import ray
+
+from hetero_ray.metrics import run_files
+from hetero_ray.metrics.store import StoreWriteFailed
+from hetero_ray.metrics.summary import build_summary
+from hetero_ray.runtime import checkpoints
+from hetero_ray.runtime.failures import failure_for_user
+
+
+def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: Optional[BaseException],
+               summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
+               emit: Callable[[str], None] = print, *,
+               write_final_model: bool = False,
+               interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
+    """Merges the tables, writes summary.json (and, for built-in runs, the final model);
+    never raises.
+
+    Args:
+        interrupted_by: the signal's name when one stopped training before its end: the
+            summary says ``interrupted`` (not ``finished``), and there is no final model.
+
+    Returns the summary and, for a failed run, the exception to raise (see
+    :func:`failure_for_user`). A store that stopped writing fails the run even when
+    training itself finished: its last rows are missing.
+    """
+    try:
+        ray.get(planner.close.remote(), timeout=30)
+    except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
+        print(f"[hetero_ray] warning: planner could not flush its last decision ({e})")
+    try:
+        store_failure = ray.get(store.failure.remote(), timeout=30)
+        if store_failure and error is None:
+            error = StoreWriteFailed(store_failure["message"])
+        ray.get(store.finalize.remote(), timeout=120)
+    except Exception as e:  # noqa: BLE001 - still summarise what is on disk
+        print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
+    _remove_unregistered_checkpoints(run_dir)
+    if (write_final_model and error is None and interrupted_by is None and result is not None
+            and result.checkpoint is not None):
+        try:
+            _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
+        except OSError as e:
+            error = e
+    steps = run_files.read_table(run_dir, "steps")
+    epochs = run_files.read_table(run_dir, "epochs")
+    plans = run_files.read_table(run_dir, "plans")
+    attempts = run_files.read_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
+    summary = build_summary(steps, epochs, plans, attempts, base={
+        **summary_base,
+        "wall_time_s": wall_time_s,
+        "status": "failed" if error is not None else ("interrupted" if interrupted_by else "finished"),
+        "error": None,
+        "run_dir": run_dir,
+    })
+    if interrupted_by:
+        summary["interrupted_by"] = interrupted_by
+    failure = None
+    if error is not None:
+        failure = failure_for_user(error, run_dir, summary["global_steps"])
+        summary["error"] = str(failure)
+    summary["bottlenecks"] = _bottlenecks(steps, nodes)
+    path = os.path.join(run_dir, run_files.SUMMARY_FILE)
+    try:
+        run_files.write_json(path, summary)
+    except OSError as e:
+        emit(f"[hetero_ray] {path} could not be written ({e.strerror or e}); status: {summary['status']}"
+             + (f", error: {summary['error']}" if summary["error"] else ""))
+    return summary, failure
+
+
+def _remove_unregistered_checkpoints(run_dir: str) -> None:
+    """Removes checkpoint folders Ray Train never registered: uploads cut short (a full
+    disk, a killed worker). Ray restores only registered ones, and a half-written
+    checkpoint must not look like a good one to a person or a later tool."""
+    import shutil
+
+    train_dir = checkpoints.ray_train_dir(run_dir)
+    try:
+        registered = checkpoints.registered_checkpoint_names(run_dir)
+        names = [n for n in os.listdir(train_dir) if n.startswith("checkpoint_") and n not in registered
+                 and os.path.isdir(os.path.join(train_dir, n))]
+    except (OSError, ValueError):  # no folder, or a snapshot that cannot be read: delete nothing
+        return
+    for name in names:
+        shutil.rmtree(os.path.join(train_dir, name), ignore_errors=True)
+
+
+def _bottlenecks(steps, nodes: Optional[list[dict]]) -> list[dict]:
+    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`,
+    with the memory caps the planner gives the ranks of ``nodes`` (the profiles, if any)."""
+    from hetero_ray.profiling.run_bottlenecks import judge_run
+
+    try:
+        return judge_run(steps, nodes)
+    except Exception as e:  # noqa: BLE001 - a summary without verdicts beats no summary
+        return [{"error": f"bottleneck analysis failed: {e}"}]
+
+
+def _write_final_model(checkpoint, path: str) -> None:
+    import torch
+
+    from hetero_ray.training.checkpointing import load_state
+
+    with checkpoint.as_directory() as directory:
+        state = load_state(directory)
+    tmp = path + ".tmp"
+    try:
+        torch.save(state.model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

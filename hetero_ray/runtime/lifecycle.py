@@ -1,0 +1,133 @@
+"""One run from its actors to its finished files: the part that ``hetero-ray train``
+(:mod:`hetero_ray.runtime.driver`) and ``HeteroTrainer.fit()`` share.
+
+The caller has done every check and created the run directory; :func:`run_lifecycle`
+then starts the metrics store and the planner, profiles the nodes (if asked), runs Ray
+Train with a progress line, and — however training ended: finished, failed, stopped by
+Ctrl-C or SIGTERM — writes the run's files (:func:`hetero_ray.runtime.finishing.finish_run`),
+kills the actors, copies the files to URI storage, and puts the signal handlers back.
+Only then does it raise the failure or the interruption.
+
+What differs between the two callers comes in as values (:class:`RunSpec`), and as the
+callable that builds the ``TorchTrainer`` once the first plan's wait is known.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
+
+import ray
+
+from hetero_ray.constants import DEFAULT_PROGRESS_INTERVAL_S, PROGRESS_INTERVAL_S_ENV_VAR, env_float
+from hetero_ray.errors import RunInterrupted
+from hetero_ray.runtime import actors, storage
+from hetero_ray.runtime.finishing import finish_run
+from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
+from hetero_ray.runtime.node_profiling import NodeProfiling
+from hetero_ray.runtime.progress import ProgressPrinter
+
+
+@dataclass(frozen=True)
+class ProfilingSpec:
+    """How to profile the nodes for the first plan (see :class:`NodeProfiling`)."""
+
+    model: Any  # a built-in model's name, or the user's ProfileModel
+    batch_sizes: list[int]
+    cpus_per_worker: float
+    timeout_s: float
+    uses_gpus: bool  # profiling then comes before the workers' start, never beside it
+    dataset: Optional[str] = None  # a built-in model's input shape comes from its dataset
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, as the lifecycle needs it; the caller's checks are behind it."""
+
+    experiment_name: str
+    run_dir: str  # exists, with config.json in it
+    planner_settings: dict[str, Any]  # the Planner's arguments (hetero_ray.planning.planner.Planner)
+    summary_base: dict[str, Any]  # summary.json's fields that describe the job, not its outcome
+    interruption: Callable[[int, dict[str, Any]], RunInterrupted]  # (signal, summary) → what to raise
+    profiling: Optional[ProfilingSpec] = None
+    total_steps: Optional[int] = None  # for the progress line's "of N"; None when unknown
+    write_final_model: bool = False  # built-in runs only: a user's loop keeps its own checkpoint
+    remote_run_uri: Optional[str] = None  # URI storage: the finished files are copied there
+
+
+class Finished(NamedTuple):
+    result: Any  # Ray Train's Result
+    summary: dict[str, Any]
+
+
+def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
+                  emit: Callable[[str], None] = print) -> Finished:
+    """Runs training and finishes the run's files however it ended.
+
+    Args:
+        make_trainer: builds the ``TorchTrainer`` from how long rank 0's first plan request
+            waits for the profiles (0 without profiling); called inside the guarded part,
+            so an error there is recorded like a training failure.
+
+    Raises:
+        UserError, TrainingFailed: training failed (:func:`finish_run` says which).
+        RunInterrupted: Ctrl-C or SIGTERM stopped training (``spec.interruption`` phrases it).
+    """
+    node_id = ray.get_runtime_context().get_node_id()
+    store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id)
+    planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
+    profiling = _start_profiling(spec, store, planner, emit)
+    started = time.time()
+    error: Optional[BaseException] = None
+    result = None
+    stopped_by: Optional[int] = None  # the signal that stopped training by hand
+    signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
+    try:
+        trainer = make_trainer(profiling.first_plan_wait_s if profiling else 0.0)
+        with ProgressPrinter(store, spec.total_steps,
+                             env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
+            result = trainer.fit()
+    except Exception as e:  # noqa: BLE001 - recorded, files finalised, re-raised below
+        error = e
+    except (KeyboardInterrupt, SystemExit):  # a stop signal, raised by Ray Train's handler or ours
+        if result is None:  # a stop after fit() returned finds training finished
+            stopped_by = signals.stopped_by()
+    finally:
+        signals.finishing()
+        wall_time_s = time.time() - started
+        nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
+        summary, failure = finish_run(spec.run_dir, store, planner, result, wall_time_s, error, spec.summary_base,
+                                      nodes, emit, write_final_model=spec.write_final_model,
+                                      interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
+        for actor in (planner, store):
+            actors.kill_actor(actor)
+        _copy_to_remote(spec, emit)
+        signals.restore()
+    if failure is not None:
+        raise failure from error
+    if stopped_by is not None:
+        raise spec.interruption(stopped_by, summary)
+    return Finished(result, summary)
+
+
+def _start_profiling(spec: RunSpec, store, planner, emit: Callable[[str], None]) -> Optional[NodeProfiling]:
+    recipe = spec.profiling
+    if recipe is None:
+        return None
+    profiling = NodeProfiling(spec.run_dir, store, planner, spec.experiment_name, recipe.model, recipe.batch_sizes,
+                              cpus_per_worker=recipe.cpus_per_worker, timeout_s=recipe.timeout_s,
+                              dataset=recipe.dataset, emit=emit)
+    profiling.start(uses_gpus=recipe.uses_gpus)
+    return profiling
+
+
+def _copy_to_remote(spec: RunSpec, emit: Callable[[str], None]) -> None:
+    """A copy that fails leaves the run as it ended: its files are complete locally."""
+    if spec.remote_run_uri is None:
+        return
+    try:
+        storage.upload(spec.run_dir, spec.remote_run_uri)
+    except OSError as e:
+        emit(f"[hetero_ray] warning: the run's tables could not be copied to {spec.remote_run_uri} ({e}); "
+             f"they are in {spec.run_dir}")
