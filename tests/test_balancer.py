@@ -218,6 +218,30 @@ def test_a_quota_the_rank_fills_is_seen_before_any_move():
                                        for d in decisions), decisions
 
 
+def test_a_move_fits_the_quota_at_the_step_time_it_predicts():
+    """Rank 0 (1 ms a sample; the others 2 ms) uses half a core at 24 samples and 48 ms
+    steps, under a 0.9-core quota: 38 samples would fit at 48 ms, but the move shortens
+    the step, and at the step it predicts the quota holds fewer. The adopted plan fits
+    the quota at its own predicted step time (0.9 of it, as planning/quota.py keeps)."""
+    balancer = new_balancer(interval=10)
+    sizes, version, adopted = [24, 24, 24, 24], 0, []
+    for step in range(12):
+        rows = _burst_rows(step, sizes, version, beyond_s=0.001)
+        step_s = max(r["busy_time_s"] for r in rows)
+        for row in rows:
+            row["step_time_s"] = step_s
+        if step >= 5:
+            rows[0].update(node_id="capped", cpu_util=100 * rows[0]["busy_time_s"] / step_s,
+                           cpu_util_from_step=step - step % 5 - 5, cpu_quota_cores=0.9)
+        adopted += [r for r in balancer.add_steps(rows).decision_rows if r["adopted"]]
+        adopted += [r for r in balancer.flush() if r["adopted"]]
+    assert adopted, "the fast rank was never given more"
+    move = adopted[0]
+    cpu_per_sample_s = 0.5 * 0.048 / 24
+    assert move["local_batch_sizes"][0] > 24
+    assert move["local_batch_sizes"][0] <= 0.9 * 0.9 * move["predicted_step_time_s"] / cpu_per_sample_s, move
+
+
 def test_a_slope_that_was_only_wrong_is_trusted_half_the_way():
     # 2 ms a sample beyond 24: the first move is slower than the plan before it, but within
     # 1.5× its prediction. Later moves give rank 0 at most half the first increase.

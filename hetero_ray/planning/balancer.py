@@ -299,18 +299,34 @@ class Balancer:
 
     def _policy_decides(self, current: Plan, global_step: int) -> Decision:
         """The policy's decision, within the memory caps, the caps rollbacks taught and the
-        CPU quotas' caps."""
-        memory_caps = self.policy.caps
+        CPU quotas' caps.
+
+        A quota's room is reckoned at a step time: first the plan in force's; but a move
+        that shortens the step leaves a quota-bound node less CPU per step, so a move is
+        decided again with the caps reckoned at the step time it predicts (they only
+        tighten)."""
+        policy_state = self.policy.state_dict()
         quota_caps = self._quota_caps.caps(current.version, current.local_batch_sizes)
+        decision = self._decide_within(current, global_step, quota_caps)
+        predicted = decision.predicted_step_time_s
+        if decision.adopt and math.isfinite(predicted) and predicted > 0:
+            at_predicted = self._quota_caps.caps(current.version, current.local_batch_sizes, step_s=predicted)
+            if any(c is not None and (q is None or c < q) for c, q in zip(at_predicted, quota_caps)):
+                self.policy.load_state_dict(policy_state)  # the first decision was not made
+                quota_caps = at_predicted
+                decision = self._decide_within(current, global_step, quota_caps)
+        met = self._quota_caps.describe(quota_caps, decision.proposed_local_batch_sizes or current.local_batch_sizes)
+        return dataclasses.replace(decision, reason=f"{decision.reason} ({met})") if met else decision
+
+    def _decide_within(self, current: Plan, global_step: int, quota_caps: list[Optional[int]]) -> Decision:
+        memory_caps = self.policy.caps
         if any(c is not None for c in (*self._learned_caps, *quota_caps)):
             self.policy.caps = [_tighter(_tighter(m, learned), quota) for m, learned, quota in
                                 zip(memory_caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
         try:
-            decision = self.policy.decide(current, self.estimates.estimates(global_step), global_step)
+            return self.policy.decide(current, self.estimates.estimates(global_step), global_step)
         finally:
             self.policy.caps = memory_caps
-        met = self._quota_caps.describe(quota_caps, decision.proposed_local_batch_sizes or current.local_batch_sizes)
-        return dataclasses.replace(decision, reason=f"{decision.reason} ({met})") if met else decision
 
     def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:
         """Slowest-rank busy time (kept mean) of the newest ``num_steps`` complete steps run
