@@ -1,4 +1,5 @@
-"""`ray job submit` of jobs/train.py to a real two-node cluster started by cluster_configs/.
+"""`ray job submit` of jobs/train.py and of the examples to a real two-node cluster started
+by cluster_configs/.
 
 The cluster is independent of the session's Ray (no `ray_session`): a head started by
 cluster_configs/start_head.sh on this machine and a second node started by
@@ -32,6 +33,7 @@ import psutil
 import pytest
 
 from hetero_ray.constants import DEVICE_LABEL
+from tests.cifar_files import write_cifar10
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -248,3 +250,25 @@ def test_ray_job_submit_trains_and_writes_the_run_directory(script_cluster, tmp_
     assert summary, "empty summary.json"
     steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
     assert sorted(steps["rank"].unique()) == [0, 1] and steps["global_step"].max() == 15
+
+
+@pytest.mark.parametrize("example", ["own_model", "resnet_cifar"])
+def test_the_examples_run_as_ray_jobs(script_cluster, tmp_path, example):
+    """What each example's docstring promises: `ray job submit --working-dir . -- python
+    examples/X.py` trains (a HeteroTrainer inside the job's driver) and leaves its run."""
+    flags = ["--num-workers", "2", "--global-batch-size", "32", "--epochs", "1", "--loader-workers", "0",
+             "--storage-path", str(tmp_path / "runs"), "--name", example]
+    if example == "resnet_cifar":
+        flags += ["--data-dir", str(write_cifar10(tmp_path / "data", num_train=64, num_test=8)),
+                  "--no-verify-checksums"]
+    else:
+        flags += ["--num-samples", "128"]
+    submit = _ray_cli(script_cluster, "job", "submit", "--address", script_cluster["dashboard"],
+                      "--working-dir", REPO_ROOT, "--", "python", f"examples/{example}.py", *flags,
+                      timeout_s=JOB_TIMEOUT_S)
+    assert submit.returncode == 0, submit.stdout[-5000:] + submit.stderr[-3000:]
+    assert "final metrics: {" in submit.stdout, submit.stdout[-3000:]
+    with open(tmp_path / "runs" / example / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["status"] == "finished", summary
+    assert summary["global_steps"] == (2 if example == "resnet_cifar" else 4)  # 64 or 128 samples, 32 a step
