@@ -36,7 +36,6 @@ from hetero_ray.runtime import actors, cluster, node_checks, storage
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
-from hetero_ray.runtime.node_profiling import FirstPlan
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
 
@@ -131,7 +130,7 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
         return finished.result
 
-    def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan: FirstPlan):
+    def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
         from ray.train.torch import TorchTrainer
 
         hetero = self._hetero
@@ -141,11 +140,9 @@ class HeteroTrainer:
             record_sample_ids=hetero.record_sample_ids, profile_interval=hetero.profile_interval,
             emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
-            # Each rank times the user's model before step 0 under emulated speeds and on
-            # several nodes profiled beside the workers' start (training/warmup.py).
-            warmup_model=(hetero.profile_model if hetero.profiles_nodes
-                          and (hetero.emulate_speeds or first_plan.ranks_time_themselves) else None),
-            warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan.wait_s,
+            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py).
+            warmup_model=hetero.profile_model if hetero.emulate_speeds and hetero.profiles_nodes else None,
+            warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
         )
         user = self._run_config
         run_config = RunConfig(

@@ -202,8 +202,7 @@ class Planner:
         return {"plan": None if self._plan is None else self._plan.to_dict(), "next_version": self._next_version,
                 "policy": self.policy.name, "caps": self.caps, "num_nodes": len(self._nodes),
                 "attempt": self.balancer.attempt, "num_workers": self.balancer.num_workers,
-                "end_global_step": self.balancer.end_global_step,
-                "awaiting_capabilities": self._awaiting_capabilities}
+                "end_global_step": self.balancer.end_global_step}
 
     def state_dict(self) -> dict:
         """Everything but the estimates (those travel with the checkpoints:

@@ -32,7 +32,6 @@ from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
 from hetero_ray.runtime.failures import RunGuard, is_disk_full
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
-from hetero_ray.runtime.node_profiling import FirstPlan
 
 
 @dataclass
@@ -119,7 +118,7 @@ def _remove_empty_dir(path: str) -> None:
 
 
 def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
-                  total_steps: int, first_plan: FirstPlan):
+                  total_steps: int, first_plan_wait_s: float):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -146,7 +145,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         rebalance_interval=config.rebalance_interval, device_mode=device_mode,
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
         emulate_speeds=config.emulate_speeds, speed_changes=config.emulate_speed_changes, end_global_step=total_steps,
-        first_plan_wait_s=first_plan.wait_s, **_warmup_settings(config, first_plan),
+        first_plan_wait_s=first_plan_wait_s, **_warmup_settings(config),
     )
     return TorchTrainer(
         call_for(train_loop_per_worker, settings.to_dict()),
@@ -166,11 +165,10 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
     )
 
 
-def _warmup_settings(config: TrainConfig, first_plan: FirstPlan) -> dict:
-    """With profiling on, each rank times the built-in model's step before step 0 under
-    emulated speeds (the first plan is measured under the emulation) and on several nodes
-    profiled beside the workers' start (training/warmup.py)."""
-    if not (config.profile and (config.emulate_speeds or first_plan.ranks_time_themselves)):
+def _warmup_settings(config: TrainConfig) -> dict:
+    """Under emulated speeds (with profiling on), each rank times the built-in model's step
+    before step 0: the first plan is measured under the emulation (training/warmup.py)."""
+    if not (config.emulate_speeds and config.profile):
         return {}
     from hetero_ray.profiling.recipe import builtin_recipe
 

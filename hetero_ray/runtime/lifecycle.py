@@ -25,7 +25,7 @@ from hetero_ray.errors import RunInterrupted
 from hetero_ray.runtime import actors, storage
 from hetero_ray.runtime.finishing import finish_run
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
-from hetero_ray.runtime.node_profiling import FirstPlan, NodeProfiling
+from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.progress import ProgressPrinter
 
 
@@ -61,14 +61,14 @@ class Finished(NamedTuple):
     summary: dict[str, Any]
 
 
-def run_lifecycle(spec: RunSpec, make_trainer: Callable[[FirstPlan], Any], *,
+def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
                   emit: Callable[[str], None] = print) -> Finished:
     """Runs training and finishes the run's files however it ended.
 
     Args:
-        make_trainer: builds the ``TorchTrainer`` from how the first plan waits for the
-            profiles (:class:`FirstPlan`; its defaults without profiling); called inside
-            the guarded part, so an error there is recorded like a training failure.
+        make_trainer: builds the ``TorchTrainer`` from how long rank 0's first plan request
+            waits for the profiles (0 without profiling); called inside the guarded part,
+            so an error there is recorded like a training failure.
 
     Raises:
         UserError, TrainingFailed: training failed (:func:`finish_run` says which).
@@ -84,7 +84,7 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[FirstPlan], Any], *,
     stopped_by: Optional[int] = None  # the signal that stopped training by hand
     signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
     try:
-        trainer = make_trainer(profiling.first_plan if profiling else FirstPlan())
+        trainer = make_trainer(profiling.first_plan_wait_s if profiling else 0.0)
         with ProgressPrinter(store, spec.total_steps,
                              env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()

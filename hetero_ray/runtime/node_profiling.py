@@ -5,30 +5,26 @@ A node profile (the hardware, and the model's busy-time line and largest batch o
 device) takes seconds: a profiler process per node, micro-benchmarks, the model at a few
 batch sizes. Run before the workers start, those seconds come before the first step.
 
-On clusters without GPUs the profilers run while the worker group starts (reserving no
-logical CPUs, so that none keeps a worker from its slot), and the planner holds the
-group's first plan until the profiles are in: rank 0's first plan request waits for them,
-saying so, no longer than the profiling's own timeout.
+On a single machine without GPUs the profilers run while the worker group starts
+(reserving no logical CPUs, so that none keeps a worker from its slot), and the planner
+holds the group's first plan until the profiles are in: rank 0's first plan request
+waits for them, saying so, no longer than the profiling's own timeout. There, the
+profile's line cannot tell the ranks apart anyway (they share the node's), so measuring
+it while the workers start costs the plan nothing; what the plan needs from it is the
+memory cap.
 
-- On a single machine the profile's line cannot tell the ranks apart anyway (they share
-  the node's), so measuring it while the workers start costs the plan nothing; what the
-  plan needs from it is the memory cap.
-- On several nodes a node measured while its own workers start is measured slower than
-  it is, by a factor that depends on the node: on the cgroup testbed (one node capped at a
-  third of a core) the capped node came out 6× slower than the other instead of 2×, and
-  the first plan gave it 18 of 128 samples where the balancer later settled at 33–38. So
-  there the ranks time the model themselves once the profiles are in
-  (:attr:`NodeProfiling.ranks_time_themselves`, training/warmup.py), and the profiles
-  give the memory caps.
-
-With GPUs profiling comes first: its out-of-memory search fills the very GPUs the workers
-are about to take.
+On several nodes profiling still comes first. A node measured while its own workers
+start is measured slower than it is, and by how much depends on the node: on the
+cgroup testbed (one node capped at a third of a core) the capped node came out 6× slower
+than the other instead of 2×, and the first plan gave it 18 of 128 samples where the
+balancer later settled at 33–38. With GPUs it comes first too: its out-of-memory search fills the very
+GPUs the workers are about to take.
 """
+
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import ray
@@ -37,14 +33,6 @@ from hetero_ray.metrics import run_files
 
 # Beyond the profiling's own timeout: the profilers' start, and handing the result over.
 JOIN_SLACK_S = 30.0
-
-
-@dataclass(frozen=True)
-class FirstPlan:
-    """What the workers need to know about the profiles for their first plan."""
-
-    wait_s: float = 0.0  # how long rank 0's first plan request (and a warm-up) waits for them
-    ranks_time_themselves: bool = False  # the lines come from the ranks' warm-up (module docstring)
 
 
 class NodeProfiling:
@@ -59,20 +47,18 @@ class NodeProfiling:
         self._planner, self._emit, self.timeout_s = planner, emit, timeout_s
         self._nodes: Optional[list[dict]] = None
         self._thread: Optional[threading.Thread] = None
-        self.ranks_time_themselves = False  # the first plan's lines come from the ranks' warm-up
 
     @property
-    def first_plan(self) -> FirstPlan:
-        """How the first plan waits for the profiles (once :meth:`start` has decided)."""
-        return FirstPlan(self.timeout_s + JOIN_SLACK_S, self.ranks_time_themselves)
+    def first_plan_wait_s(self) -> float:
+        """How long rank 0 waits for the profiles at its first plan request."""
+        return self.timeout_s + JOIN_SLACK_S
 
     def start(self, uses_gpus: bool) -> None:
         """Profiles beside the workers' start where that costs the first plan nothing (see
         the module docstring), else now."""
         from hetero_ray.runtime.cluster import alive_nodes
 
-        if not uses_gpus:
-            self.ranks_time_themselves = len(alive_nodes()) > 1
+        if not uses_gpus and len(alive_nodes()) == 1:
             self._start_beside_workers()
         else:
             self._nodes = profile_nodes(*self._args, **self._kwargs)  # the planner has them on return
@@ -99,7 +85,7 @@ class NodeProfiling:
         ``wait=False``, e.g. after Ctrl-C) not finished yet."""
         if self._thread is not None and self._thread.is_alive() and wait:
             self._emit("[hetero_ray] waiting for the node profiling to finish…")
-            self._thread.join(timeout=self.first_plan.wait_s)
+            self._thread.join(timeout=self.first_plan_wait_s)
         return self._nodes
 
 

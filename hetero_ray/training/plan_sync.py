@@ -82,24 +82,3 @@ def broadcast_plan(plan: Optional[Plan], rank: int, num_workers: int, device: to
         return plan
     values = buffer.tolist()
     return Plan(values[0], tuple(values[1:]))
-
-
-def await_node_profiles(planner, wait_s: float, note: Callable[[str], None] = logger.info,
-                        timeout_s: float = 30.0) -> None:
-    """Waits (every rank, before its warm-up) while the planner awaits the node profiles,
-    for up to ``wait_s`` seconds, telling ``note`` what it waits for: a rank that times
-    itself while a profiler runs on its node measures the two sharing the cores."""
-    started = said = time.monotonic()
-    while time.monotonic() - started < wait_s:
-        try:
-            if not ray.get(planner.info.remote(), timeout=timeout_s).get("awaiting_capabilities"):
-                return
-        except Exception as e:  # noqa: BLE001 - a planner that does not answer: measure now
-            logger.warning("planner did not answer (%s); warming up without waiting for the node profiles",
-                           type(e).__name__)
-            return
-        if time.monotonic() - said >= WAIT_NOTE_EVERY_S:
-            said = time.monotonic()
-            note(f"waiting for the node profiles before each rank times its own step ({said - started:.0f}s, "
-                 f"at most {wait_s:.0f}s)…")
-        time.sleep(WAIT_POLL_S)

@@ -38,7 +38,7 @@ from hetero_ray.sampler import Position
 from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
 from hetero_ray.training.identity import WorkerIdentity, register_attempt
-from hetero_ray.training.plan_sync import await_node_profiles, broadcast_plan, fetch_plan
+from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
 from hetero_ray.training.recorder import StepRecorder
 
 logger = logging.getLogger("hetero_ray.worker")
@@ -58,9 +58,8 @@ class WorkerSettings:
     emulate_speeds: Optional[list[float]] = None
     speed_changes: Optional[list[dict]] = None
     end_global_step: Optional[int] = None  # known for built-in runs; None for user loops
-    # The model recipe (a ProfileModel) each rank times itself with before step 0, and at
-    # which batch sizes (see training/warmup.py): under emulated speeds, and on several
-    # nodes profiled beside the workers' start (see runtime/node_profiling.py).
+    # Under emulated speeds: the model recipe (a ProfileModel) each rank times itself with
+    # before step 0, and at which batch sizes (see training/warmup.py).
     warmup_model: Any = None
     warmup_batch_sizes: Optional[list[int]] = None
     # Node profiles made beside the workers' start: how long rank 0 waits for them at the
@@ -187,11 +186,8 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
         f"resuming at global step {position.global_step} (epoch {position.epoch}, step {position.step})")
     _say(identity, f"attempt {identity.attempt}: {identity.num_workers} workers, {where}")
     rank_fits = None
-    if settings.warmup_model is not None:
-        if speeds is None:  # real speeds: measured once the node profilers no longer share the cores
-            await_node_profiles(planner, settings.first_plan_wait_s, lambda m: _say(identity, m))
-        speed = speeds.speed(identity.rank, position.global_step) if speeds is not None else 1.0
-        rank_fits = _warm_up(settings, identity, emulator, speed)
+    if speeds is not None and settings.warmup_model is not None:
+        rank_fits = _warm_up(settings, identity, emulator, speeds.speed(identity.rank, position.global_step))
     session = WorkerSession(
         settings=settings, identity=identity, store=store, planner=planner,
         recorder=recorder, restored=restored, speeds=speeds, emulator=emulator, rank_fits=rank_fits,
@@ -238,10 +234,9 @@ def _speed_schedule(settings: WorkerSettings, identity: WorkerIdentity) -> Optio
     return speeds
 
 
-def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: Optional[SpeedEmulator],
-             speed: float) -> list:
-    """Collective: every rank measures its own step (under its emulated ``speed`` when
-    there is an ``emulator``; see training/warmup.py); returns every rank's line."""
+def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: SpeedEmulator, speed: float) -> list:
+    """Collective: every rank measures its own step under its emulated ``speed`` (see
+    training/warmup.py); returns every rank's line."""
     from hetero_ray.training.warmup import gather_fits, measure_rank
 
     started = time.perf_counter()

@@ -1,22 +1,14 @@
-"""Each rank measures itself before step 0, for the first plan.
+"""Each rank measures itself before step 0: the first plan under emulated speeds.
 
-Two cases where a node profile cannot give the first plan, so the ranks time themselves:
-
-- **Emulated speeds.** A node profile measures a node's devices once, so it cannot tell
-  two ranks of one machine apart when their speeds are emulated: only the emulator knows
-  them. Every rank times the model's step with its emulator padding the step exactly as
-  in training: the first plan is measured, never read from the flag.
-- **Several nodes profiled beside the workers' start** (runtime/node_profiling.py). A
-  node profiled while its workers start is measured sharing its cores with them, so its
-  line is wrong by a factor that differs from node to node. The ranks time themselves
-  once the profiles are in (nothing else runs on their cores then); the profiles still
-  give the memory caps.
-
-Every rank times the model's step (the same recipe the node profiler runs) at a few
-batch sizes in a short warm-up and fits ``t(b) = α + β·b``. All ranks warm up at once, so
-ranks that share a node's cores are measured sharing them. Rank 0 hands the fits to the
-planner with the group's first plan request.
+A node profile measures a node's devices once, so it cannot tell two ranks of one machine
+apart when their speeds are emulated: only the emulator knows them. So when speeds are
+emulated, every rank times the model's step (the same recipe the node profiler runs) at a
+few batch sizes in a short warm-up, with its emulator padding the step exactly as in
+training, and fits ``t(b) = α + β·b``. All ranks warm up at once, so ranks that share a
+node's cores are measured sharing them. Rank 0 hands the fits to the planner with the
+group's first plan request: the first plan is measured, never read from the flag.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,17 +41,16 @@ class _PaddedRunner(StepRunner):
         self._emulator.pad()
 
 
-def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator: Optional[SpeedEmulator],
-                 speed: float = 1.0, time_budget_s: float = WARMUP_TIME_BUDGET_S) -> Optional[dict]:
-    """This rank's fitted line ``{"alpha_s", "beta_s_per_sample"}`` (at its emulated
-    ``speed`` when there is an ``emulator``), or None when the recipe fails or the line is
-    unusable (the plan then does without this rank's measurement)."""
+def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator: SpeedEmulator,
+                 speed: float, time_budget_s: float = WARMUP_TIME_BUDGET_S) -> Optional[dict]:
+    """This rank's fitted line ``{"alpha_s", "beta_s_per_sample"}`` at its emulated
+    ``speed``, or None when the recipe fails or the line is unusable (the plan then does
+    without this rank's measurement)."""
     cuda = [device] if torch.device(device).type == "cuda" else []
     try:
         # The user's loop starts after this: it finds torch's random state as it was.
         with torch.random.fork_rng(devices=cuda):
-            runner = (StepRunner(recipe.build(), recipe, device) if emulator is None
-                      else _PaddedRunner(recipe.build(), recipe, device, emulator, speed))
+            runner = _PaddedRunner(recipe.build(), recipe, device, emulator, speed)
             timings = measure_busy_times(runner, batch_sizes, repeats=WARMUP_REPEATS, time_budget_s=time_budget_s)
         fit = fit_probe(timings)
     except Exception as e:  # noqa: BLE001 - the first plan goes on without it
