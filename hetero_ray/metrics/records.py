@@ -48,7 +48,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("h2d_time_s", _f64), ("gpu_util", _f64), ("gpu_mem_used_bytes", _f64),
         ("gpu_mem_peak_bytes", _f64), ("gpu_mem_total_bytes", _f64), ("gpu_temp_c", _f64),
         ("gpu_power_w", _f64), ("cpu_util", _f64), ("rss_bytes", _f64),
-        ("cpu_util_from_step", _i64), ("cpu_quota_cores", _f64),
+        ("cpu_util_from_step", _f64), ("cpu_quota_cores", _f64),  # float, like every profiler column: null or NaN where not read
     ]),
     PLANS: pa.schema([
         ("plan_version", _i64), ("first_global_step", _i64), ("epoch", _i64), ("step", _i64),
