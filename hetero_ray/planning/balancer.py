@@ -35,9 +35,9 @@ more than :data:`ROLLBACK_MARGIN`, the old shares are proposed again at once —
 from the next point, so the worse plan runs at most one interval — and the balancer
 holds the restored plan for one more decision. It also stops trusting the extrapolation
 that misled it: every rank the worse plan gave more samples may from then on be given at
-most half that increase (a cap the policy respects, until the worker group restarts). A second wrong move halves it again, so the shares
-approach the largest a rank really runs at its predicted speed instead of swinging between
-two plans. When the step came out more than :data:`CLIFF_FACTOR` times the prediction,
+most half that increase (a cap the policy respects, until the worker group restarts). A
+second wrong move halves it again, so the shares approach the largest a rank really runs
+at its predicted speed instead of swinging between two plans. When the step came out more than :data:`CLIFF_FACTOR` times the prediction,
 the cost is no line near that size but a cliff — a CPU quota the rank's step already
 fills, so every sample more stalls into the next period, and halving would only bisect
 towards the cliff, a costly interval per try — so those ranks may not grow at all.

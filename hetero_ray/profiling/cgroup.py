@@ -11,7 +11,8 @@ itself, read here from the kernel's files the way NVML reads a GPU's memory size
 - cgroup v1: the line whose controllers include ``cpu`` names the path under the cpu
   hierarchy's mount; ``cpu.cfs_quota_us`` (``-1``: none) and ``cpu.cfs_period_us``.
 
-The limit that binds is the tightest of the process's cgroup and every ancestor's.
+The limit that binds is the tightest of the process's cgroup and every ancestor's. The
+node inventory (``nodes.json``) and the in-training profiler both read it here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ measured by :mod:`hetero_ray.profiling.microbench`, never looked up from a model
 
 from __future__ import annotations
 
-import os
 import platform
 import socket
 from typing import Any, Optional
@@ -14,11 +13,8 @@ from typing import Any, Optional
 import psutil
 
 from hetero_ray.profiling.capability import CpuInfo
+from hetero_ray.profiling.cgroup import cpu_quota_cores
 from hetero_ray.profiling.gpu import GpuReader
-
-CGROUP_V1_CPU = "/sys/fs/cgroup/cpu"
-CGROUP_V2_ROOT = "/sys/fs/cgroup"
-
 
 def cpu_info() -> CpuInfo:
     """CPU model, core counts, total RAM, and the CPU quota of this process's cgroup."""
@@ -27,7 +23,7 @@ def cpu_info() -> CpuInfo:
         physical_cores=psutil.cpu_count(logical=False),
         logical_cores=psutil.cpu_count(logical=True),
         ram_bytes=int(psutil.virtual_memory().total),
-        cpu_quota_cores=cgroup_cpu_quota_cores(),
+        cpu_quota_cores=cpu_quota_cores(),
     )
 
 
@@ -43,36 +39,6 @@ def cpu_model() -> Optional[str]:
     except OSError:
         pass
     return platform.processor() or platform.machine() or None
-
-
-def cgroup_cpu_quota_cores(pid: str = "self") -> Optional[float]:
-    """CPU cores this process may use under its cgroup's CFS quota (v1 or v2); None if unlimited.
-
-    Only the process's own cgroup is read, not its ancestors'.
-    """
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):  # v1
-            quota = _read_int(os.path.join(CGROUP_V1_CPU, path.lstrip("/"), "cpu.cfs_quota_us"))
-            period = _read_int(os.path.join(CGROUP_V1_CPU, path.lstrip("/"), "cpu.cfs_period_us"))
-            if quota is not None and period and quota > 0:
-                return quota / period
-            return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2: "max 100000" or "33000 100000"
-            try:
-                with open(os.path.join(CGROUP_V2_ROOT, path.lstrip("/"), "cpu.max")) as f:
-                    quota, period = f.read().split()
-                return None if quota == "max" else int(quota) / int(period)
-            except (OSError, ValueError):
-                return None
-    return None
 
 
 def ray_node_info(node_id: Optional[str] = None) -> dict[str, Any]:
@@ -113,10 +79,3 @@ def gpu_inventory(reader: GpuReader) -> list[dict[str, Any]]:
             out.append({"index": index, "name": f"GPU {index}", "error": f"{type(e).__name__}: {e}"})
     return out
 
-
-def _read_int(path: str) -> Optional[int]:
-    try:
-        with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
