@@ -238,3 +238,39 @@ def test_decision_rows_go_to_the_store(tmp_path):
         one.add_steps(step_rows(cluster, step, plan, attempt=0))
     one.close()
     assert store.decisions and all(d["policy"] == "optimal" for d in store.decisions)
+
+
+def test_a_decision_awaiting_its_outcome_survives_a_restart(tmp_path):
+    """Killed between an adoption and its measured outcome, the planner's replacement still
+    emits that decision's row (with the version its plan was given) once the plan has run:
+    the decisions table names every plan the balancer made."""
+    first, store = actor(tmp_path, policy="optimal"), FakeStore()
+    first._store = store
+    cluster = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.0, seed=0)
+    plan = first.plan_for(2, 0)
+    first.begin_attempt(0, 2, 0, end_global_step=60)
+    step = 0
+    while first.info()["plan"]["version"] == 0:
+        first.add_steps(step_rows(cluster, step, plan, attempt=0))
+        step += 1
+    adopted = first.info()["plan"]
+    assert not any(d["adopted"] for d in store.decisions), "the adoption's row was emitted before its outcome"
+
+    again, after = actor(tmp_path, policy="optimal"), FakeStore()
+    again._store = after
+    plan = again.plan_for(2, step)
+    assert plan == adopted
+    for step in range(step, step + 10):
+        again.add_steps(step_rows(cluster, step, plan, attempt=0))
+    rows = [d for d in after.decisions if d["adopted"]]
+    assert [(d["plan_version"], d["local_batch_sizes"]) for d in rows] == [(1, adopted["local_batch_sizes"])], rows
+    assert rows[0]["achieved_step_time_s"] > 0
+
+
+def test_what_a_rollback_taught_survives_a_restart(tmp_path):
+    first = actor(tmp_path)
+    first.plan_for(2, 0)
+    first.begin_attempt(0, 2, 0, end_global_step=60)
+    first._planner.balancer._learned_caps = [24, None]  # as a rollback leaves them
+    first._save()
+    assert actor(tmp_path)._planner.balancer._learned_caps == [24, None]

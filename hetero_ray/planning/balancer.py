@@ -85,6 +85,36 @@ class _Predecessor:
 
 
 @dataclass(frozen=True)
+class DecisionState:
+    """A saved :meth:`Balancer.decision_state`, read back and checked."""
+
+    awaiting_outcome: Optional[tuple[dict, int]]
+    waiting_since_version: Optional[int]
+    predecessor: Optional[_Predecessor]
+    holds_left: int
+    learned_caps: tuple[Optional[int], ...]
+
+    @classmethod
+    def from_dict(cls, state: dict, num_workers: int) -> "DecisionState":
+        """Raises (KeyError, TypeError, ValueError) when ``state`` is not a saved one for
+        ``num_workers`` ranks."""
+        awaiting = state.get("awaiting_outcome")
+        predecessor = state.get("predecessor")
+        waiting = state.get("waiting_since_version")
+        learned = tuple(None if c is None else int(c) for c in state.get("learned_caps") or ())
+        if learned and len(learned) != num_workers:
+            raise ValueError(f"{len(learned)} learned caps for {num_workers} ranks")
+        return cls(
+            awaiting_outcome=None if awaiting is None else (dict(awaiting["row"]), int(awaiting["proposed_under_version"])),
+            waiting_since_version=None if waiting is None else int(waiting),
+            predecessor=None if predecessor is None else _Predecessor(
+                tuple(int(b) for b in predecessor["local_batch_sizes"]), int(predecessor["version"])),
+            holds_left=int(state.get("holds_left") or 0),
+            learned_caps=learned,
+        )
+
+
+@dataclass(frozen=True)
 class Proposal:
     """Shares the balancer adopted, not yet a plan: the planner alone numbers plans."""
 
@@ -393,6 +423,28 @@ class Balancer:
             "estimates": None if self.estimates is None else self.estimates.state_dict(),
             "policy": self.policy.state_dict(),
         }
+
+    def decision_state(self) -> dict:
+        """The decision still waiting for its outcome and what rollbacks taught, JSON-safe:
+        what the planner's restart must not lose (its row would never reach the decisions
+        table). The outcome's steps are measured again after a restart, from the records
+        that arrive then; so is the plan it replaced, which a rollback check then lacks."""
+        awaiting = self._awaiting_outcome
+        return {
+            "awaiting_outcome": None if awaiting is None else {"row": awaiting[0], "proposed_under_version": awaiting[1]},
+            "waiting_since_version": self._waiting_since_version,
+            "predecessor": None if self._predecessor is None else dataclasses.asdict(self._predecessor),
+            "holds_left": self._holds_left,
+            "learned_caps": list(self._learned_caps),
+        }
+
+    def load_decision_state(self, state: "DecisionState") -> None:
+        """Continues from a saved :meth:`decision_state` (read by :meth:`DecisionState.from_dict`),
+        after :meth:`begin_attempt` of the same worker group."""
+        self._awaiting_outcome, self._achieved = state.awaiting_outcome, []
+        self._waiting_since_version, self._predecessor = state.waiting_since_version, state.predecessor
+        self._holds_left = state.holds_left
+        self._learned_caps = list(state.learned_caps) or [None] * self.num_workers
 
     def load_state_dict(self, state: dict) -> None:
         self.num_workers = int(state.get("num_workers") or 0)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Optional, Sequence
 
-from hetero_ray.planning.balancer import Balancer, Proposal
+from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
 from hetero_ray.planning.capacity import RankCapacity, rank_capacities
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy
@@ -215,6 +215,7 @@ class Planner:
             "plan_changes": self._plan_changes,
             "awaiting_capabilities": self._awaiting_capabilities,
             "attempt": self._attempt,
+            "decision": self.balancer.decision_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -231,11 +232,14 @@ class Planner:
             attempt = {"attempt": int(attempt["attempt"]), "num_workers": int(attempt["num_workers"]),
                        "start_global_step": int(attempt["start_global_step"]),
                        "end_global_step": attempt.get("end_global_step")}
+        decision = None if attempt is None else DecisionState.from_dict(state.get("decision") or {},
+                                                                        attempt["num_workers"])
         self._plan, self._next_version, self.policy.caps = plan, next_version, caps
         self._nodes, self._plan_changes = nodes, plan_changes
         self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
         if attempt is not None:
             self.begin_attempt(**attempt)
+            self.balancer.load_decision_state(decision)
 
     def checkpoint_state(self) -> dict:
         """What a checkpoint carries: the estimates and the policy's state."""
