@@ -193,10 +193,9 @@ def test_a_plan_that_makes_the_step_slower_is_rolled_back_within_one_interval():
     assert history[-1][0] < 60, f"still moving at step {history[-1][0]}: {history}"
 
 
-def test_a_quota_the_rank_fills_is_seen_before_any_move():
-    """The burst rank of the test above, on a node whose CPU quota its steps fill (what
-    the in-training profiler reads from its cgroup, every 5 steps): the balancer never
-    moves it onto the cliff, so there is nothing to roll back."""
+def _quota_run(quota_cores: float, steps: int = 80):
+    """The burst rank of the test above on a node with a CPU quota; its cgroup reading
+    (what the in-training profiler reads, every 5 steps) says it uses half a core."""
     balancer = new_balancer(interval=10)
     sizes, version, history, decisions = [24, 24, 24, 24], 0, [], []
     for step in range(80):
@@ -207,15 +206,34 @@ def test_a_quota_the_rank_fills_is_seen_before_any_move():
         asked = step - step % 5  # the sampler's latest reading was asked for here …
         if asked >= 5:  # … and covers the steps from the one before on
             rows[0].update(node_id="capped", cpu_util=100 * rows[0]["busy_time_s"] / step_s,
-                           cpu_util_from_step=asked - 5, cpu_quota_cores=0.5)
+                           cpu_util_from_step=asked - 5, cpu_quota_cores=quota_cores)
         out = balancer.add_steps(rows)
         decisions += out.decision_rows
         for plan in out.new_plans:
             sizes, version = list(plan.local_batch_sizes), version + 1
             history.append((step + 1, tuple(sizes), plan.reason))
-    assert not history, f"rank 0 was moved onto its quota's cliff: {history}"
-    assert len(decisions) >= 5 and all("CPU quota: rank 0 ≤ 24 (used 0.50 of 0.50 cores at 24 samples)" in d["reason"]
+    return decisions, history
+
+
+def test_a_quota_the_rank_fills_is_seen_before_any_move():
+    """At 0.93 of its quota (0.50 of 0.54 cores) the balancer never moves the burst rank
+    onto the cliff, so there is nothing to roll back; nor does it shrink it."""
+    decisions, history = _quota_run(quota_cores=0.54)
+    assert not history, f"rank 0 was moved: {history}"
+    assert len(decisions) >= 5 and all("CPU quota: rank 0 ≤ 24 (used 0.50 of 0.54 cores at 24 samples)" in d["reason"]
                                        for d in decisions), decisions
+
+
+def test_a_plan_over_its_quota_is_moved_whatever_its_predicted_gain():
+    """At its whole quota (0.50 of 0.50 cores) rank 0 would stall: its share is over its
+    cap, so it is moved below it although the cost lines predict a slower step, and the
+    move is not undone."""
+    decisions, history = _quota_run(quota_cores=0.5)
+    assert history and history[0][1][0] == int(24 * 0.9), history  # 0.9 of what fills the quota
+    assert "ranks 0 over their caps (24 > 21)" in history[0][2], history[0][2]
+    moved = next(d for d in decisions if d["adopted"])
+    assert moved["predicted_gain"] < 0, "the move was one the lines favoured: nothing was forced"
+    assert [h[1][0] for h in history] == [21], f"rank 0 went back over its cap: {history}"
 
 
 def test_a_move_fits_the_quota_at_the_step_time_it_predicts():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_ray.planning.quota import USABLE_FRACTION, QuotaCaps
+from hetero_ray.planning.quota import STALL_FRACTION, USABLE_FRACTION, QuotaCaps
 
 
 def _rows(rank, steps, version, size, step_s=0.040, node="a"):
@@ -72,3 +72,13 @@ def test_no_quota_or_no_reading_is_no_cap():
     caps.add(_rows(0, range(10), 0, 10) + _rows(1, range(10), 0, 10, node="b"))
     caps.add([{**_rows(0, [10], 0, 10)[0], "cpu_util": 50.0, "cpu_util_from_step": 0, "cpu_quota_cores": None}])
     assert caps.caps(0, [10, 10]) == [None, None]
+
+
+@pytest.mark.parametrize("used_fraction, cap", [(0.5, 54), (0.93, 30), (STALL_FRACTION + 0.02, 27), (1.0, 27)])
+def test_a_node_over_its_quota_is_over_its_caps(used_fraction, cap):
+    """Below 0.9 of the quota a share may grow; up to STALL_FRACTION it is held; beyond,
+    the cap asks the rank to shrink to 0.9 of the quota."""
+    caps = QuotaCaps(1)
+    caps.add(_rows(0, range(20), 0, 30) + [_reading(_rows(0, [20], 0, 30)[0], util=100 * 0.5 * used_fraction,
+                                                   from_step=10, quota=0.5)])
+    assert caps.caps(0, [30]) == [cap]

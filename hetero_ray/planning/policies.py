@@ -30,7 +30,8 @@ busy times themselves show one rank clearly slower than the rest — the step is
 beyond noise, as after a first move from equal shares that fell short — there is one
 contender and no margin, and the move the imbalance calls for is not blocked by noise it
 does not have. Stale ranks (no recent records) keep their size; the rest is balanced
-around them.
+around them. A plan with a rank over its cap (a CPU quota its node fills: see
+planning/quota.py) is moved whatever the gain: the cap says what the fitted line cannot.
 """
 
 from __future__ import annotations
@@ -305,7 +306,11 @@ class _AdaptivePolicy(_BasePolicy):
         summary = (f"predicted step time {current_pred * 1e3:.2f} ms → {proposed_pred * 1e3:.2f} ms "
                    f"({gain:+.1%}; required {required:.1%} = threshold {cfg.rebalance_threshold:.1%} "
                    f"+ noise {margin:.1%})")
-        if not gain > required:
+        over = [r for r in np.flatnonzero(usable) if hi[r] is not None and b_now[r] > hi[r]]
+        if over:  # no gain to weigh: a plan over its caps cannot stay in force (e.g. a CPU quota it stalls on)
+            summary = (f"ranks {_short_list(np.asarray(over))} over their caps "
+                       f"({', '.join(f'{int(b_now[r])} > {hi[r]}' for r in over[:8])}); {summary}")
+        elif not gain > required:
             return self._keep(current, f"keep: {summary}{stale_note}", est, global_step, **predictions)
         reason = f"{self.name}: {summary}{stale_note}"
         self._last_adopted_step = global_step

@@ -10,12 +10,18 @@ any move does: the ranks of a node that use ``u`` cores of a ``q``-core quota ca
 most ``q / u`` times their samples per second, so at the plan's step time at most that
 many times their shares:
 
-    cap_i = max(b_i, ⌊b_i · USABLE_FRACTION · q / Σ_{j on i's node} u_j⌋)
+    room = USABLE_FRACTION · q / Σ_{j on i's node} u_j,    cap_i = ⌊b_i · room⌋
 
 Only :data:`USABLE_FRACTION` of the quota counts: a process near its quota is throttled
-already in the periods where its steps bunch up. A cap never forces a rank below its
-share (its measured busy time already says whether it should shrink); it only stops a
-growth the quota cannot carry.
+already in the periods where its steps bunch up. Where ``room ≥ 1`` the cap stops a growth
+the quota cannot carry and never asks a rank to shrink. Where the node's ranks use more
+than :data:`STALL_FRACTION` of their quota, their shares are over their caps (the planner
+moves such a plan whatever its predicted gain: a rank stalling into the quota's next
+period every few steps is slower than any straight line fitted through its steps says).
+In between the cap is the share itself, so that a rank the cap just shrank is not grown
+back at once, nor shrunk again by noise. Only readings of the plan in force ask a rank to
+shrink: one carried over from the plan before (below) counts a step's fixed CPU per
+sample, which overstates what fewer samples cost.
 
 A reading counts only when it covers steps of one plan: the in-training profiler's
 ``cpu_util`` covers the steps from ``cpu_util_from_step`` on
@@ -43,6 +49,7 @@ from typing import Optional, Sequence
 
 # The share of a quota a node's ranks may plan to use (see the module docstring).
 USABLE_FRACTION = 0.9
+STALL_FRACTION = 0.95  # beyond it a node's shares are over their caps (see the module docstring)
 _VERSIONS_KEPT = 4  # first steps of the newest plan versions, per rank
 
 
@@ -118,8 +125,9 @@ class QuotaCaps:
             if needed <= 0:
                 continue
             room = USABLE_FRACTION * quota * (step_s or sum(step_now) / len(step_now)) / needed
+            of_this_plan = all(self._readings[r].version == version for r in ranks)
             for rank in ranks:
-                caps[rank] = max(int(sizes[rank]), math.floor(sizes[rank] * room))
+                caps[rank] = _cap(int(sizes[rank]), room, may_shrink=of_this_plan)
         return caps
 
     def describe(self, caps: Sequence[Optional[int]], sizes: Sequence[int]) -> str:
@@ -147,6 +155,15 @@ class QuotaCaps:
         if plan is None or plan.step_s is None or reading.local_batch_size <= 0:
             return None
         return reading.used_cores * plan.step_s / reading.local_batch_size
+
+
+def _cap(share: int, room: float, may_shrink: bool) -> int:
+    """A rank's cap at ``share`` samples when its node has ``room`` (module docstring)."""
+    if room >= 1.0:
+        return max(share, math.floor(share * room))
+    if may_shrink and room < USABLE_FRACTION / STALL_FRACTION:  # it uses more than STALL_FRACTION of its quota
+        return max(1, math.floor(share * room))
+    return share
 
 
 def _reading_of(row: dict) -> Optional[_Reading]:
