@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hetero_ray.planning.capacity import RankCapacity, rank_capacities, rank_memory_caps
+from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities, rank_memory_caps
 from hetero_ray.planning.policies import make_policy
 from hetero_ray.profiling.capability import (
     DeviceCapability, NodeCapability, capabilities_document, nodes_from_document, read_nodes_json, write_nodes_json,
@@ -124,3 +124,22 @@ def test_caps_bound_the_first_plan():
     policy = make_policy("proportional", caps=[c.max_batch_size for c in capacities])
     sizes = policy.initial_plan(64, 2, capacities).local_batch_sizes
     assert sizes[0] == 40 and sum(sizes) == 64
+
+
+def test_the_ranks_of_a_capped_node_share_its_quota():
+    """A rank's cores are its threads, but a node's ranks share its cgroup quota."""
+    cpus = [{"threads": 1, "quota_cores": None}, {"threads": 1, "quota_cores": 0.5},
+            {"threads": 1, "quota_cores": 0.5}, {"threads": 2, "quota_cores": 4.0}]
+    lines = core_capacities(["free", "capped", "capped", "roomy"], ["cpu"] * 4, cpus)
+    assert [round(1 / c.beta_s_per_sample, 3) for c in lines] == [1.0, 0.25, 0.25, 2.0]
+    assert all(c.alpha_s == 0 and c.max_batch_size is None for c in lines)
+    plan = make_policy("optimal").initial_plan(70, 4, lines)
+    assert plan.local_batch_sizes == (20, 5, 5, 40)  # by cores: 1 : 0.25 : 0.25 : 2
+
+
+def test_no_core_lines_for_a_gpu_rank_or_unknown_cores():
+    free = {"threads": 1, "quota_cores": None}
+    assert core_capacities(["a", "b"], ["cpu", "gpu"], [free, free]) is None
+    assert core_capacities(["a", "b"], ["cpu", "cpu"], [free, {"threads": None}]) is None
+    with pytest.raises(ValueError, match="2 device kinds and 1 CPU counts for 2 ranks"):
+        core_capacities(["a", "b"], ["cpu", "cpu"], [free])

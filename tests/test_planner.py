@@ -274,3 +274,23 @@ def test_what_a_rollback_taught_survives_a_restart(tmp_path):
     first._planner.balancer._learned_caps = [24, None]  # as a rollback leaves them
     first._save()
     assert actor(tmp_path)._planner.balancer._learned_caps == [24, None]
+
+
+def test_without_profiles_to_come_the_first_plan_follows_the_ranks_cores(tmp_path):
+    """Several CPU-only nodes are not profiled: the first plan shares the batch by the cores
+    each rank can use (the capped node's third of a core), and a restarted planner still
+    knows that no profiles will come."""
+    first = actor(tmp_path)
+    first.first_plan_from_cores()
+    cpus = [{"threads": 1, "quota_cores": None}, {"threads": 1, "quota_cores": 0.33}]
+    plan = first.plan_for(2, 0, rank_node_ids=["head", "capped"], rank_device_kinds=["cpu", "cpu"], rank_cpus=cpus)
+    assert plan["local_batch_sizes"] == [30, 10]  # 1 : 0.33 of 40
+    assert "CPU cores each rank can use (1, 0.33)" in plan["reason"]
+    three = actor(tmp_path).plan_for(3, 20, rank_node_ids=["head", "capped", "capped"],
+                                     rank_device_kinds=["cpu"] * 3, rank_cpus=[cpus[0], cpus[1], cpus[1]])
+    assert three["local_batch_sizes"] == [30, 5, 5]  # the capped node's two ranks share its quota
+
+    told_nothing = actor(tmp_path / "other")
+    os.makedirs(tmp_path / "other", exist_ok=True)
+    assert told_nothing.plan_for(2, 0, rank_node_ids=["head", "capped"], rank_device_kinds=["cpu", "cpu"],
+                                 rank_cpus=cpus)["local_batch_sizes"] == [20, 20]

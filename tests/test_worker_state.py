@@ -25,7 +25,7 @@ RESOURCE_COLUMNS = {"gpu_util", "gpu_mem_used_bytes", "gpu_mem_peak_bytes", "gpu
 def _identity(rank=1) -> WorkerIdentity:
     return WorkerIdentity(rank=rank, num_workers=2, local_rank=rank, device=torch.device("cpu"), node_id="node-a",
                           attempt=3, rank_node_ids=("node-a", "node-a"), rank_device_kinds=("cpu", "cpu"),
-                          rank_cpu_cores=(4, 4))
+                          rank_cpu_cores=(4, 4), rank_cpus=({"threads": 1, "quota_cores": None},) * 2)
 
 
 def test_the_identity_cannot_change():

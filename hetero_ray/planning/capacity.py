@@ -83,6 +83,42 @@ def rank_memory_caps(
             for device, sharing in _rank_devices(nodes or (), rank_node_ids, rank_device_kinds)]
 
 
+def core_capacities(
+    rank_node_ids: Sequence[str],
+    rank_device_kinds: Sequence[str],
+    rank_cpus: Sequence[Mapping],
+) -> Optional[list[RankCapacity]]:
+    """CPU ranks' lines from the cores they can use, before anything is timed.
+
+    A CPU rank's speed is taken to be its cores: ``t_i(b) = b / cores_i`` (α = 0, in units
+    that only compare ranks). A rank's cores are its compute threads (``threads``); the
+    ranks of a node share its cgroup CPU quota (``quota_cores``, None: none), so where their
+    threads add up to more than the quota each gets its part of the quota. This is what
+    makes a CPU-starved node's rank small from the first step; a difference the count
+    cannot see (an older CPU, a slower model on it) is the balancer's to measure.
+
+    Returns None when a rank trains on a GPU (its speed is no core count) or a rank's
+    cores are unknown.
+    """
+    if len(rank_device_kinds) != len(rank_node_ids) or len(rank_cpus) != len(rank_node_ids):
+        raise ValueError(f"{len(rank_device_kinds)} device kinds and {len(rank_cpus)} CPU counts for "
+                         f"{len(rank_node_ids)} ranks")
+    if any(kind != CPU for kind in rank_device_kinds):
+        return None
+    threads = [c.get("threads") for c in rank_cpus]
+    if not all(_finite(t) and t > 0 for t in threads):
+        return None
+    cores = [float(t) for t in threads]
+    for node_id in set(rank_node_ids):
+        ranks = [r for r, n in enumerate(rank_node_ids) if n == node_id]
+        quotas = [rank_cpus[r].get("quota_cores") for r in ranks if _finite(rank_cpus[r].get("quota_cores"))]
+        wanted = sum(cores[r] for r in ranks)
+        if quotas and 0 < min(quotas) < wanted:
+            for r in ranks:
+                cores[r] *= min(quotas) / wanted
+    return [RankCapacity(0.0, 1.0 / c) for c in cores]
+
+
 def _rank_devices(nodes, rank_node_ids, rank_device_kinds) -> list[tuple[Optional[Mapping], int]]:
     """Per rank: its device's dict (None: unknown) and how many ranks share that device."""
     if rank_device_kinds is not None and len(rank_device_kinds) != len(rank_node_ids):

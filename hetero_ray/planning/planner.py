@@ -11,7 +11,9 @@ The first plan of a worker group comes from measurements when there are any: the
 own warm-up lines (under emulated speeds, which only the ranks' emulators know: see
 training/warmup.py) with the memory caps of the node profiles; else the profiles alone,
 which give each rank the busy-time line of the device it runs on
-(:mod:`hetero_ray.planning.capacity`); else equal shares. An explicit split for the
+(:mod:`hetero_ray.planning.capacity`); else, where no profiles will come (several
+CPU-only nodes: :meth:`Planner.first_plan_from_cores`), the CPU cores each rank can use
+within its node's cgroup quota; else equal shares. An explicit split for the
 number of workers wins over all of them. The planner answers for a world size it has not
 seen too, which is what happens after an elastic restart: a fresh first plan for the new
 number of workers, with the same global batch. While profiles are on their way
@@ -34,7 +36,7 @@ import logging
 from typing import Optional, Sequence
 
 from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
-from hetero_ray.planning.capacity import RankCapacity, rank_capacities
+from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 
@@ -62,6 +64,7 @@ class Planner:
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._nodes: list[dict] = []
         self._awaiting_capabilities = False
+        self._first_plan_from_cores = False
         self._plan: Optional[Plan] = None
         self._next_version = 0
         self._attempt: Optional[dict] = None  # the worker group the balancer serves (begin_attempt's arguments)
@@ -76,6 +79,12 @@ class Planner:
         """Node profiles are on their way: a first plan that would use them waits for them."""
         self._awaiting_capabilities = True
 
+    def first_plan_from_cores(self) -> None:
+        """No node profiles will come (several CPU-only nodes, where a profile costs a
+        CPU-bound node its start): a first plan shares the batch by the CPU cores each rank
+        can use, within its cgroup quota (:func:`~hetero_ray.planning.capacity.core_capacities`)."""
+        self._first_plan_from_cores = True
+
     def set_capabilities(self, nodes: list[dict]) -> None:
         """The profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed)."""
         self._nodes = list(nodes)
@@ -86,13 +95,16 @@ class Planner:
                  rank_node_ids: Optional[Sequence[str]] = None,
                  rank_device_kinds: Optional[Sequence[str]] = None,
                  rank_fits: Optional[Sequence[Optional[dict]]] = None,
-                 wait_for_capabilities: bool = True) -> dict:
+                 wait_for_capabilities: bool = True,
+                 rank_cpus: Optional[Sequence[dict]] = None) -> dict:
         """The plan in force for ``num_workers`` ranks at ``global_step`` (``Plan.to_dict()``).
 
         A new first plan if the number of workers changed: from the ranks' own warm-up
         lines ``rank_fits`` (``{"alpha_s", "beta_s_per_sample"}`` each) when every rank has
-        one, else from the profiles of the ranks' devices when their nodes are known; a
-        scripted change once its step is reached. While profiles are awaited, a first plan
+        one, else from the profiles of the ranks' devices when their nodes are known, else
+        (after :meth:`first_plan_from_cores`) from the CPU cores each rank can use
+        (``rank_cpus``: ``{"threads", "quota_cores"}`` each); a scripted change once its step
+        is reached. While profiles are awaited, a first plan
         that would use them is ``{"awaiting": "node profiles"}`` instead (with
         ``wait_for_capabilities=False``: made without them).
         """
@@ -109,7 +121,7 @@ class Planner:
             logger.warning("node profiles still awaited: the first plan for %d workers does without them",
                            num_workers)
         if first_plan:
-            self._plan = self._first_plan(num_workers, rank_node_ids, rank_device_kinds, rank_fits)
+            self._plan = self._first_plan(num_workers, rank_node_ids, rank_device_kinds, rank_fits, rank_cpus)
             self._next_version = self._plan.version + 1
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
         return self._plan.to_dict()
@@ -161,7 +173,7 @@ class Planner:
         self._next_version += 1
 
     # ------------------------------------------------------------------ the first plan
-    def _first_plan(self, num_workers: int, rank_node_ids, rank_device_kinds, rank_fits) -> Plan:
+    def _first_plan(self, num_workers: int, rank_node_ids, rank_device_kinds, rank_fits, rank_cpus) -> Plan:
         """Explicit split, else the policy's first plan from the measurements there are;
         sets the caps every later plan of this group respects."""
         version = self._next_version
@@ -173,6 +185,14 @@ class Planner:
         if warmed_up:
             capacities = _from_warm_up(rank_fits, capacities)
         measured = capacities if capacities is not None and all(c is not None for c in capacities) else None
+        if measured is None and self._first_plan_from_cores and rank_cpus is not None and rank_device_kinds:
+            by_cores = core_capacities(rank_node_ids, rank_device_kinds, rank_cpus)
+            if by_cores is not None:
+                self.policy.caps = None  # no profile measured any
+                first = self.policy.initial_plan(self.global_batch_size, num_workers, by_cores)
+                cores = ", ".join(f"{1 / c.beta_s_per_sample:.2g}" for c in by_cores)
+                return Plan(version, first.local_batch_sizes, f"{self.policy.name}: shares by the CPU cores each "
+                            f"rank can use ({cores}), before any step is timed")
         caps = None if measured is None else [c.max_batch_size for c in measured]
         if caps is not None and (self.policy.name == "static"
                                  or sum(c or self.global_batch_size for c in caps) < self.global_batch_size):
@@ -214,6 +234,7 @@ class Planner:
             "nodes": self._nodes,
             "plan_changes": self._plan_changes,
             "awaiting_capabilities": self._awaiting_capabilities,
+            "first_plan_from_cores": self._first_plan_from_cores,
             "attempt": self._attempt,
             "decision": self.balancer.decision_state(),
         }
@@ -237,6 +258,7 @@ class Planner:
         self._plan, self._next_version, self.policy.caps = plan, next_version, caps
         self._nodes, self._plan_changes = nodes, plan_changes
         self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
+        self._first_plan_from_cores = bool(state.get("first_plan_from_cores"))
         if attempt is not None:
             self.begin_attempt(**attempt)
             self.balancer.load_decision_state(decision)

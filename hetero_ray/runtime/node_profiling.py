@@ -13,12 +13,19 @@ profile's line cannot tell the ranks apart anyway (they share the node's), so me
 it while the workers start costs the plan nothing; what the plan needs from it is the
 memory cap.
 
-On several nodes profiling still comes first. A node measured while its own workers
-start is measured slower than it is, and by how much depends on the node: on the
-cgroup testbed (one node capped at a third of a core) the capped node came out 6× slower
-than the other instead of 2×, and the first plan gave it 18 of 128 samples where the
-balancer later settled at 33–38. With GPUs it comes first too: its out-of-memory search fills the very
-GPUs the workers are about to take.
+On several nodes without GPUs no node is profiled: the ranks measure themselves. A
+profile before the workers' start delays the first step by its whole length, and the
+slowest node's profile is the longest; beside the start it competes with it. On the
+cgroup testbed (one node capped at a third of a core) the capped node's profile took 12 s
+before the start, and beside it, both took as long as one after the other and the capped
+node was measured 6× slower than the other instead of 2×. What such a cluster needs for
+its first plan the ranks know at once: the CPU cores each can use within its node's
+cgroup quota (the planner's :meth:`~hetero_ray.planning.planner.Planner.first_plan_from_cores`);
+the model's cost per sample on each rank is measured by the first steps, which the
+balancer plans from. ``hetero-ray profile`` still profiles such a cluster on demand.
+
+With GPUs profiling comes first: its out-of-memory search fills the very GPUs the
+workers are about to take, and the largest batch it finds is a cap no count can tell.
 """
 
 from __future__ import annotations
@@ -54,11 +61,16 @@ class NodeProfiling:
         return self.timeout_s + JOIN_SLACK_S
 
     def start(self, uses_gpus: bool) -> None:
-        """Profiles beside the workers' start where that costs the first plan nothing (see
-        the module docstring), else now."""
+        """Profiles beside the workers' start where that costs the first plan nothing, not
+        at all on several CPU-only nodes, else now (see the module docstring)."""
         from hetero_ray.runtime.cluster import alive_nodes
 
-        if not uses_gpus and len(alive_nodes()) == 1:
+        num_nodes = len(alive_nodes())
+        if not uses_gpus and num_nodes > 1:
+            ray.get(self._planner.first_plan_from_cores.remote(), timeout=30)
+            self._emit(f"[hetero_ray] {num_nodes} CPU-only nodes: no node profiles before the first step; the ranks "
+                       "measure themselves (first plan by the CPU cores each can use, then by their step times)")
+        elif not uses_gpus:
             self._start_beside_workers()
         else:
             self._nodes = profile_nodes(*self._args, **self._kwargs)  # the planner has them on return

@@ -55,6 +55,10 @@ class PlannerActor:
         self._planner.await_capabilities()
         self._save()
 
+    def first_plan_from_cores(self) -> None:
+        self._planner.first_plan_from_cores()
+        self._save()
+
     def set_capabilities(self, nodes: list[dict]) -> None:
         self._planner.set_capabilities(nodes)
         self._save()

@@ -16,6 +16,8 @@ import ray
 import torch
 import torch.distributed as dist
 
+from hetero_ray.profiling.cgroup import cpu_quota_cores
+
 
 @dataclass(frozen=True)
 class WorkerIdentity:
@@ -29,6 +31,9 @@ class WorkerIdentity:
     rank_node_ids: tuple[str, ...]
     rank_device_kinds: tuple[str, ...]  # "gpu" | "cpu"
     rank_cpu_cores: tuple[int, ...]  # cores each rank's process may run on
+    # What each rank can compute with on the CPU: ``{"threads", "quota_cores"}`` (its torch
+    # threads within those cores; its cgroup's CPU quota, None without one).
+    rank_cpus: tuple[dict, ...]
 
     @property
     def collective_device(self) -> torch.device:
@@ -51,13 +56,15 @@ def register_attempt(store, *, rank: int, num_workers: int, local_rank: int, dev
         attempt[0] = ray.get(store.begin_attempt.remote(global_step, num_workers))
     dist.broadcast(attempt, src=0)
     placement: list = [None] * num_workers
-    dist.all_gather_object(placement, (node_id, "gpu" if device.type == "cuda" else "cpu", _cpu_cores()))
+    cpus = {"threads": min(torch.get_num_threads(), _cpu_cores()), "quota_cores": cpu_quota_cores()}
+    dist.all_gather_object(placement, (node_id, "gpu" if device.type == "cuda" else "cpu", _cpu_cores(), cpus))
     identity = WorkerIdentity(
         rank=rank, num_workers=num_workers, local_rank=local_rank, device=device, node_id=node_id,
         attempt=int(attempt.item()),
-        rank_node_ids=tuple(node for node, _, _ in placement),
-        rank_device_kinds=tuple(kind for _, kind, _ in placement),
-        rank_cpu_cores=tuple(cores for _, _, cores in placement),
+        rank_node_ids=tuple(node for node, _, _, _ in placement),
+        rank_device_kinds=tuple(kind for _, kind, _, _ in placement),
+        rank_cpu_cores=tuple(cores for _, _, cores, _ in placement),
+        rank_cpus=tuple(cpus for _, _, _, cpus in placement),
     )
     store.register_worker.remote({
         "rank": rank, "pid": os.getpid(), "node_id": node_id, "hostname": socket.gethostname(),

@@ -30,19 +30,20 @@ WAIT_NOTE_EVERY_S = 5.0
 
 def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: int,
                current: Optional[Plan], timeout_s: float, rank_node_ids=None,
-               rank_device_kinds=None, rank_fits=None, *, wait_s: float = 0.0,
+               rank_device_kinds=None, rank_fits=None, *, rank_cpus=None, wait_s: float = 0.0,
                note: Callable[[str], None] = logger.info) -> Optional[Plan]:
     """Rank 0: the planner's plan if it is usable for this group, else ``current``.
 
     The ranks' nodes and device kinds let the planner build a group's first plan from
     the profiles of the devices the ranks actually run on; ``rank_fits`` (each rank's
-    warm-up line under emulated speeds) let it build that plan from the ranks themselves.
+    warm-up line under emulated speeds) let it build that plan from the ranks themselves,
+    and so do ``rank_cpus`` (the cores each rank can use) where no profiles will come.
     While the planner awaits node profiles for that plan, asks again for up to
     ``wait_s`` seconds (telling ``note`` what it waits for), then takes a plan without them.
     """
     try:
         reply = _ask_until_planned(planner, (num_workers, global_step, rank_node_ids, rank_device_kinds, rank_fits),
-                                   timeout_s, wait_s, note)
+                                   {"rank_cpus": rank_cpus}, timeout_s, wait_s, note)
         candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
         logger.warning("planner did not answer (%s); keeping plan %s", type(e).__name__, current)
@@ -54,12 +55,12 @@ def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: i
     return candidate
 
 
-def _ask_until_planned(planner, args: tuple, timeout_s: float, wait_s: float, note) -> dict:
+def _ask_until_planned(planner, args: tuple, kwargs: dict, timeout_s: float, wait_s: float, note) -> dict:
     started = time.monotonic()
     said = started - WAIT_NOTE_EVERY_S  # the first wait is said at once
     while True:
         waiting = time.monotonic() - started < wait_s
-        reply = ray.get(planner.plan_for.remote(*args, wait_for_capabilities=waiting), timeout=timeout_s)
+        reply = ray.get(planner.plan_for.remote(*args, wait_for_capabilities=waiting, **kwargs), timeout=timeout_s)
         if "awaiting" not in reply:
             return reply
         if time.monotonic() - said >= WAIT_NOTE_EVERY_S:
