@@ -184,6 +184,13 @@ def test_threshold_rejects_small_gains_and_records_why():
             assert d.plan.version == 4 and d.plan.local_batch_sizes == (34, 30) and d.plan.reason == d.reason
 
 
+def test_caps_that_cannot_hold_the_batch_keep_the_plan_and_say_so():
+    policy = OptimalPolicy(caps=[30, 30])
+    d = policy.decide(Plan(3, (32, 32)), estimates_for([0.0, 0.0], [1e-3, 2e-3], [32, 32]), global_step=100)
+    assert not d.adopt and d.plan.local_batch_sizes == (32, 32)
+    assert d.reason.startswith("no feasible split within the caps (") and "stale" not in d.reason, d.reason
+
+
 def test_noise_margin_raises_the_bar_with_noisy_estimates():
     """One rank 10 % slower than 63 others: beyond noise when the medians are exact, within
     it when their standard error is 4 % (the largest of 64 such medians is that far up)."""

@@ -82,3 +82,14 @@ def test_a_node_over_its_quota_is_over_its_caps(used_fraction, cap):
     caps.add(_rows(0, range(20), 0, 30) + [_reading(_rows(0, [20], 0, 30)[0], util=100 * 0.5 * used_fraction,
                                                    from_step=10, quota=0.5)])
     assert caps.caps(0, [30]) == [cap]
+
+
+def test_a_shorter_predicted_step_leaves_less_room():
+    """Reckoned at a move's predicted step time: the plan's measured step time (collectives
+    and stalls included) scaled by the cost model's predicted change, not the predicted
+    busy time itself, which leaves them out."""
+    caps = QuotaCaps(1)
+    caps.add(_rows(0, range(20), 0, 30, step_s=0.080) + [_reading(_rows(0, [20], 0, 30, step_s=0.080)[0],
+                                                                  util=20.0, from_step=10, quota=0.5)])
+    assert caps.caps(0, [30]) == [67]  # 0.9 · 0.5 / 0.2 = 2.25 times the share
+    assert caps.caps(0, [30], step_scale=0.5) == [33]  # half the step: half the CPU per step

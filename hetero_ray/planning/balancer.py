@@ -333,14 +333,15 @@ class Balancer:
 
         A quota's room is reckoned at a step time: first the plan in force's; but a move
         that shortens the step leaves a quota-bound node less CPU per step, so a move is
-        decided again with the caps reckoned at the step time it predicts (they only
-        tighten)."""
+        decided again with the caps reckoned at the step time it predicts — the plan's
+        measured step time scaled by the predicted change (they only tighten)."""
         policy_state = self.policy.state_dict()
         quota_caps = self._quota_caps.caps(current.version, current.local_batch_sizes)
         decision = self._decide_within(current, global_step, quota_caps)
-        predicted = decision.predicted_step_time_s
-        if decision.adopt and math.isfinite(predicted) and predicted > 0:
-            at_predicted = self._quota_caps.caps(current.version, current.local_batch_sizes, step_s=predicted)
+        predicted, now = decision.predicted_step_time_s, decision.current_predicted_step_time_s
+        if decision.adopt and all(math.isfinite(t) and t > 0 for t in (predicted, now)):
+            at_predicted = self._quota_caps.caps(current.version, current.local_batch_sizes,
+                                                 step_scale=predicted / now)
             if any(c is not None and (q is None or c < q) for c, q in zip(at_predicted, quota_caps)):
                 self.policy.load_state_dict(policy_state)  # the first decision was not made
                 quota_caps = at_predicted

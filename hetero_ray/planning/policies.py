@@ -279,7 +279,8 @@ class _AdaptivePolicy(_BasePolicy):
             proposal = solve_split(np.where(usable, alphas, 0.0), np.where(usable, betas, 1.0),
                                    current.global_batch_size, lo, hi)
         except ValueError as e:
-            return self._keep(current, f"no feasible split around the stale ranks ({e}): keep the plan",
+            around = "within the caps and around the stale ranks" if (~usable).any() else "within the caps"
+            return self._keep(current, f"no feasible split {around} ({e}): keep the plan",
                               est, global_step, current_predicted_step_time_s=current_pred)
         proposal_arr = np.asarray(proposal)
         proposed_pred = float(np.max(alphas[usable] + betas[usable] * proposal_arr[usable]))

@@ -109,22 +109,24 @@ class QuotaCaps:
                     and (latest is None or reading.global_step > latest.global_step)):
                 self._readings[rank] = reading
 
-    def caps(self, version: int, sizes: Sequence[int], step_s: Optional[float] = None) -> list[Optional[int]]:
-        """Caps for the plan ``version`` with these shares, reckoned at ``step_s`` (default:
-        the plan's mean step time so far); None for a rank with no quota, no reading of
-        one plan, or a node not fully read."""
+    def caps(self, version: int, sizes: Sequence[int], step_scale: float = 1.0) -> list[Optional[int]]:
+        """Caps for the plan ``version`` with these shares, reckoned at its mean step time so
+        far times ``step_scale`` (a move's predicted step time over the plan's, both from
+        the cost model: the measured step holds the collectives and stalls that a predicted
+        busy time leaves out); None for a rank with no quota, no reading of one plan, no
+        timed step of the plan, or a node not fully read."""
         caps: list[Optional[int]] = [None] * self.num_workers
         for ranks in self._nodes().values():
             costs = [self._cpu_per_sample_s(r) for r in ranks]
             now = [self._plans[r].get(version) for r in ranks]
             step_now = [p.step_s for p in now if p is not None and p.step_s is not None]
-            if any(c is None for c in costs) or not (step_now or step_s):
+            if any(c is None for c in costs) or not step_now:
                 continue
             needed = sum(c * sizes[r] for c, r in zip(costs, ranks))  # CPU-seconds a step of the plan in force
             quota = min(self._readings[r].quota_cores for r in ranks)
             if needed <= 0:
                 continue
-            room = USABLE_FRACTION * quota * (step_s or sum(step_now) / len(step_now)) / needed
+            room = USABLE_FRACTION * quota * step_scale * (sum(step_now) / len(step_now)) / needed
             of_this_plan = all(self._readings[r].version == version for r in ranks)
             for rank in ranks:
                 caps[rank] = _cap(int(sizes[rank]), room, may_shrink=of_this_plan)
