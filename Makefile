@@ -44,7 +44,7 @@ bench: setup
 	$(PY) benchmarks/bench_first_step.py
 	# These two need a writable cgroup v1 cpu controller (they say so and go on without one).
 	-$(PY) benchmarks/bench_first_step.py --nodes 2 --num-workers 2 --quota 0.33
-	-$(PY) jobs/bench_cgroup_cluster.py --cold-start
+	-$(PY) jobs/bench_cgroup_cluster.py --cold-start --steps 480
 
 clean:
 	rm -rf runs .pytest_cache
