@@ -13,16 +13,16 @@ profile's line cannot tell the ranks apart anyway (they share the node's), so me
 it while the workers start costs the plan nothing; what the plan needs from it is the
 memory cap.
 
-On several nodes without GPUs no node is profiled: the ranks measure themselves. A
-profile before the workers' start delays the first step by its whole length, and the
-slowest node's profile is the longest; beside the start it competes with it. On the
-cgroup testbed (one node capped at a third of a core) the capped node's profile took 12 s
-before the start, and beside it, both took as long as one after the other and the capped
-node was measured 6× slower than the other instead of 2×. What such a cluster needs for
-its first plan the ranks know at once: the CPU cores each can use within its node's
-cgroup quota (the planner's :meth:`~hetero_ray.planning.planner.Planner.first_plan_from_cores`);
-the model's cost per sample on each rank is measured by the first steps, which the
-balancer plans from. ``hetero-ray profile`` still profiles such a cluster on demand.
+On several nodes without GPUs no node is profiled: the ranks measure themselves. A profile
+before the workers' start delays the first step by its whole length, and the slowest node's
+profile is the longest — on a node short of CPU, the one whose profile matters most. Beside
+the start it competes with it for that CPU: both take about as long as one after the other,
+and the node is measured slower than it is, by an amount that differs from node to node (the
+README's benchmarks give the figures). What such a cluster needs for its first plan the
+ranks know at once: the CPU cores each can use within its node's cgroup quota (the planner's
+:meth:`~hetero_ray.planning.planner.Planner.first_plan_from_cores`); the model's cost per
+sample on each rank is measured by the first steps, which the balancer plans from.
+``hetero-ray profile`` still profiles such a cluster on demand.
 
 With GPUs profiling comes first: its out-of-memory search fills the very GPUs the
 workers are about to take, and the largest batch it finds is a cap no count can tell.

@@ -10,11 +10,12 @@ meanwhile rank 0 keeps the plan it has. What the planner cannot learn again — 
 force (a plan it adopted that rank 0 has not fetched yet is in no table), the version
 counter, the caps, the node profiles, the scripted changes still to come, the worker group
 it serves and the run's end, the decision whose outcome is still being measured (its row
-would never reach the decisions table) and the caps rollbacks taught — is written to ``planner_state.json`` in the run directory
-whenever it changes, and read back when the actor starts; the estimates and the policy's
-state come back from the newest checkpoint. So a restarted planner (or the one of a
-``--resume``) serves the plan in force with versions that keep increasing, never proposes
-a share above a device's largest batch, and never adopts a plan no step runs.
+would never reach the decisions table) and the caps rollbacks taught — is written to
+``planner_state.json`` in the run directory whenever it changes, and read back when the
+actor starts; the estimates and the policy's state come back from the newest checkpoint. So
+a restarted planner (or the one of a ``--resume``) serves the plan in force with versions
+that keep increasing, never proposes a share above a device's largest batch, and never
+adopts a plan no step runs.
 """
 
 from __future__ import annotations
