@@ -101,7 +101,8 @@ class HeteroTrainer:
             UserError: bad input met before or during training (nothing retried).
             TrainingFailed: training failed; the run's files say how far it got.
             RunInterrupted: Ctrl-C or SIGTERM stopped training; summary.json says
-                ``interrupted``, and ``fit()`` under the same name continues.
+                ``interrupted``, and ``fit()`` under the same name continues from the
+                last checkpoint the loop reported (the message says when there is none).
         """
         hetero = self._hetero
         run = storage.resolve(self._run_config.storage_path, self._name, hetero.output_dir)
@@ -182,17 +183,20 @@ class HeteroTrainer:
                 "global_batch_size": hetero.global_batch_size,
                 "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             },
-            interruption=functools.partial(self._interrupted, run.run_dir),
+            interruption=functools.partial(self._interrupted, run),
             profiling=profiling,
             remote_run_uri=run.remote_run_uri,
         )
 
-    def _interrupted(self, run_dir: str, signum: int, summary: dict[str, Any]) -> RunInterrupted:
-        return RunInterrupted(
-            f"interrupted by {SIGNAL_NAMES[signum]} at global step {summary['global_steps']}: summary.json "
-            f"says \"interrupted\", and the steps trained so far are in {run_dir}; fit() again with "
-            f"RunConfig(name={self._name!r}) and the same storage continues from the last checkpoint",
-            signum, resumable=True)
+    def _interrupted(self, run: storage.RunStorage, signum: int, summary: dict[str, Any]) -> RunInterrupted:
+        """What a stop raises: how to continue, where a checkpoint was reported before it."""
+        recorded = (f"interrupted by {SIGNAL_NAMES[signum]} at global step {summary['global_steps']}: summary.json "
+                    f"says \"interrupted\", and the steps trained so far are in {run.run_dir}")
+        if not run.has_ray_snapshot():  # what fit() continues from (see fit)
+            return RunInterrupted(f"{recorded}. No checkpoint was reported before the stop, so there is nothing to "
+                                  "continue: fit() again under another RunConfig(name=...)", signum, resumable=False)
+        return RunInterrupted(f"{recorded}; fit() again with RunConfig(name={self._name!r}) and the same storage "
+                              "continues from the last checkpoint", signum, resumable=True)
 
 
 def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:

@@ -183,3 +183,27 @@ def test_ranks_whose_datasets_differ_in_length_are_stopped_before_the_first_step
                             hetero_config=HeteroConfig(global_batch_size=8, policy="static"))
     with pytest.raises(UserError, match=r"differ in length \(rank 0 \(node \w+\): 16, rank 1 \(node \w+\): 17\)"):
         trainer.fit()
+
+
+def test_a_stop_says_whether_fit_again_continues(tmp_path):
+    """Ctrl-C before the user's loop reported a checkpoint: fit() again under the same name
+    would refuse the run directory, so the message says to choose another name."""
+    import os
+    import signal
+
+    from ray.train import RunConfig
+
+    from hetero_ray.runtime import storage
+    from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT
+
+    trainer = HeteroTrainer(_loop, run_config=RunConfig(name="stopped", storage_path=str(tmp_path)),
+                            hetero_config=HeteroConfig(global_batch_size=8))
+    run = storage.resolve(str(tmp_path), "stopped", None)
+    os.makedirs(run.run_dir)
+    early = trainer._interrupted(run, signal.SIGINT, {"global_steps": 3})
+    assert not early.resumable and "No checkpoint was reported before the stop" in str(early)
+    assert "fit() again under another RunConfig(name=...)" in str(early)
+
+    open(os.path.join(run.run_dir, RAY_CHECKPOINT_SNAPSHOT), "w").write("{}")
+    later = trainer._interrupted(run, signal.SIGINT, {"global_steps": 30})
+    assert later.resumable and "fit() again with RunConfig(name='stopped')" in str(later)
