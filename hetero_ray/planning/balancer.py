@@ -37,10 +37,11 @@ holds the restored plan for one more decision. It also stops trusting the extrap
 that misled it: every rank the worse plan gave more samples may from then on be given at
 most half that increase (a cap the policy respects, until the worker group restarts). A
 second wrong move halves it again, so the shares approach the largest a rank really runs
-at its predicted speed instead of swinging between two plans. When the step came out more than :data:`CLIFF_FACTOR` times the prediction,
-the cost is no line near that size but a cliff — a CPU quota the rank's step already
-fills, so every sample more stalls into the next period, and halving would only bisect
-towards the cliff, a costly interval per try — so those ranks may not grow at all.
+at its predicted speed instead of swinging between two plans. When the step came out
+more than :data:`CLIFF_FACTOR` times the prediction, the cost is no line near that size
+but a cliff — a CPU quota the rank's step already fills, so every sample more stalls
+into the next period, and halving would only bisect towards the cliff, a costly interval
+per try — so those ranks may not grow at all.
 
 Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
 cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as

@@ -56,8 +56,9 @@ def register_attempt(store, *, rank: int, num_workers: int, local_rank: int, dev
         attempt[0] = ray.get(store.begin_attempt.remote(global_step, num_workers))
     dist.broadcast(attempt, src=0)
     placement: list = [None] * num_workers
-    cpus = {"threads": min(torch.get_num_threads(), _cpu_cores()), "quota_cores": cpu_quota_cores()}
-    dist.all_gather_object(placement, (node_id, "gpu" if device.type == "cuda" else "cpu", _cpu_cores(), cpus))
+    cores = _cpu_cores()
+    cpus = {"threads": min(torch.get_num_threads(), cores), "quota_cores": cpu_quota_cores()}
+    dist.all_gather_object(placement, (node_id, "gpu" if device.type == "cuda" else "cpu", cores, cpus))
     identity = WorkerIdentity(
         rank=rank, num_workers=num_workers, local_rank=local_rank, device=device, node_id=node_id,
         attempt=int(attempt.item()),

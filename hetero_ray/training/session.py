@@ -122,8 +122,8 @@ class WorkerSession:
             proposal = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
                                   _plan_fetch_timeout_s(), list(identity.rank_node_ids),
                                   list(identity.rank_device_kinds), self.rank_fits if current is None else None,
-                                  rank_cpus=list(identity.rank_cpus), wait_s=self.settings.first_plan_wait_s,
-                                  note=self.log)
+                                  rank_cpus=list(identity.rank_cpus) if current is None else None,
+                                  wait_s=self.settings.first_plan_wait_s, note=self.log)
             if proposal is None:  # no planner and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(batch, identity.num_workers)),
