@@ -178,3 +178,26 @@ def test_a_profile_model_that_fails_is_reported_and_training_starts_with_equal_s
     assert "ValueError: no batch of 4 today" in said, said
     first = pd.read_parquet(os.path.join(str(tmp_path), "api-broken-profile", "plans.parquet")).iloc[0]
     assert list(first["local_batch_sizes"]) == [10, 10, 10], first
+
+
+def test_own_dataloader_without_prepare_data_loader_averages_like_one_device(ray_session, tmp_path):
+    """The Ray Train habit (a DistributedSampler, no prepare_data_loader): the ranks' gradients
+    are averaged, as DDP averages them, not summed (which gave 2× the gradient on 2 ranks)."""
+    from ray.train import RunConfig, ScalingConfig
+
+    from tests import own_loader_jobs
+
+    num_samples, local_batch, epochs = 64, 8, 2
+    result = HeteroTrainer(
+        own_loader_jobs.own_loader_loop,
+        train_loop_config={"num_samples": num_samples, "local_batch_size": local_batch, "epochs": epochs},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="api-own-loader", storage_path=str(tmp_path)),
+        hetero_config=HeteroConfig(global_batch_size=2 * local_batch, policy="static"),
+    ).fit()
+
+    with result.checkpoint.as_directory() as directory:
+        weights = torch.load(os.path.join(directory, "model.pt"), weights_only=True)
+    reference = own_loader_jobs.one_device(num_samples, 2 * local_batch, epochs)
+    worst = {k: (reference[k].float() - weights[k].float()).abs().max().item() for k in reference}
+    assert max(worst.values()) < 1e-5, f"2 workers with their own DataLoader diverged from one device: {worst}"

@@ -81,3 +81,15 @@ def test_weighted_hook_gives_the_full_batch_gradient(tmp_path):
     worst_unweighted = max((g - e).abs().max().item() for g, e in zip(per_rank[0]["unweighted"], expected))
     assert worst_weighted < 1e-6
     assert worst_unweighted > 1e-3, "DDP's equal-weight average should be visibly wrong with a 7/3/2 split"
+
+
+def test_outside_a_loader_step_the_weight_is_ddps_average():
+    """Without prepare_data_loader nobody knows the split: the hook must average (1/n), not
+    keep the step weight's default of 1 (which sums the ranks' mean gradients: n×)."""
+    in_step = [False]
+    state = WeightedAllReduceState(num_workers=4, in_step=lambda: in_step[0])
+    assert state.weight == 0.25
+    state.weight = rank_weight(6, 8)  # the loader hands a step out ...
+    assert state.weight == 0.25  # ... but only a step in progress uses it
+    in_step[0] = True
+    assert state.weight == 0.75

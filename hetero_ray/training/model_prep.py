@@ -4,7 +4,10 @@ statistics of the whole global batch.
 
 - The communication hook (:mod:`hetero_ray.training.weighting`) scales each gradient
   bucket by ``b_i / B`` and all-reduces with SUM: the gradient of the global batch,
-  whatever the split. The loader sets ``b_i / B`` before each step.
+  whatever the split. The loader sets ``b_i / B`` before each step; a backward pass
+  outside the loader's steps (the user's own ``DataLoader``) is averaged as DDP
+  averages, and without ``prepare_data_loader`` at all rank 0 says once that the plan's
+  unequal shares need it.
 - The hook's callbacks end this rank's busy time at its last gradient bucket, pad it
   where speeds are emulated, and note when the all-reduce completed; a forward hook
   marks the end of the forward pass. Hooks cannot be handed the step they run in, so
@@ -45,7 +48,7 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     if not any(p.requires_grad for p in model.parameters()):
         raise UserError("hetero_ray.train.prepare_model: the model has no parameter that requires a "
                         "gradient, so there is nothing to train")
-    state = WeightedAllReduceState()
+    state = WeightedAllReduceState(num_workers=session.identity.num_workers, in_step=_InLoaderStep(session))
     if has_batchnorm(model):
         if sync_batchnorm:
             model = convert_batchnorm(model, state)
@@ -66,6 +69,27 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     ddp_model.register_forward_hook(_forward_clock(session.current_step))
     session.weight_state = state  # also marks the model as prepared
     return ddp_model
+
+
+class _InLoaderStep:
+    """Whether the rank is inside a step that ``prepare_data_loader`` handed out (so the
+    step's ``b_i / B`` applies); called by the hook and the batch norm at every bucket and
+    layer. The first time a gradient is taken on a worker that never made that loader,
+    rank 0 says what the run does instead of planning."""
+
+    def __init__(self, session: WorkerSession):
+        self._session = session
+        self._said = session.identity.rank != 0
+
+    def __call__(self) -> bool:
+        if self._session.current_step.timeline is not None:
+            return True
+        if not self._said and self._session.loader is None:
+            self._said = True
+            logger.warning("prepare_model without prepare_data_loader: the ranks' gradients are averaged as DDP "
+                           "averages them (right for equal local batches, e.g. a DistributedSampler); hetero_ray's "
+                           "unequal shares, and its step timings, need hetero_ray.train.prepare_data_loader")
+        return False
 
 
 def _forward_clock(current: CurrentStep):

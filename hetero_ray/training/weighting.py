@@ -18,29 +18,55 @@ before it waits for anybody else (see :mod:`hetero_ray.training.timing`).
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations at
 # registration and rejects them as strings.
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 
-@dataclass
 class WeightedAllReduceState:
-    """Mutable state the hook reads every step.
+    """What the hook (and the batch norm) read every step.
 
     Attributes:
-        weight: ``b_i / B`` of this rank for the current step.
+        weight: ``w_i`` for the gradient now being reduced. Within a step handed out by
+            ``prepare_data_loader`` it is the step's ``b_i / B`` (the loader sets it when it
+            hands the step out). Outside such a step — the user's own ``DataLoader``, or a
+            backward pass between steps — nobody knows the split, and it is ``1/n``: DDP's
+            own average, which is the one-device gradient when the ranks' batches are equal
+            (as ``DistributedSampler`` and Ray Train make them). A default of 1 would sum the
+            ranks' mean gradients: n× the gradient, silently.
         on_bucket_ready: called with ``is_last`` before each bucket is reduced; used for
             timing and for emulated slow devices (which delay here, before communicating).
         on_bucket_reduced: called when a bucket's all-reduce has completed, from the
             communication thread; used for timing.
     """
 
-    process_group: Optional[dist.ProcessGroup] = None
-    weight: float = 1.0
-    on_bucket_ready: Optional[Callable[[bool], None]] = None
-    on_bucket_reduced: Optional[Callable[[], None]] = None
+    def __init__(self, process_group: Optional[dist.ProcessGroup] = None, weight: float = 1.0, *,
+                 num_workers: int = 1, in_step: Optional[Callable[[], bool]] = None,
+                 on_bucket_ready: Optional[Callable[[bool], None]] = None,
+                 on_bucket_reduced: Optional[Callable[[], None]] = None):
+        """Args:
+            weight: the step weight ``b_i / B`` until the loader sets one.
+            num_workers: ``n`` of the equal weight ``1/n`` used outside a loader's step.
+            in_step: whether a loader's step is in progress; None means always (the
+                weight set is always the one to use, as in a hand-built test group).
+        """
+        self.process_group = process_group
+        self._step_weight = weight
+        self.num_workers = num_workers
+        self.in_step = in_step
+        self.on_bucket_ready = on_bucket_ready
+        self.on_bucket_reduced = on_bucket_reduced
+
+    @property
+    def weight(self) -> float:
+        if self.in_step is None or self.in_step():
+            return self._step_weight
+        return 1.0 / self.num_workers
+
+    @weight.setter
+    def weight(self, value: float) -> None:
+        self._step_weight = value
 
 
 def weighted_allreduce_hook(
