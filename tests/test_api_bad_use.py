@@ -166,6 +166,55 @@ def test_a_non_scalar_loss_stops_the_run_with_a_user_error(ray_session, tmp_path
         assert len(json.load(f)) == 1, "a user error must not be retried"
 
 
+def type_error_loop(config):
+    import hetero_ray.train
+
+    model = hetero_ray.train.prepare_model(torch.nn.Linear(4, 2))
+    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(16, 4)))
+    for (inputs,) in loader:
+        model(inputs, "an argument forward() does not take").sum().backward()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_error_every_restart_would_meet_again_is_not_retried(ray_session, tmp_path):
+    """A TypeError at the first step, on every rank: Ray Train would restart the workers
+    (a minute each) and meet it again; the run stops at once with the loop's traceback."""
+    import json
+    import time
+
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+    trainer = HeteroTrainer(type_error_loop, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name="type-error", storage_path=str(tmp_path),
+                                                 failure_config=FailureConfig(max_failures=3)),
+                            hetero_config=HeteroConfig(global_batch_size=8, policy="static"))
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"raised TypeError: .*forward\(\) takes 2 positional arguments") as raised:
+        trainer.fit()
+    print(f"the run stopped {time.monotonic() - started:.1f} s after fit() was called")  # a figure, not a check
+    message = str(raised.value)
+    assert "before its first step completed" in message and "in type_error_loop" in message, message
+    with open(tmp_path / "type-error" / "attempts.json") as f:
+        assert len(json.load(f)) == 1, "an error a restart would meet again must not be retried"
+    with open(tmp_path / "type-error" / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["status"] == "failed" and "TypeError" in summary["error"] and "type_error_loop" in summary["error"]
+
+
+def test_errors_a_restart_can_cure_are_told_apart_from_the_loops_own():
+    import ray.exceptions
+
+    from hetero_ray.training.entry import restart_can_cure
+
+    assert restart_can_cure(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
+    assert restart_can_cure(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+    assert restart_can_cure(ray.exceptions.ActorDiedError())
+    assert not restart_can_cure(TypeError("forward() takes 2 positional arguments but 3 were given"))
+    assert not restart_can_cure(KeyError("lr"))
+    assert not restart_can_cure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x4 and 5x2)"))
+
+
 def rank_dependent_data_loop(config):
     import hetero_ray.train
 

@@ -6,12 +6,20 @@ collective: attempt id, where every rank runs), calls the user's function with t
 user's config, and closes the session whatever happens, so the last step rows reach the
 store. A user mistake that torch reports deep inside autograd comes back as a
 :class:`UserError` that says what to change; the run then stops without retries.
+
+So does any exception the user's loop raises before this rank completed a step in this
+worker group (a TypeError in the model, a bad config key): a restart runs the same code
+on the same data from the same checkpoint and meets it again, so Ray Train's retries
+would only make the person wait for the same traceback. Errors a restart can cure — a
+peer lost mid-collective, a Ray actor or node gone — are still retried; so is anything
+after the first completed step, where a lost node and a bug look alike from one rank.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import traceback
 from typing import Any, Callable
 
 import ray.train
@@ -29,12 +37,14 @@ def run_user_loop(user_loop: Callable, settings: dict, config: dict) -> None:
     keep_freed_memory()  # no page faults through the same activations every step
     checkpoint = ray.train.get_checkpoint()
     restored = read_state(checkpoint) if checkpoint is not None else None
-    worker_session.start(worker_session.WorkerSettings.from_dict(settings), restored)
+    session = worker_session.start(worker_session.WorkerSettings.from_dict(settings), restored)
     try:
         if takes_config(user_loop):
             user_loop(config)
         else:
             user_loop()
+    except UserError:
+        raise
     except RuntimeError as e:
         if _NON_SCALAR_LOSS in str(e):
             raise UserError(
@@ -42,9 +52,55 @@ def run_user_loop(user_loop: Callable, settings: dict, config: dict) -> None:
                 "rank's local batch (a 0-dim tensor; reduce with .mean(), or see hetero_ray.train."
                 "token_weighted_loss for per-token losses)"
             ) from None
+        _stop_if_it_will_happen_again(session, e)
+        raise
+    except Exception as e:  # noqa: BLE001 - classified, then raised again
+        _stop_if_it_will_happen_again(session, e)
         raise
     finally:
         worker_session.stop()
+
+
+class LoopFailedBeforeFirstStep(UserError):
+    """The user's loop raised before this rank completed a step: a restart would meet it again."""
+
+
+# Messages of errors torch raises when a peer of the process group is gone (gloo, NCCL).
+_LOST_PEER_WORDS = ("gloo", "nccl", "connection", "connect", "peer", "socket", "timed out", "timeout")
+
+
+def restart_can_cure(error: BaseException) -> bool:
+    """Whether ``error`` may come from a peer or the cluster rather than the code: a rank
+    whose peer died fails inside a collective, and Ray reports lost actors and nodes."""
+    import ray.exceptions
+    import torch.distributed
+
+    if isinstance(error, (ray.exceptions.RayError, torch.distributed.DistError, ConnectionError, TimeoutError,
+                          MemoryError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(word in text for word in _LOST_PEER_WORDS)
+
+
+def completed_a_step(session: worker_session.WorkerSession) -> bool:
+    """Whether this rank trained a step in this worker group: its prepared model's gradient
+    was all-reduced, or (a model not prepared) the loader moved past where the group
+    started. Not the loader alone: a loop left by an exception still closes the loader's
+    iteration, as a ``break`` does."""
+    if session.weight_state is not None:
+        return session.weight_state.backward_passes > 0
+    return session.loader is not None and session.loader.position.global_step > session.restored_position.global_step
+
+
+def _stop_if_it_will_happen_again(session: worker_session.WorkerSession, error: Exception) -> None:
+    if completed_a_step(session) or restart_can_cure(error):
+        return
+    rank = session.identity.rank
+    where = "traceback (most recent call last):\n" + "".join(traceback.format_tb(error.__traceback__))
+    raise LoopFailedBeforeFirstStep(
+        f"train_loop_per_worker raised {type(error).__name__}: {error} on rank {rank} before its first step "
+        f"completed, and a restart would meet it again. Fix the loop "
+        f"and run again. The loop's {where}".rstrip()) from error
 
 
 def takes_config(user_loop: Callable) -> bool:

@@ -57,6 +57,7 @@ class WeightedAllReduceState:
         self.in_step = in_step
         self.on_bucket_ready = on_bucket_ready
         self.on_bucket_reduced = on_bucket_reduced
+        self.backward_passes = 0  # gradients handed to the all-reduce in full, this worker group
 
     @property
     def weight(self) -> float:
@@ -75,6 +76,8 @@ def weighted_allreduce_hook(
     """DDP communication hook: ``bucket ← Σ_i w_i · bucket_i`` over the process group."""
     if state.on_bucket_ready is not None:
         state.on_bucket_ready(bucket.is_last())
+    if bucket.is_last():
+        state.backward_passes += 1
     tensor = bucket.buffer()
     tensor.mul_(state.weight)
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.process_group, async_op=True)
