@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
 DEMO_NAME ?= demo-$(DEMO_STAMP)
 
-.PHONY: setup setup-browser demo lint test test-fast bench clean
+.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest bench clean
 
 setup:
 	@scripts/setup.sh
@@ -32,6 +32,11 @@ test: setup-browser
 test-fast: setup
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" -W ignore::DeprecationWarning
+
+## Weighting, batch norm, model preparation and the loader on the lowest supported torch
+## (its own .venv-torch-oldest; a few GB the first time).
+test-torch-oldest:
+	scripts/test_torch_oldest.sh
 
 ## Benchmarks print figures and ratios (minutes each; not part of the tests).
 bench: setup

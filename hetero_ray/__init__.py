@@ -11,7 +11,13 @@ nodes with your model before the first step), and :mod:`hetero_ray.train` inside
 datasets: ``hetero-ray train --help``.
 """
 
+from hetero_ray.torch_range import check_torch_version as _check_torch_version
+from hetero_ray.torch_range import installed_torch_version as _installed_torch_version
+
 __version__ = "0.1.0"
+
+if (_torch := _installed_torch_version()) is not None:
+    _check_torch_version(_torch)
 
 __all__ = ["HeteroConfig", "HeteroTrainer", "ProfileModel"]
 

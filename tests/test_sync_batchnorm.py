@@ -7,6 +7,7 @@ BatchNorm under the same hook must not. All distributed scenarios run in one spa
 spawn costs seconds here); the tests below compare its results with one device.
 """
 
+import inspect
 import os
 import socket
 
@@ -351,6 +352,16 @@ def test_layer_matches_one_device_for_every_input_shape(per_rank, case_name):
 
 # --- d. conversion, and one process without a process group ---------------------------
 
+def _batchnorm2d_without_beta(num_features: int, **kwargs) -> nn.Module:
+    """``nn.BatchNorm2d(..., bias=False)``; torch before 2.14 has no ``bias`` argument,
+    and a layer whose β was removed is what such a model holds."""
+    if "bias" in inspect.signature(nn.BatchNorm2d.__init__).parameters:
+        return nn.BatchNorm2d(num_features, bias=False, **kwargs)
+    layer = nn.BatchNorm2d(num_features, **kwargs)
+    layer.register_parameter("bias", None)
+    return layer
+
+
 def _model_with_every_batchnorm() -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -358,7 +369,7 @@ def _model_with_every_batchnorm() -> nn.Module:
         nn.Flatten(2),  # (N, 3, D·H·W)
         nn.BatchNorm1d(3, eps=1e-3, affine=False),
         nn.Sequential(nn.Unflatten(2, (2, 2, 2)), nn.Flatten(3), nn.SyncBatchNorm(3, track_running_stats=False)),
-        nn.BatchNorm2d(3, momentum=0.3, bias=False),
+        _batchnorm2d_without_beta(3, momentum=0.3),
     )
     model[5].weight.requires_grad_(False)  # a frozen γ stays frozen
     _perturb_batchnorm(model)

@@ -29,6 +29,7 @@ it contributes no statistics and no gradient, and gets dx = 0 back.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -41,6 +42,10 @@ from torch.nn.modules.lazy import LazyModuleMixin
 # Sums over a global batch of feature maps run to millions of terms per channel;
 # float32 would keep only the leading digits of each.
 STAT_DTYPE = torch.float64
+
+# torch's BatchNorm takes `bias` only from 2.14 on (torch_range.TORCH_MIN is older): without
+# it, a BatchNorm with affine=True always has a β, and none of an older torch lacks one.
+_BATCHNORM_TAKES_BIAS = "bias" in inspect.signature(_BatchNorm.__init__).parameters
 
 
 def _reduced_dims(x: Tensor) -> list[int]:
@@ -205,7 +210,12 @@ class HeteroSyncBatchNorm(_BatchNorm):
         if not hasattr(weight_state, "weight"):
             raise TypeError("HeteroSyncBatchNorm: weight_state must have a float attribute `weight` (b_i / B of this "
                             f"rank), e.g. a WeightedAllReduceState; got {type(weight_state).__name__}")
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+        if _BATCHNORM_TAKES_BIAS:
+            super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+        else:
+            super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+            if affine and not bias:  # what bias=False does where torch has it
+                self.register_parameter("bias", None)
         self.process_group = process_group
         self.weight_state = weight_state  # not `weight`: that name is γ
 
