@@ -44,7 +44,7 @@ bench: setup
 	$(PY) jobs/bench_overhead.py
 	$(PY) jobs/bench_balance.py --speed-change 100:1:0.5 --homogeneous-check
 	$(PY) jobs/bench_allocator.py
-	$(PY) jobs/bench_profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (README)
+	$(PY) jobs/bench_profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (docs/benchmarks.md)
 	$(PY) jobs/bench_dashboard.py
 	$(PY) benchmarks/bench_first_step.py
 	# These two need a writable cgroup v1 cpu controller (they say so and go on without one).
