@@ -19,6 +19,7 @@ train`` runs too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -81,6 +82,7 @@ class HeteroTrainer:
         _check_torch_config(torch_config, scaling_config)
         self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
         hetero_config.check_workers(self._max_workers)
+        _check_worker_devices(hetero_config, scaling_config)
         name = run_config.name or default_experiment_name()
         if not _EXPERIMENT_NAME.match(name):
             raise ConfigError(f"RunConfig(name={name!r}) must be 1-100 characters of letters, digits, '.', '_' "
@@ -112,11 +114,13 @@ class HeteroTrainer:
                             "another RunConfig(name=...) (nothing was overwritten)")
         cpus_per_worker = float((self._scaling.resources_per_worker or {}).get("CPU", 1))
         connection = cluster.connect(None, local_num_cpus=max(os.cpu_count() or 1, int(self._max_workers * cpus_per_worker + 0.999)),
-                                     timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
+                                     timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
+                                     join_local_cluster=True)
         use_gpu = bool(self._scaling.use_gpu)
-        cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, None)
+        selectors = hetero.label_selectors()
+        cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, selectors)
         if run.remote_run_uri is None:  # checkpoints go to a path every worker node writes
-            node_checks.check_nodes(run.run_dir, emit=self._emit)
+            node_checks.check_nodes(run.run_dir, selectors, emit=self._emit)
         actors.check_name_free(self._name, "RunConfig(name=...)")  # a live run of this name: refuse
         os.makedirs(run.run_dir, exist_ok=True)
         run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
@@ -126,8 +130,10 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-        make_trainer = functools.partial(self._torch_trainer, run, "gpu" if use_gpu else "cpu")
-        finished = run_lifecycle(self._run_spec(run, use_gpu, cpus_per_worker), make_trainer, emit=self._emit)
+        device_mode = "mixed" if hetero.worker_devices is not None else ("gpu" if use_gpu else "cpu")
+        uses_gpus = use_gpu or "gpu" in (hetero.worker_devices or ())
+        make_trainer = functools.partial(self._torch_trainer, run, device_mode)
+        finished = run_lifecycle(self._run_spec(run, uses_gpus, cpus_per_worker), make_trainer, emit=self._emit)
         self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
         return finished.result
 
@@ -155,8 +161,11 @@ class HeteroTrainer:
             logging_config=user.logging_config or ray.LoggingConfig(log_level="WARNING"),
             worker_runtime_env=user.worker_runtime_env,
         )
+        scaling = self._scaling
+        if hetero.worker_devices is not None:
+            scaling = dataclasses.replace(scaling, label_selector=hetero.label_selectors())
         return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
-                            torch_config=self._torch_config, scaling_config=self._scaling, run_config=run_config)
+                            torch_config=self._torch_config, scaling_config=scaling, run_config=run_config)
 
     def _probe_batch_sizes(self) -> list[int]:
         hetero = self._hetero
@@ -212,6 +221,22 @@ def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: Sca
     if torch_config.backend == "nccl" and not scaling_config.use_gpu:
         raise ConfigError("TorchConfig(backend='nccl') needs every worker on a GPU (ScalingConfig(use_gpu=True)); "
                           "use TorchConfig(backend='gloo') with CPU or mixed GPU/CPU workers")
+
+
+def _check_worker_devices(hetero_config: HeteroConfig, scaling_config: ScalingConfig) -> None:
+    if hetero_config.worker_devices is None:
+        return
+    # One TorchTrainer gives every worker the same resources: a GPU for each or for none.
+    # Mixed workers ask for none, and each takes the device its node's label names.
+    if scaling_config.use_gpu:
+        raise ConfigError("HeteroConfig.worker_devices places GPU and CPU workers itself: leave "
+                          "ScalingConfig(use_gpu=False) (Ray reserves GPUs only when every worker asks for one)")
+    if getattr(scaling_config, "label_selector", None):
+        raise ConfigError("HeteroConfig.worker_devices and ScalingConfig(label_selector=...) both place workers; "
+                          "give one of them")
+    if isinstance(scaling_config.num_workers, (tuple, list)):
+        raise ConfigError("HeteroConfig.worker_devices names one device per worker, so ScalingConfig.num_workers "
+                          "must be a number, not a (min, max) range")
 
 
 def _worker_range(num_workers) -> tuple[int, int]:

@@ -63,6 +63,17 @@ def fraction_below_one(name: str, value, of: str = "") -> float:
     return float(value)
 
 
+DEVICE_KINDS = ("gpu", "cpu")  # a worker's device kind, as the node label hetero-ray.io/device names it
+
+
+def device_kinds(name: str, values) -> list[str]:
+    """One device kind per worker, each gpu or cpu."""
+    kinds = sequence(name, values)
+    if not kinds or any(kind not in DEVICE_KINDS for kind in kinds):
+        raise ConfigError(f"{name} must give each worker gpu or cpu (e.g. gpu,gpu,cpu), got {values!r}")
+    return kinds
+
+
 def sequence(name: str, values: Iterable) -> list:
     """Any sequence (a list, a tuple) as a list; text and mappings are not sequences here."""
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
