@@ -15,7 +15,7 @@ Pure Python and numpy; the planner actor (:mod:`hetero_ray.runtime.planner_actor
 shell around :class:`~hetero_ray.planning.planner.Planner`.
 """
 
-from hetero_ray.planning.cost_model import LinearFit, fit_linear
+from hetero_ray.planning.cost_model import CurveFit, fit_curve
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
 from hetero_ray.planning.policies import (
     DEFAULT_POLICY,
@@ -38,7 +38,7 @@ __all__ = [
     "Decision",
     "DynamicPolicy",
     "Estimates",
-    "LinearFit",
+    "CurveFit",
     "OptimalPolicy",
     "POLICY_NAMES",
     "Policy",
@@ -49,7 +49,7 @@ __all__ = [
     "SimulationResult",
     "StaticPolicy",
     "continuous_split",
-    "fit_linear",
+    "fit_curve",
     "make_policy",
     "predicted_step_time_s",
     "run_policy",
