@@ -23,7 +23,8 @@ the answer is ``b(L*)`` at the smallest level ``L*`` with ``Σ b_i(L*) ≥ B``, 
 surplus among the units finishing exactly at ``L*``. ``L*`` is found by bisection on
 ``L`` (each probe is one vectorised pass); when a probe hits ``Σ b_i(L) = B`` exactly,
 that is the answer. Units finishing exactly at ``L*`` are handed out round-robin — one per
-rank per round, in the order they finish, then by rank — so ranks on a common floor share
+rank per round, in the order they finish, then by the line under the floor (the faster
+rank first), then by rank — so ranks on a common floor share
 it evenly (identical GPUs get identical shares), the result is deterministic, and a faster
 rank (smaller β, equal α and τ) never gets less. The integer optimum is at most
 ``max_i β_i`` above the continuous one.
@@ -95,10 +96,9 @@ def solve_split(
         return np.clip(np.where(level >= tau, units, -np.inf), lo, hi)
 
     # Bracket: at L_lo every rank is at lo (sum < B), at L_hi every rank is at hi (sum ≥ B).
-    level_lo = float(np.min(curve_busy_time_s(a, beta, tau, lo)))
+    # (just below the earliest finish: units finishing exactly there are ties, not "below")
+    level_lo = float(np.nextafter(np.min(curve_busy_time_s(a, beta, tau, lo)), -np.inf))
     level_hi = float(np.max(curve_busy_time_s(a, beta, tau, hi)))
-    if level_lo == level_hi:  # everyone finishes everything at one time: all units tie
-        level_lo = np.nextafter(level_lo, -np.inf)
     for _ in range(_MAX_BISECTIONS):
         mid = 0.5 * (level_lo + level_hi)
         if not level_lo < mid < level_hi:
@@ -141,7 +141,9 @@ def _round_robin(sizes: np.ndarray, tied: np.ndarray, missing: int, a, beta, tau
     left = missing - int(np.minimum(tied, k - 1).sum())
     takers = np.flatnonzero(tied >= k)
     finish = curve_busy_time_s(a[takers], beta[takers], tau[takers], out[takers] + 1)
-    chosen = takers[np.lexsort((takers, finish))[:left]]
+    # on a common floor the rank whose line is lower (the faster one) goes first
+    line = a[takers] + beta[takers] * (out[takers] + 1)
+    chosen = takers[np.lexsort((takers, line, finish))[:left]]
     out[chosen] += 1
     return out
 
