@@ -34,7 +34,8 @@ a single fit):
      close together under noise cannot resolve a slope); the floor is taken over the
      line only when it lowers ``χ² = Σ w_g (m_g − t(b_g))²`` by :data:`KNEE_MIN_CHI2_GAIN`;
 
-4. with no slope that counts: *flat* when the data rule out throughput-proportional
+4. with no slope that counts: *flat* when the sizes span at least a doubling
+   (:data:`FLAT_MIN_SIZE_RATIO`) and the data rule out throughput-proportional
    (``β_prop − β̂ > PROPORTIONAL_REJECT_SIGMAS·SE(β̂)``, ``β_prop = m̄/b̄``: the time does
    not grow the way a proportional rank's would), else *proportional*, ``α = 0,
    β = Σ w b t / Σ w b²`` (= ``m/b`` for one batch size: nothing is known of the shape).
@@ -68,6 +69,10 @@ KNEE_MIN_CHI2_GAIN = 9.0
 # time clearly does not grow with the batch (a big GPU's 8…64). Batch sizes close together
 # under noise cannot tell the two apart, and then proportional stays (what a CPU rank is).
 PROPORTIONAL_REJECT_SIGMAS = 3.0
+# ... and only over sizes a doubling apart: a floor claims that a smaller batch is no faster,
+# which two plans' neighbouring sizes (19 and 20) cannot show — a line with a large α (a
+# CPU rank's fixed cost) looks flat there, and modelled flat it could never be shrunk.
+FLAT_MIN_SIZE_RATIO = 2.0
 _IQR_TO_SIGMA = 1.349
 MEDIAN_VAR_FACTOR = math.pi / 2  # Var(median) ≈ (π/2)·σ²/n for normal noise
 # A group's value is the mean of its kept timings, not their median: throughput follows the
@@ -371,9 +376,10 @@ def fit_groups(
         use_line = line_counts & ~use_knee
         trusted = use_line | use_knee
         # No slope that counts: flat where the proportional slope t̄/b̄ lies well above β̂.
-        flat = ~trusted & (num_sizes >= 2) & (
-            y_mean / x_mean - beta_line > PROPORTIONAL_REJECT_SIGMAS * se_line)
         x_max = np.where(num_sizes > 0, _segment_max(x, s, n), np.nan)
+        x_min = np.where(num_sizes > 0, -_segment_max(-x, s, n), np.nan)
+        flat = ~trusted & (num_sizes >= 2) & (x_max >= FLAT_MIN_SIZE_RATIO * x_min) & (
+            y_mean / x_mean - beta_line > PROPORTIONAL_REJECT_SIGMAS * se_line)
         shape = np.select([use_knee, use_line, flat], [FLOOR_LINE, LINE, FLAT], PROPORTIONAL)
         alpha = np.select([use_knee, use_line], [knee_alpha, line_alpha], 0.0)
         # flat: τ = t̄ up to b_max, then no faster than the throughput measured there
