@@ -28,7 +28,11 @@ a single fit):
    * *line*: ``α + β·b`` over every group (refitted through the origin if ``α < 0``);
    * *floor + line*, knee at a measured size ``b_j``: ``τ + β·max(0, b − b_j)``, linear in
      ``(τ, β)``; and knee between ``b_j`` and ``b_{j+1}``: ``τ`` the mean of the groups up
-     to ``b_j``, the line through the groups beyond (kept when the two meet in between);
+     to ``b_j``, the line through the groups beyond (kept when the two meet in between).
+     Either side needs two sizes of its own (one size fits any level, two any line: a
+     single noisy point at either end would otherwise bend a line into a floor), and the
+     line must rise :data:`KNEE_MIN_RISE` above the floor by the largest size (less is a
+     flat curve's noise);
    * a slope counts only when it is positive and well determined,
      ``SE(β) = 1/sqrt(Σ w_g (h_g − h̄)²) ≤ max_slope_rel_se·β`` (default 30 %: batch sizes
      close together under noise cannot resolve a slope); the floor is taken over the
@@ -65,6 +69,9 @@ DEFAULT_MAX_SLOPE_REL_SE = 0.30
 # explains the data clearly better: χ² lower by 9, a 3σ improvement. Without it, noise on a
 # line would bend its low end into a floor and stop the balancer from shrinking that rank.
 KNEE_MIN_CHI2_GAIN = 9.0
+# ... and its line must rise 10 % above the floor by the largest size measured: a rise within
+# the noise of a few timings per size is a flat curve (whose prediction is as good there).
+KNEE_MIN_RISE = 0.10
 # Flat, not proportional, once the fitted slope lies 3 SE below the proportional one: the
 # time clearly does not grow with the batch (a big GPU's 8…64). Batch sizes close together
 # under noise cannot tell the two apart, and then proportional stays (what a CPU rank is).
@@ -348,19 +355,24 @@ def fit_groups(
         knee_chi2 = np.full(n, np.inf)
         knee_alpha, knee_beta, knee_floor = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
 
+        x_max = np.where(num_sizes > 0, _segment_max(x, s, n), np.nan)
+        x_min = np.where(num_sizes > 0, -_segment_max(-x, s, n), np.nan)
+
         def keep_better(ok, alpha, beta, floor):
+            ok = ok & (alpha + beta * x_max >= (1 + KNEE_MIN_RISE) * floor)
             better = ok & ((c2 := chi2(alpha, beta, floor)) < knee_chi2)
             knee_chi2[better] = c2[better]
             knee_alpha[better], knee_beta[better], knee_floor[better] = alpha[better], beta[better], floor[better]
 
-        for j in range(1, max(int(num_sizes.max(initial=0)) - 1, 1)):
-            # knee at the j-th size: t = τ + β·max(0, b − b_j), linear in (τ, β)
-            valid = num_sizes > j + 1
+        for j in range(1, max(int(num_sizes.max(initial=0)) - 2, 1)):
+            # knee at the j-th size: t = τ + β·max(0, b − b_j), linear in (τ, β); sizes
+            # 0 … j on the floor, two or more beyond it
+            valid = num_sizes > j + 2
             knee = np.where(valid, x[np.minimum(starts + j, s.size - 1)], np.nan)
             tau, beta, _, counts = wls(valid[s], np.maximum(0.0, x - knee[s]))
             ok = valid & counts & (tau > 0)
             keep_better(ok, tau - beta * knee, beta, tau)
-        for j in range(0, max(int(num_sizes.max(initial=0)) - 2, 0)):
+        for j in range(1, max(int(num_sizes.max(initial=0)) - 2, 1)):
             # knee between the j-th and (j+1)-th sizes: τ = mean of sizes ≤ b_j, line through the rest
             valid = num_sizes > j + 2
             left, right = valid[s] & (pos <= j), valid[s] & (pos > j)
@@ -376,8 +388,6 @@ def fit_groups(
         use_line = line_counts & ~use_knee
         trusted = use_line | use_knee
         # No slope that counts: flat where the proportional slope t̄/b̄ lies well above β̂.
-        x_max = np.where(num_sizes > 0, _segment_max(x, s, n), np.nan)
-        x_min = np.where(num_sizes > 0, -_segment_max(-x, s, n), np.nan)
         flat = ~trusted & (num_sizes >= 2) & (x_max >= FLAT_MIN_SIZE_RATIO * x_min) & (
             y_mean / x_mean - beta_line > PROPORTIONAL_REJECT_SIGMAS * se_line)
         shape = np.select([use_knee, use_line, flat], [FLOOR_LINE, LINE, FLAT], PROPORTIONAL)

@@ -16,9 +16,10 @@ weighted least squares; a floor, a line, or both), the same fit the balancer use
 records.
 
 Which sizes: the given ones (where the first plans' shares will lie), then doubling beyond
-the largest while the busy time has not clearly grown with the batch — the last doubling
-grew it by at most :data:`PROBE_GROWTH_STOP` — until the memory cap, an out-of-memory error
-or the time budget stops it. A big GPU is flat (its launch-bound floor) up to hundreds or
+the largest until the busy time has clearly grown with the batch — the last two doublings
+each grew it by more than :data:`PROBE_GROWTH_STOP`, so two sizes lie on the line above
+the floor and fix its slope — or the memory cap, an out-of-memory error or the time budget
+stops it. A big GPU is flat (its launch-bound floor) up to hundreds or
 thousands of samples; a probe that stopped in the flat part would leave the plan to guess
 where the floor ends. A CPU rank grows ~2× per doubling from the start and probes only the
 given sizes.
@@ -64,9 +65,9 @@ MIN_BLOCK_S = 0.3
 # runs. It bounds the probe's part of the time before a GPU cluster's first step: ~15 sizes
 # of one 0.3 s block each, so doubling from 8 reaches 8·2¹⁴ before the budget does.
 DEFAULT_PROBE_TIME_BUDGET_S = 6.0
-# Keep doubling while the last doubling grew the busy time by at most this: a line through
-# the origin grows 2×, a floor 1×; above 1.5× the line dominates (β·b > α), and the probe has
-# seen where the floor ends.
+# Keep doubling until two doublings in a row grew the busy time by more than this: a line
+# through the origin grows 2×, a floor 1×; above 1.5× the line dominates (β·b > α), and two
+# sizes on it fix its slope.
 PROBE_GROWTH_STOP = 1.5
 DEFAULT_SEARCH_TIME_BUDGET_S = 20.0  # GPU max-batch search: report a lower bound past this
 MAX_BATCH_SIZE_LIMIT = 65536  # never search (or report) beyond this
@@ -278,8 +279,8 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
     Sizes are warmed up in ascending order (``warmup`` untimed steps each); a larger size is
     dropped when, predicted from the last one's per-sample time, its warm-up plus one timed
     round would overrun the budget (the two smallest are always kept, so a heavy model on a
-    slow CPU still gets a line). With ``extend``, sizes then double beyond the largest while
-    the last doubling grew the step by at most :data:`PROBE_GROWTH_STOP`, up to
+    slow CPU still gets a line). With ``extend``, sizes then double beyond the largest until
+    the last two doublings each grew the step by more than :data:`PROBE_GROWTH_STOP`, up to
     ``max_batch_size``, the budget (one more round of every size must fit) or the first of
     ``oom_errors`` (``on_oom`` is called; the size is not kept). Then up to ``repeats``
     rounds over the kept sizes, round-robin; in each, a size runs ``k = ⌈min_block_s / t(b)⌉``
@@ -299,10 +300,11 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
             step_s[b] = runner.busy_time_s(b)
         per_sample_s = step_s[b] / b
         kept.append(b)
-    while extend and len(kept) >= 2 and 2 * kept[-1] <= max_batch_size and _still_flat(kept, step_s):
+    while extend and len(kept) >= 2 and 2 * kept[-1] <= max_batch_size and _grown_doublings(kept, step_s) < 2:
         b = 2 * kept[-1]
-        # at most 2× the last step (growth ≤ 1.5× so far); a round runs every size ≥ min_block_s
-        guess = {**step_s, b: 2 * step_s[kept[-1]]}
+        # a line above its floor grows at most ~2× per doubling once past the knee (assume 4×
+        # to be safe); a round runs every size for at least min_block_s
+        guess = {**step_s, b: 4 * step_s[kept[-1]]}
         round_s = sum(max(min_block_s, guess[s]) for s in (*kept, b))
         if clock() - started + (warmup + 1) * guess[b] + round_s > time_budget_s:
             break
@@ -330,11 +332,16 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
     return timings
 
 
-def _still_flat(kept: Sequence[int], step_s: dict[int, float]) -> bool:
-    """The growth of the busy time per doubling between the last two sizes is ≤ PROBE_GROWTH_STOP."""
-    small, large = kept[-2], kept[-1]
-    growth = (step_s[large] / step_s[small]) ** (math.log(2) / math.log(large / small))
-    return growth <= PROBE_GROWTH_STOP
+def _grown_doublings(kept: Sequence[int], step_s: dict[int, float]) -> int:
+    """How many of the last steps between consecutive sizes grew the busy time by more than
+    PROBE_GROWTH_STOP per doubling, counted back from the largest size."""
+    count = 0
+    for small, large in reversed(list(zip(kept, kept[1:]))):
+        growth = (step_s[large] / step_s[small]) ** (math.log(2) / math.log(large / small))
+        if growth <= PROBE_GROWTH_STOP:
+            break
+        count += 1
+    return count
 
 
 def probe_model(
