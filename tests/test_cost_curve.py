@@ -167,6 +167,7 @@ def test_online_estimates_use_the_same_curve():
             step += 1
     e = est.estimates()[0]
     assert e.slope_fitted and e.floor_s == pytest.approx(0.007, rel=0.05)
+    assert e.fit_max_rel_error < 0.05  # the online fit reports its error too
     assert e.predict_busy_time_s(64) == pytest.approx(e.predict_busy_time_s(512))
     # a slowdown of the whole curve is tracked by its level
     for _ in range(10):

@@ -91,7 +91,7 @@ def test_cli_profile_writes_the_json_document(ray_session, tmp_path, capsys):
     rc = main(["profile", "--model", "simple_cnn", "--batch-sizes", "8,32", "--json", str(path)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "fp32 TFLOPS" in out and "simple_cnn α ms" in out
+    assert "fp32 TFLOPS" in out and "simple_cnn floor ms" in out and "max err" in out
     document = json.loads(path.read_text())
     assert document["model"] == "simple_cnn" and document["batch_sizes"] == [8, 32]
     (node,) = document["nodes"]

@@ -85,6 +85,8 @@ class RankEstimate:
         slope_fitted: True when the curve's shape comes from a multi-size fit, False
             while the rank is modelled as throughput-proportional (α = τ = 0).
         floor_s: τ, the floor of the curve (0: none).
+        fit_max_rel_error: the window's fit, its largest ``|t(b) − m_b| / m_b`` over the
+            batch sizes in the window (NaN: no estimate).
     """
 
     rank: int
@@ -101,6 +103,7 @@ class RankEstimate:
     num_rejected: int = 0
     slope_fitted: bool = False
     floor_s: float = 0.0
+    fit_max_rel_error: float = math.nan
 
     def predict_busy_time_s(self, local_batch_size: float) -> float:
         return float(curve_busy_time_s(self.alpha_s, self.beta_s_per_sample, self.floor_s, local_batch_size))
@@ -127,6 +130,7 @@ class Estimates:
     num_rejected: np.ndarray
     slope_fitted: np.ndarray
     floor_s: np.ndarray
+    fit_max_rel_error: np.ndarray
     global_step: int = -1  # the reference step freshness was judged against
 
     def __post_init__(self):
@@ -350,6 +354,7 @@ class ClusterEstimates:
             num_rejected=num_rejected,
             slope_fitted=has & shape_known,
             floor_s=floor_s,
+            fit_max_rel_error=np.where(has, fits.max_rel_error, np.nan),
             global_step=ref_step,
         )
 

@@ -32,7 +32,7 @@ beyond noise, as after a first move from equal shares that fell short — there 
 contender and no margin, and the move the imbalance calls for is not blocked by noise it
 does not have. Stale ranks (no recent records) keep their size; the rest is balanced
 around them. A plan with a rank over its cap (a CPU quota its node fills: see
-planning/quota.py) is moved whatever the gain: the cap says what the fitted line cannot.
+planning/quota.py) is moved whatever the gain: the cap says what the fitted curve cannot.
 """
 
 from __future__ import annotations
