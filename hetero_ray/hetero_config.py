@@ -50,6 +50,9 @@ class HeteroConfig:
         profile_timeout_s: for the whole cluster; nodes not done by then start with typical shares.
         output_dir: where the run's tables go when ``RunConfig.storage_path`` is a URI
             (they are copied there at the end); default ``~/hetero_ray/runs``.
+        allow_non_finite_loss: train on when a loss is NaN or infinite. By default such a
+            loss stops the run at once with a message naming the step and the rank (every
+            step after it would be noise, and the run would still end "finished").
     """
 
     global_batch_size: int
@@ -69,6 +72,7 @@ class HeteroConfig:
     profile_model: Optional[ProfileModel] = None
     profile_batch_sizes: Optional[tuple[int, ...]] = None
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S  # profiler start and the probes of every node
+    allow_non_finite_loss: bool = False  # a NaN loss is almost always a bug or a divergence: stop
 
     def __post_init__(self):
         validate.positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
@@ -79,6 +83,9 @@ class HeteroConfig:
         validate.non_negative_int("HeteroConfig.seed", self.seed)
         validate.non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
         validate.switch("HeteroConfig.profile", self.profile)
+        validate.switch("HeteroConfig.record_sample_ids", self.record_sample_ids)
+        validate.switch("HeteroConfig.allow_non_finite_loss", self.allow_non_finite_loss)
+        object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
                               f"make_batch=...), got {type(self.profile_model).__name__}")
