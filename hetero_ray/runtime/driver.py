@@ -2,7 +2,9 @@
 
 Order matters for "bad input leaves nothing behind": every check (values, files, the
 cluster's capacity, the checkpoint a --resume continues from) runs before the run
-directory is created. After that, the metrics store and the planner start as named
+directory is created. A --resume first locks the run directory
+(:mod:`hetero_ray.runtime.run_lock`): a run still going there refuses it before anything
+else is read or written; a new run takes the lock as it creates the folder. After that, the metrics store and the planner start as named
 actors, Ray Train runs the workers, and the store's files are merged and summarised even
 when training fails: :mod:`hetero_ray.runtime.lifecycle`, the part ``HeteroTrainer.fit()``
 shares.
@@ -16,7 +18,7 @@ import functools
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -28,7 +30,7 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
-from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
+from hetero_ray.runtime import actors, checkpoints, cluster, node_checks, run_lock
 from hetero_ray.runtime.failures import RunGuard, is_disk_full
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
@@ -50,6 +52,22 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
         TrainingFailed: the job failed after it started (the run directory holds what was
             recorded up to the failure).
     """
+    lock = None
+    if config.resume and os.path.isdir(preflight.run_dir_of(config)):
+        lock = run_lock.acquire(preflight.run_dir_of(config), _LOCKED_ADVICE)
+    try:
+        return _run_training(config, lock, emit)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+# What a driver refused by the run directory's lock can do (run_lock.acquire names the holder).
+_LOCKED_ADVICE = ("Wait for that run to end, or stop it (Ctrl-C where it runs, or kill -INT with its pid on its "
+                  "host), then continue it with --resume; or start a new run under another --experiment-name")
+
+
+def _run_training(config: TrainConfig, lock, emit: Callable[[str], None]) -> RunResult:
     run_dir = preflight.check(config)
     connection = cluster.connect(
         config.address,
@@ -71,17 +89,21 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
         from hetero_ray.training.data import download_dataset
 
         download_dataset(config.dataset, config.data_dir)
-    _create_run_dir(run_dir, config)
-    emit(f"[hetero_ray] run directory: {run_dir}")
-    if config.resume:
-        emit(f"[hetero_ray] resuming from {_describe_checkpoint(run_dir)}")
-    emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
-         + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
+    new_lock = _create_run_dir(run_dir, config, lock)
+    try:
+        emit(f"[hetero_ray] run directory: {run_dir}")
+        if config.resume:
+            emit(f"[hetero_ray] resuming from {_describe_checkpoint(run_dir)}")
+        emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
+             + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-    total_steps = _total_steps(config)
-    make_trainer = functools.partial(_make_trainer, config, run_dir, device_mode, backend, total_steps)
-    finished = run_lifecycle(_run_spec(config, run_dir, device_mode, total_steps), make_trainer, emit=emit)
-    return RunResult(run_dir, finished.summary)
+        total_steps = _total_steps(config)
+        make_trainer = functools.partial(_make_trainer, config, run_dir, device_mode, backend, total_steps)
+        finished = run_lifecycle(_run_spec(config, run_dir, device_mode, total_steps), make_trainer, emit=emit)
+        return RunResult(run_dir, finished.summary)
+    finally:
+        if new_lock is not None:
+            new_lock.release()
 
 
 def _interrupted(run_dir: str, signum: int, summary: dict[str, Any]) -> RunInterrupted:
@@ -96,18 +118,40 @@ def _interrupted(run_dir: str, signum: int, summary: dict[str, Any]) -> RunInter
                           resumable=True)
 
 
-def _create_run_dir(run_dir: str, config: TrainConfig) -> None:
-    """The run directory and its config.json; a full disk here leaves nothing behind."""
+def _create_run_dir(run_dir: str, config: TrainConfig, lock) -> Optional[run_lock.RunDirLock]:
+    """The run directory and its config.json; a full disk here leaves nothing behind.
+
+    Returns the run directory's lock when this call took it (a new run: ``lock`` is the
+    one a --resume took first).
+    """
     created = not os.path.isdir(run_dir)
+    new_lock = None
     try:
         os.makedirs(run_dir, exist_ok=config.resume)
+        if lock is None:
+            new_lock = run_lock.acquire(run_dir, _LOCKED_ADVICE)
         run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), config.to_dict())
+        return new_lock
+    except FileExistsError:  # another driver created it since the checks: say which, if it runs
+        run_lock.acquire(run_dir, _LOCKED_ADVICE).release()
+        raise UserError(f"run directory {run_dir} already exists; pass --resume to continue that run, or choose "
+                        "another --experiment-name (nothing was overwritten)") from None
     except OSError as e:
+        if new_lock is not None:
+            new_lock.release()
         if created:
+            _remove_quietly(os.path.join(run_dir, run_lock.LOCK_FILE))
             _remove_empty_dir(run_dir)
         what = "disk full" if is_disk_full(e) else (e.strerror or str(e))
         raise UserError(f"cannot write {os.path.join(run_dir, run_files.CONFIG_FILE)} ({what}); free space "
                         "or choose another --output-dir (nothing was written)") from None
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _remove_empty_dir(path: str) -> None:
