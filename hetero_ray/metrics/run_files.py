@@ -199,6 +199,8 @@ def part_files(run_dir: str, table: str) -> list[str]:
 def _read_part(path: str) -> Optional[pd.DataFrame]:
     try:
         return pq.read_table(path).to_pandas()
+    except FileNotFoundError:
+        return pd.DataFrame()  # merged away since it was listed: its rows are in the merged file
     except (pa.ArrowException, OSError) as e:
         logger.warning("skipping the unreadable part %s (%s): a crash cut it short", path, e)
         return None
