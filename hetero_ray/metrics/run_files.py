@@ -99,7 +99,8 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: str) -> None:
+def fsync_file(path: str) -> None:
+    """Makes a file's data durable (before the rename that publishes it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -131,7 +132,7 @@ def write_table(path: str, table: pa.Table) -> None:
     try:
         os.chmod(tmp, _FILE_MODE)
         pq.write_table(table, tmp)
-        _fsync_file(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         _remove_quietly(tmp)

@@ -141,8 +141,10 @@ def _write_final_model(checkpoint, path: str) -> None:
     tmp = path + ".tmp"
     try:
         torch.save(state.model, tmp)
+        run_files.fsync_file(tmp)  # on disk before the rename makes it the final model
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    run_files.fsync_dir(os.path.dirname(path))
