@@ -26,6 +26,7 @@ starts (:func:`set_aside_unreadable_parts`) and recovers its rows from the write
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -95,6 +96,11 @@ def fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        # Some filesystems (FUSE mounts, a few network ones) cannot sync a folder; the
+        # rename is then as durable as they make it, and the write itself succeeded.
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 
