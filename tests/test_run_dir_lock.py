@@ -162,11 +162,13 @@ def test_a_sigkilled_driver_with_a_torn_part_resumes_to_a_summary(tmp_path):
     assert not os.path.exists(os.path.join(run_dir, run_files.SUMMARY_FILE))
     steps_parts = run_files.parts_dir(run_dir, "steps")
     os.makedirs(steps_parts, exist_ok=True)
-    # The part the store was writing when the machine went: the next number, 0 bytes.
+    # A part the store was writing when the machine went, 0 bytes. Its number is well past
+    # the others: the store's actor process is in its own process group and may outlive the
+    # kill by a moment, long enough to write a part or two of its own.
     numbers = [int(name[5:13]) for folder in os.listdir(os.path.join(run_dir, run_files.PARTS_DIR))
                if os.path.isdir(os.path.join(run_dir, run_files.PARTS_DIR, folder))
                for name in os.listdir(os.path.join(run_dir, run_files.PARTS_DIR, folder)) if name.startswith("part-")]
-    torn = os.path.join(steps_parts, f"part-{max(numbers, default=0) + 1:08d}.parquet")
+    torn = os.path.join(steps_parts, f"part-{max(numbers, default=0) + 100:08d}.parquet")
     open(torn, "wb").close()
 
     resumed = subprocess.run([sys.executable, "-m", "hetero_ray", *args, "--resume"], cwd=REPO_ROOT, env=ENV,
