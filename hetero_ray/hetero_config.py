@@ -55,6 +55,9 @@ class HeteroConfig:
             node labelled ``hetero-ray.io/device=<kind>`` (see cluster_configs/), gloo
             between them. Leave ``ScalingConfig(use_gpu=...)`` unset: Ray reserves GPUs
             only when every worker asks for one, so each worker takes its device itself.
+        allow_non_finite_loss: train on when a loss is NaN or infinite. By default such a
+            loss stops the run at once with a message naming the step and the rank (every
+            step after it would be noise, and the run would still end "finished").
     """
 
     global_batch_size: int
@@ -75,6 +78,7 @@ class HeteroConfig:
     profile_batch_sizes: Optional[tuple[int, ...]] = None
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S  # profiler start and the probes of every node
     worker_devices: Optional[tuple[str, ...]] = None
+    allow_non_finite_loss: bool = False  # a NaN loss is almost always a bug or a divergence: stop
 
     def __post_init__(self):
         validate.positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
@@ -85,6 +89,9 @@ class HeteroConfig:
         validate.non_negative_int("HeteroConfig.seed", self.seed)
         validate.non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
         validate.switch("HeteroConfig.profile", self.profile)
+        validate.switch("HeteroConfig.record_sample_ids", self.record_sample_ids)
+        validate.switch("HeteroConfig.allow_non_finite_loss", self.allow_non_finite_loss)
+        object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
                               f"make_batch=...), got {type(self.profile_model).__name__}")

@@ -19,6 +19,7 @@ train`` runs too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -33,7 +34,7 @@ from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
-from hetero_ray.runtime import actors, cluster, node_checks, storage
+from hetero_ray.runtime import actors, cluster, node_checks, run_lock, storage
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
@@ -106,8 +107,18 @@ class HeteroTrainer:
                 ``interrupted``, and ``fit()`` under the same name continues from the
                 last checkpoint the loop reported (the message says when there is none).
         """
+        run = storage.resolve(self._run_config.storage_path, self._name, self._hetero.output_dir)
+        # One driver per run directory (runtime/run_lock.py): an existing one is locked
+        # before anything in it is read; a new one as it is created.
+        with contextlib.ExitStack() as held:
+            locked = os.path.isdir(run.run_dir)
+            if locked:
+                held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
+            return self._fit(run, held, locked)
+
+    def _fit(self, run: storage.RunStorage, held: contextlib.ExitStack, locked: bool) -> Result:
+        """Checks, then trains; ``held`` keeps the run directory's lock until fit() returns."""
         hetero = self._hetero
-        run = storage.resolve(self._run_config.storage_path, self._name, hetero.output_dir)
         resuming = run.has_ray_snapshot()
         if not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
             raise UserError(f"{run.run_dir} already holds a run without a checkpoint to continue from; choose "
@@ -123,6 +134,8 @@ class HeteroTrainer:
             node_checks.check_nodes(run.run_dir, selectors, emit=self._emit)
         actors.check_name_free(self._name, "RunConfig(name=...)")  # a live run of this name: refuse
         os.makedirs(run.run_dir, exist_ok=True)
+        if not locked:
+            held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
         run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
                              {"hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path})
         self._emit(f"[hetero_ray] run {self._name}: {'resuming; ' if resuming else ''}files in {run.run_dir}"
@@ -150,6 +163,7 @@ class HeteroTrainer:
             # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py).
             warmup_model=hetero.profile_model if hetero.emulate_speeds and hetero.profiles_nodes else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
+            allow_non_finite_loss=hetero.allow_non_finite_loss,
         )
         user = self._run_config
         run_config = RunConfig(
@@ -206,6 +220,11 @@ class HeteroTrainer:
                                   "continue: fit() again under another RunConfig(name=...)", signum, resumable=False)
         return RunInterrupted(f"{recorded}; fit() again with RunConfig(name={self._name!r}) and the same storage "
                               "continues from the last checkpoint", signum, resumable=True)
+
+
+# What a fit() refused by the run directory's lock can do (run_lock.acquire names the holder).
+_LOCKED_ADVICE = ("Wait for that run to end, or stop it, then fit() again with the same RunConfig(name=...) and "
+                  "storage to continue it; or choose another RunConfig(name=...)")
 
 
 def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:

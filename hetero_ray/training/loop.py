@@ -41,6 +41,7 @@ from hetero_ray.training.evaluation import evaluate
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.loader import PlanFollowingLoader
 from hetero_ray.training.models import build_model, compute_loss
+from hetero_ray.training.reporting import check_loss_is_finite
 from hetero_ray.training.optim import make_lr_scheduler, make_optimizer
 from hetero_ray.training.precision import Precision
 
@@ -101,6 +102,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         for inputs, targets in loader:
             step = loader.position
             notes = _train_step(job, inputs, targets)
+            if not session.settings.allow_non_finite_loss:
+                check_loss_is_finite(notes.loss, step.global_step, session.identity.rank)
             session.current_step.note(notes)  # for the step's row, written when the loader records it
             totals = totals.plus(notes.loss, loader.local_batch_size)
             next_global_step = step.global_step + 1
