@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.balance_analysis import working_rows
-from hetero_ray.planning.cost_model import LinearFit
+from hetero_ray.planning.cost_model import CurveFit
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.planning.simulation import SimulatedCluster, run_policy
 from hetero_ray.planning.solver import solve_split
@@ -45,7 +45,7 @@ KNOWN_SPEEDS = "mean speeds known"  # the reference row: the devices' own split,
 
 @dataclass(frozen=True)
 class ReplayResult:
-    devices: list[LinearFit]
+    devices: list[CurveFit]
     num_traces: int
     num_steps: int
     rows: list[dict]  # per policy: split_efficiency (mean, p10), plan changes (mean, max)
@@ -55,7 +55,7 @@ class ReplayResult:
                 "num_traces": self.num_traces, "num_steps": self.num_steps, "policies": self.rows}
 
 
-def fit_devices(runs: Sequence[pd.DataFrame]) -> list[LinearFit]:
+def fit_devices(runs: Sequence[pd.DataFrame]) -> list[CurveFit]:
     """Per rank, its mean cost per sample over all ``runs`` (same devices in each): ``α = 0``.
 
     A line fitted across runs would read the machine's drift between runs (minutes apart,
@@ -63,7 +63,7 @@ def fit_devices(runs: Sequence[pd.DataFrame]) -> list[LinearFit]:
     """
     rows = pd.concat([working_rows(steps, WARMUP_STEPS) for steps in runs])
     sums = rows.groupby("rank", sort=True)[["busy_time_s", "local_batch_size"]].sum()
-    return [LinearFit(0.0, float(busy / samples), float("nan"), 0)
+    return [CurveFit(0.0, float(busy / samples), float("nan"), 0)
             for busy, samples in zip(sums["busy_time_s"], sums["local_batch_size"])]
 
 

@@ -82,19 +82,31 @@ def make_parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--emulate-speeds", help="per-worker fraction of real speed, e.g. 1,0.5,0.25 (default: as is)")
     p.add_argument("--storage-path", type=os.path.abspath, default="./runs", help="runs go here (shared on a cluster)")
     p.add_argument("--name", default=time.strftime("run-%Y%m%d-%H%M%S"), help="run folder; an old one resumes")
+    p.add_argument("--use-gpu", action="store_true", help="every worker on a GPU of its own")
+    p.add_argument("--worker-devices", help="a device per worker, e.g. gpu,cpu,cpu: GPU and CPU machines in one job "
+                                            "(nodes labelled hetero-ray.io/device=gpu|cpu, see cluster_configs/)")
     return p
+
+
+def placement(args) -> dict:
+    """The run's ScalingConfig and HeteroConfig(worker_devices=...) from --use-gpu / --worker-devices."""
+    devices = tuple(args.worker_devices.split(",")) if args.worker_devices else None
+    num_workers = len(devices) if devices else args.num_workers
+    return {"scaling_config": ray.train.ScalingConfig(num_workers=num_workers, use_gpu=args.use_gpu),
+            "worker_devices": devices}
 
 
 def main(argv=None) -> ray.train.Result:
     args = make_parser().parse_args(argv)
     speeds = tuple(map(float, args.emulate_speeds.split(","))) if args.emulate_speeds else None
+    where = placement(args)
     trainer = HeteroTrainer(
         train_loop, train_loop_config={"num_samples": args.num_samples, "epochs": args.epochs, "lr": args.lr,
                                        "loader_workers": args.loader_workers},
-        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers),
+        scaling_config=where["scaling_config"],
         run_config=ray.train.RunConfig(name=args.name, storage_path=args.storage_path),
         hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds,
-                                   profile_model=PROFILE))
+                                   profile_model=PROFILE, worker_devices=where["worker_devices"]))
     result = trainer.fit()
     print(f"run files: {os.path.join(args.storage_path, args.name)}\nfinal metrics: {result.metrics}")
     return result

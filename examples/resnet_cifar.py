@@ -77,15 +77,21 @@ def main(argv=None) -> ray.train.Result:
     p.add_argument("--emulate-speeds", help="per-worker fraction of real speed, e.g. 1,0.5,0.25 (default: as is)")
     p.add_argument("--storage-path", type=os.path.abspath, default="./runs", help="runs go here (shared on a cluster)")
     p.add_argument("--name", default=time.strftime("resnet-%Y%m%d-%H%M%S"), help="run folder; an old one resumes")
+    p.add_argument("--use-gpu", action="store_true", help="every worker on a GPU of its own")
+    p.add_argument("--worker-devices", help="a device per worker, e.g. gpu,cpu,cpu: GPU and CPU machines in one job "
+                                            "(nodes labelled hetero-ray.io/device=gpu|cpu, see cluster_configs/)")
     args = p.parse_args(argv)
+    devices = tuple(args.worker_devices.split(",")) if args.worker_devices else None
     check_data_dir("cifar10", args.data_dir, verify_checksums=args.verify_checksums)  # fail here, not in N workers
     speeds = tuple(map(float, args.emulate_speeds.split(","))) if args.emulate_speeds else None
     trainer = HeteroTrainer(
         train_loop, train_loop_config={"data_dir": args.data_dir, "verify_checksums": args.verify_checksums,
                                        "epochs": args.epochs, "lr": args.lr, "loader_workers": args.loader_workers},
-        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers),
+        scaling_config=ray.train.ScalingConfig(num_workers=len(devices) if devices else args.num_workers,
+                                               use_gpu=args.use_gpu),
         run_config=ray.train.RunConfig(name=args.name, storage_path=args.storage_path),
-        hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds))
+        hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds,
+                                   worker_devices=devices))
     result = trainer.fit()
     print(f"run files: {os.path.join(args.storage_path, args.name)}\nfinal metrics: {result.metrics}")
     return result

@@ -20,9 +20,9 @@ import hetero_ray.train
 from hetero_ray import HeteroConfig, HeteroTrainer
 
 try:  # from the repository root, under `ray job submit --working-dir .`, and in the tests
-    from examples.own_model import PROFILE, NoisyShapes, make_model, make_parser
+    from examples.own_model import PROFILE, NoisyShapes, make_model, make_parser, placement
 except ModuleNotFoundError:  # `python examples/tensorboard_logging.py`: own_model.py sits beside it
-    from own_model import PROFILE, NoisyShapes, make_model, make_parser
+    from own_model import PROFILE, NoisyShapes, make_model, make_parser, placement
 
 
 def train_loop(config: dict) -> None:
@@ -73,13 +73,14 @@ def main(argv=None) -> ray.train.Result:
     run_dir = os.path.join(args.storage_path, args.name)  # --storage-path is absolute: workers start elsewhere
     speeds = tuple(map(float, args.emulate_speeds.split(","))) if args.emulate_speeds else None
     logdir = os.path.abspath(args.logdir) if args.logdir else os.path.join(run_dir, "tensorboard")
+    where = placement(args)
     trainer = HeteroTrainer(
         train_loop, train_loop_config={"num_samples": args.num_samples, "epochs": args.epochs, "lr": args.lr,
                                        "loader_workers": args.loader_workers, "logdir": logdir},
-        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers),
+        scaling_config=where["scaling_config"],
         run_config=ray.train.RunConfig(name=args.name, storage_path=args.storage_path),
         hetero_config=HeteroConfig(global_batch_size=args.global_batch_size, emulate_speeds=speeds,
-                                   profile_model=PROFILE))
+                                   profile_model=PROFILE, worker_devices=where["worker_devices"]))
     result = trainer.fit()
     print(f"run files: {run_dir}\nTensorBoard: tensorboard --logdir {logdir}\nfinal metrics: {result.metrics}")
     return result

@@ -39,10 +39,10 @@ TEXT_DATASETS = frozenset({"synthetic_text"})
 FILE_DATASETS = frozenset({"cifar10", "cifar100"})  # read from --data-dir
 POLICIES = ("static", "proportional", "dynamic", "optimal")  # = planning.policies.POLICY_NAMES
 OPTIMIZERS = ("sgd", "adamw")
+PRECISIONS = ("fp32", "bf16", "fp16")  # = training.precision.PRECISIONS
 LR_SCHEDULES = ("cosine", "constant")
 USE_GPU_CHOICES = ("auto", "yes", "no")
 BACKENDS = ("auto", "nccl", "gloo")
-DEVICE_KINDS = ("gpu", "cpu")
 
 _EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -106,6 +106,8 @@ class OptimizationConfig:
     optimizer: str = setting("sgd", _one_of(OPTIMIZERS))  # SGD with momentum 0.9
     lr_schedule: str = setting("cosine", _one_of(LR_SCHEDULES))  # cosine decay over the run's total steps
     drop_last: bool = setting(False, "drop each epoch's last short window")  # default: cut it by the same rule
+    # fp32 unless asked: bf16/fp16 autocast changes the numbers a run produces.
+    precision: str = setting("fp32", "the forward pass in fp32, bf16 or fp16 (autocast; fp16 with a gradient scaler)")
     seed: int = setting(0, "the data order (one seeded permutation per epoch) and the initial weights", type=int)
 
     def __post_init__(self):
@@ -116,6 +118,7 @@ class OptimizationConfig:
         validate.positive_number("--lr", self.lr)
         validate.choice("--optimizer", self.optimizer, OPTIMIZERS)
         validate.choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        validate.choice("--precision", self.precision, PRECISIONS)
         validate.non_negative_int("--seed", self.seed)
 
 
@@ -163,10 +166,8 @@ class ClusterConfig:
                                       f"values (KEY=VALUE), got {selector!r}")
             _store(self, worker_label_selectors=selectors)
         if self.worker_devices is not None:
-            devices = validate.sequence("--worker-devices", self.worker_devices)
+            devices = validate.device_kinds("--worker-devices", self.worker_devices)
             validate.per_rank("--worker-devices", devices, self.num_workers)
-            if any(kind not in DEVICE_KINDS for kind in devices):
-                raise ConfigError(f"--worker-devices values must be gpu or cpu, got {devices}")
             if self.worker_label_selectors is not None:
                 raise ConfigError("--worker-devices and --worker-labels both place workers; give one of them")
             if self.use_gpu == "no" and "gpu" in devices:
@@ -423,6 +424,8 @@ RESUME_MAY_CHANGE = frozenset({
     # the plan: each rank's share of the same global batch
     "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown", "plan_changes",
     "emulate_speeds", "emulate_speed_changes",
+    # how each step computes: the gradient scaler's state travels in the checkpoint
+    "precision",
     # measuring, recording, fault tolerance
     "profile", "profile_batch_sizes", "profile_interval", "profile_timeout_s", "record_sample_ids",
     "checkpoint_every", "max_failures",

@@ -21,6 +21,12 @@ METRICS_STORE_ROLE = "metrics_store"
 PLAN_FETCH_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLAN_FETCH_TIMEOUT_S"
 DEFAULT_PLAN_FETCH_TIMEOUT_S = 2.0
 
+# How long rank 0 waits for the metrics store to register a worker-group start. The store
+# answers in milliseconds; a store that does not (dead, restarting for good) must fail the
+# start with a message, not hang every rank in the broadcast that follows.
+REGISTER_ATTEMPT_TIMEOUT_S_ENV_VAR = "HETERO_RAY_REGISTER_ATTEMPT_TIMEOUT_S"
+DEFAULT_REGISTER_ATTEMPT_TIMEOUT_S = 120.0
+
 # Workers batch their step records and send them at most this often (fire-and-forget),
 # so the metrics store sees a few calls per second, not one per step and rank.
 RECORD_FLUSH_INTERVAL_S_ENV_VAR = "HETERO_RAY_RECORD_FLUSH_INTERVAL_S"

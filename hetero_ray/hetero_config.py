@@ -50,6 +50,14 @@ class HeteroConfig:
         profile_timeout_s: for the whole cluster; nodes not done by then start with typical shares.
         output_dir: where the run's tables go when ``RunConfig.storage_path`` is a URI
             (they are copied there at the end); default ``~/hetero_ray/runs``.
+        worker_devices: the device kind of each worker, ``"gpu"`` or ``"cpu"`` (e.g.
+            ``("gpu", "gpu", "cpu")``): GPU and CPU workers in one job, each placed on a
+            node labelled ``hetero-ray.io/device=<kind>`` (see cluster_configs/), gloo
+            between them. Leave ``ScalingConfig(use_gpu=...)`` unset: Ray reserves GPUs
+            only when every worker asks for one, so each worker takes its device itself.
+        allow_non_finite_loss: train on when a loss is NaN or infinite. By default such a
+            loss stops the run at once with a message naming the step and the rank (every
+            step after it would be noise, and the run would still end "finished").
     """
 
     global_batch_size: int
@@ -69,6 +77,8 @@ class HeteroConfig:
     profile_model: Optional[ProfileModel] = None
     profile_batch_sizes: Optional[tuple[int, ...]] = None
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S  # profiler start and the probes of every node
+    worker_devices: Optional[tuple[str, ...]] = None
+    allow_non_finite_loss: bool = False  # a NaN loss is almost always a bug or a divergence: stop
 
     def __post_init__(self):
         validate.positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
@@ -79,6 +89,9 @@ class HeteroConfig:
         validate.non_negative_int("HeteroConfig.seed", self.seed)
         validate.non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
         validate.switch("HeteroConfig.profile", self.profile)
+        validate.switch("HeteroConfig.record_sample_ids", self.record_sample_ids)
+        validate.switch("HeteroConfig.allow_non_finite_loss", self.allow_non_finite_loss)
+        object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
                               f"make_batch=...), got {type(self.profile_model).__name__}")
@@ -86,6 +99,8 @@ class HeteroConfig:
             self._store(profile_batch_sizes=validate.probe_sizes("HeteroConfig.profile_batch_sizes",
                                                                  self.profile_batch_sizes))
         validate.positive_number("HeteroConfig.profile_timeout_s", self.profile_timeout_s, unit="seconds")
+        if self.worker_devices is not None:
+            self._store(worker_devices=validate.device_kinds("HeteroConfig.worker_devices", self.worker_devices))
         if self.batch_split is not None:
             self._store(batch_split=validate.shares("HeteroConfig.batch_split", self.batch_split,
                                                     self.global_batch_size, "HeteroConfig.global_batch_size"))
@@ -120,6 +135,8 @@ class HeteroConfig:
             validate.per_rank("HeteroConfig.batch_split", self.batch_split, max_workers, workers)
         if self.emulate_speeds is not None:
             validate.per_rank("HeteroConfig.emulate_speeds", self.emulate_speeds, max_workers, workers)
+        if self.worker_devices is not None:
+            validate.per_rank("HeteroConfig.worker_devices", self.worker_devices, max_workers, workers)
         for change in self.emulate_speed_changes or ():
             if change["rank"] >= max_workers:
                 raise ConfigError(f"HeteroConfig.emulate_speed_changes: rank {change['rank']} does not exist "
@@ -136,6 +153,14 @@ class HeteroConfig:
     def profiles_nodes(self) -> bool:
         """Whether ``fit()`` profiles the nodes: asked to, and given a model to probe."""
         return self.profile and self.profile_model is not None
+
+    def label_selectors(self) -> Optional[list[dict]]:
+        """Ray's per-worker placement for ``worker_devices``: the node's device label."""
+        if self.worker_devices is None:
+            return None
+        from hetero_ray.constants import DEVICE_LABEL
+
+        return [{DEVICE_LABEL: kind} for kind in self.worker_devices]
 
     def to_dict(self) -> dict:
         """JSON-ready (config.json): the profile model by its name."""

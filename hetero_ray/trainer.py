@@ -19,6 +19,8 @@ train`` runs too.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -32,7 +34,7 @@ from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
-from hetero_ray.runtime import actors, cluster, node_checks, storage
+from hetero_ray.runtime import actors, cluster, node_checks, run_lock, storage
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
@@ -81,6 +83,7 @@ class HeteroTrainer:
         _check_torch_config(torch_config, scaling_config)
         self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
         hetero_config.check_workers(self._max_workers)
+        _check_worker_devices(hetero_config, scaling_config)
         name = run_config.name or default_experiment_name()
         if not _EXPERIMENT_NAME.match(name):
             raise ConfigError(f"RunConfig(name={name!r}) must be 1-100 characters of letters, digits, '.', '_' "
@@ -104,21 +107,35 @@ class HeteroTrainer:
                 ``interrupted``, and ``fit()`` under the same name continues from the
                 last checkpoint the loop reported (the message says when there is none).
         """
+        run = storage.resolve(self._run_config.storage_path, self._name, self._hetero.output_dir)
+        # One driver per run directory (runtime/run_lock.py): an existing one is locked
+        # before anything in it is read; a new one as it is created.
+        with contextlib.ExitStack() as held:
+            locked = os.path.isdir(run.run_dir)
+            if locked:
+                held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
+            return self._fit(run, held, locked)
+
+    def _fit(self, run: storage.RunStorage, held: contextlib.ExitStack, locked: bool) -> Result:
+        """Checks, then trains; ``held`` keeps the run directory's lock until fit() returns."""
         hetero = self._hetero
-        run = storage.resolve(self._run_config.storage_path, self._name, hetero.output_dir)
         resuming = run.has_ray_snapshot()
         if not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
             raise UserError(f"{run.run_dir} already holds a run without a checkpoint to continue from; choose "
                             "another RunConfig(name=...) (nothing was overwritten)")
         cpus_per_worker = float((self._scaling.resources_per_worker or {}).get("CPU", 1))
         connection = cluster.connect(None, local_num_cpus=max(os.cpu_count() or 1, int(self._max_workers * cpus_per_worker + 0.999)),
-                                     timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
+                                     timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
+                                     join_local_cluster=True)
         use_gpu = bool(self._scaling.use_gpu)
-        cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, None)
+        selectors = hetero.label_selectors()
+        cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, selectors)
         if run.remote_run_uri is None:  # checkpoints go to a path every worker node writes
-            node_checks.check_nodes(run.run_dir, emit=self._emit)
+            node_checks.check_nodes(run.run_dir, selectors, emit=self._emit)
         actors.check_name_free(self._name, "RunConfig(name=...)")  # a live run of this name: refuse
         os.makedirs(run.run_dir, exist_ok=True)
+        if not locked:
+            held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
         run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
                              {"hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path})
         self._emit(f"[hetero_ray] run {self._name}: {'resuming; ' if resuming else ''}files in {run.run_dir}"
@@ -126,8 +143,10 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
-        make_trainer = functools.partial(self._torch_trainer, run, "gpu" if use_gpu else "cpu")
-        finished = run_lifecycle(self._run_spec(run, use_gpu, cpus_per_worker), make_trainer, emit=self._emit)
+        device_mode = "mixed" if hetero.worker_devices is not None else ("gpu" if use_gpu else "cpu")
+        uses_gpus = use_gpu or "gpu" in (hetero.worker_devices or ())
+        make_trainer = functools.partial(self._torch_trainer, run, device_mode)
+        finished = run_lifecycle(self._run_spec(run, uses_gpus, cpus_per_worker), make_trainer, emit=self._emit)
         self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
         return finished.result
 
@@ -144,6 +163,7 @@ class HeteroTrainer:
             # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py).
             warmup_model=hetero.profile_model if hetero.emulate_speeds and hetero.profiles_nodes else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
+            allow_non_finite_loss=hetero.allow_non_finite_loss,
         )
         user = self._run_config
         run_config = RunConfig(
@@ -155,8 +175,11 @@ class HeteroTrainer:
             logging_config=user.logging_config or ray.LoggingConfig(log_level="WARNING"),
             worker_runtime_env=user.worker_runtime_env,
         )
+        scaling = self._scaling
+        if hetero.worker_devices is not None:
+            scaling = dataclasses.replace(scaling, label_selector=hetero.label_selectors())
         return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
-                            torch_config=self._torch_config, scaling_config=self._scaling, run_config=run_config)
+                            torch_config=self._torch_config, scaling_config=scaling, run_config=run_config)
 
     def _probe_batch_sizes(self) -> list[int]:
         hetero = self._hetero
@@ -199,6 +222,11 @@ class HeteroTrainer:
                               "continues from the last checkpoint", signum, resumable=True)
 
 
+# What a fit() refused by the run directory's lock can do (run_lock.acquire names the holder).
+_LOCKED_ADVICE = ("Wait for that run to end, or stop it, then fit() again with the same RunConfig(name=...) and "
+                  "storage to continue it; or choose another RunConfig(name=...)")
+
+
 def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:
     if torch_config is None:
         return
@@ -212,6 +240,22 @@ def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: Sca
     if torch_config.backend == "nccl" and not scaling_config.use_gpu:
         raise ConfigError("TorchConfig(backend='nccl') needs every worker on a GPU (ScalingConfig(use_gpu=True)); "
                           "use TorchConfig(backend='gloo') with CPU or mixed GPU/CPU workers")
+
+
+def _check_worker_devices(hetero_config: HeteroConfig, scaling_config: ScalingConfig) -> None:
+    if hetero_config.worker_devices is None:
+        return
+    # One TorchTrainer gives every worker the same resources: a GPU for each or for none.
+    # Mixed workers ask for none, and each takes the device its node's label names.
+    if scaling_config.use_gpu:
+        raise ConfigError("HeteroConfig.worker_devices places GPU and CPU workers itself: leave "
+                          "ScalingConfig(use_gpu=False) (Ray reserves GPUs only when every worker asks for one)")
+    if getattr(scaling_config, "label_selector", None):
+        raise ConfigError("HeteroConfig.worker_devices and ScalingConfig(label_selector=...) both place workers; "
+                          "give one of them")
+    if isinstance(scaling_config.num_workers, (tuple, list)):
+        raise ConfigError("HeteroConfig.worker_devices names one device per worker, so ScalingConfig.num_workers "
+                          "must be a number, not a (min, max) range")
 
 
 def _worker_range(num_workers) -> tuple[int, int]:

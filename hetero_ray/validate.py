@@ -12,6 +12,7 @@ name as the user wrote it.
 from __future__ import annotations
 
 import math
+import os
 from typing import Iterable, Sequence
 
 from hetero_ray.errors import ConfigError
@@ -28,6 +29,17 @@ def choice(name: str, value, choices: Sequence) -> None:
 def switch(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+def optional_path(name: str, value):
+    """None, or a folder's path as text (a ``pathlib.Path`` is taken and stored as text)."""
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a folder's path (a str or pathlib.Path) or None, got {value!r}")
+    return value
 
 
 def positive_int(name: str, value) -> int:
@@ -61,6 +73,17 @@ def fraction_below_one(name: str, value, of: str = "") -> float:
     if not _is_number(value) or not 0 <= value < 1:
         raise ConfigError(f"{name} must be in [0, 1){_fraction_of(of)}, got {value!r}")
     return float(value)
+
+
+DEVICE_KINDS = ("gpu", "cpu")  # a worker's device kind, as the node label hetero-ray.io/device names it
+
+
+def device_kinds(name: str, values) -> list[str]:
+    """One device kind per worker, each gpu or cpu."""
+    kinds = sequence(name, values)
+    if not kinds or any(kind not in DEVICE_KINDS for kind in kinds):
+        raise ConfigError(f"{name} must give each worker gpu or cpu (e.g. gpu,gpu,cpu), got {values!r}")
+    return kinds
 
 
 def sequence(name: str, values: Iterable) -> list:

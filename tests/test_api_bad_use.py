@@ -73,10 +73,20 @@ def test_the_api_outside_a_run_says_where_it_belongs():
     (dict(global_batch_size=8, profile_model="resnet18"), r"profile_model must be a hetero_ray.ProfileModel"),
     (dict(global_batch_size=8, profile_batch_sizes=(8, 8)), "two or more different positive sizes"),
     (dict(global_batch_size=8, profile_timeout_s=0), "profile_timeout_s must be a positive number"),
+    (dict(global_batch_size=8, output_dir=123), r"HeteroConfig.output_dir must be a folder's path .* got 123"),
+    (dict(global_batch_size=8, output_dir=""), r"HeteroConfig.output_dir must be a folder's path"),
+    (dict(global_batch_size=8, record_sample_ids="no"), "HeteroConfig.record_sample_ids must be True or False, "
+                                                        "got 'no'"),
+    (dict(global_batch_size=8, allow_non_finite_loss=1), "HeteroConfig.allow_non_finite_loss must be True or False"),
+    (dict(global_batch_size=8, profile="yes"), "HeteroConfig.profile must be True or False"),
 ])
 def test_hetero_config_rejects_bad_values_naming_the_field(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         HeteroConfig(**kwargs)
+
+
+def test_hetero_config_takes_a_pathlib_output_dir_as_text(tmp_path):
+    assert HeteroConfig(global_batch_size=8, output_dir=tmp_path).output_dir == str(tmp_path)
 
 
 def test_profile_model_rejects_what_it_cannot_call():

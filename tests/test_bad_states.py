@@ -548,3 +548,26 @@ def test_failures_become_one_message_a_person_can_act_on():
 
     other = failure_for_user(WorkerGroupError("rank 1 failed", {1: RuntimeError("gloo timeout")}), "/r", 3)
     assert isinstance(other, TrainingFailed) and str(other).startswith("training failed: ")
+
+
+def test_fit_joins_the_cluster_ray_start_runs_here_only_while_it_answers(monkeypatch):
+    """HeteroTrainer.fit() with no address joins the cluster `ray start` left its address
+    for, as ray.init() does; an address file left by a stopped cluster starts a Ray of our own."""
+    import socket
+
+    import ray._private.services
+
+    from hetero_ray.runtime.cluster import running_local_cluster
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    address = f"127.0.0.1:{listening.getsockname()[1]}"
+    monkeypatch.setattr(ray._private.services, "find_bootstrap_address", lambda temp_dir: address)
+    try:
+        assert running_local_cluster() == address
+    finally:
+        listening.close()
+    assert running_local_cluster() is None  # the same file, nothing listening any more
+    monkeypatch.setattr(ray._private.services, "find_bootstrap_address", lambda temp_dir: None)
+    assert running_local_cluster() is None

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from hetero_ray.planning.cost_model import fit_linear, group_stats, kept_mean_s
+from hetero_ray.planning.cost_model import fit_curve, group_stats, kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates
 
 
@@ -17,13 +17,13 @@ def noisy_timings(rng, alpha_s, beta, sizes, per_size, noise):
     return b, t
 
 
-# ---------------------------------------------------------------- fit_linear
+# ---------------------------------------------------------------- fit_curve
 def test_fit_recovers_known_line_from_noisy_timings_over_many_seeds():
     for seed in range(100):
         rng = np.random.default_rng(seed)
         alpha_s, beta = rng.uniform(0.001, 0.05), rng.uniform(1e-4, 1e-2)
         b, t = noisy_timings(rng, alpha_s, beta, [8, 16, 32, 64, 128], 20, noise=0.03)
-        fit = fit_linear(b, t)
+        fit = fit_curve(b, t)
         assert fit.slope_trusted and fit.num_batch_sizes == 5 and fit.num_points == b.size
         assert fit.alpha_s >= 0 and fit.beta_s_per_sample > 0
         assert fit.beta_s_per_sample == pytest.approx(beta, rel=0.05)
@@ -33,14 +33,14 @@ def test_fit_recovers_known_line_from_noisy_timings_over_many_seeds():
 
 
 def test_fit_is_exact_on_exact_data():
-    fit = fit_linear([4, 8, 16, 4, 8, 16], [0.1 + 0.01 * b for b in [4, 8, 16, 4, 8, 16]])
+    fit = fit_curve([4, 8, 16, 4, 8, 16], [0.1 + 0.01 * b for b in [4, 8, 16, 4, 8, 16]])
     assert fit.alpha_s == pytest.approx(0.1) and fit.beta_s_per_sample == pytest.approx(0.01)
     assert fit.r2 == pytest.approx(1.0)
     assert fit.samples_per_s(16) == pytest.approx(16 / 0.26)
 
 
 def test_single_batch_size_falls_back_to_throughput_proportional():
-    fit = fit_linear([32] * 7, [0.30, 0.31, 0.29, 0.30, 0.32, 0.28, 0.30])
+    fit = fit_curve([32] * 7, [0.30, 0.31, 0.29, 0.30, 0.32, 0.28, 0.30])
     assert not fit.slope_trusted and fit.num_batch_sizes == 1
     assert fit.alpha_s == 0.0
     assert fit.beta_s_per_sample == pytest.approx(0.30 / 32)
@@ -50,7 +50,7 @@ def test_single_batch_size_falls_back_to_throughput_proportional():
 def test_negative_intercept_is_clamped_to_zero():
     # t = −0.05 + 0.01·b: the least-squares line under α ≥ 0 goes through the origin
     sizes = [10, 20, 40]
-    fit = fit_linear(sizes, [-0.05 + 0.01 * b for b in sizes])
+    fit = fit_curve(sizes, [-0.05 + 0.01 * b for b in sizes])
     assert fit.alpha_s == 0.0 and fit.beta_s_per_sample > 0
     b = np.array(sizes, float)
     t = -0.05 + 0.01 * b
@@ -60,19 +60,19 @@ def test_negative_intercept_is_clamped_to_zero():
 
 def test_flat_or_decreasing_timings_never_give_a_non_positive_slope():
     for times in ([0.5, 0.5, 0.5], [0.6, 0.5, 0.4]):
-        fit = fit_linear([10, 20, 30], times)
+        fit = fit_curve([10, 20, 30], times)
         assert fit.beta_s_per_sample > 0 and fit.alpha_s >= 0 and not fit.slope_trusted
 
 
 def test_fit_ignores_a_spike_and_invalid_values():
     rng = np.random.default_rng(0)
     b, t = noisy_timings(rng, 0.02, 0.001, [16, 32], 10, noise=0.01)
-    clean = fit_linear(b, t)
+    clean = fit_curve(b, t)
     t_bad = t.copy()
     t_bad[3] *= 100  # one 100× spike
     b_bad = np.append(b, [16, 32, 32])
     t_bad = np.append(t_bad, [np.nan, np.inf, -1.0])
-    fit = fit_linear(b_bad, t_bad)
+    fit = fit_curve(b_bad, t_bad)
     assert fit.num_points == b.size - 1
     assert fit.alpha_s == pytest.approx(clean.alpha_s, rel=0.1, abs=1e-3)
     assert fit.beta_s_per_sample == pytest.approx(clean.beta_s_per_sample, rel=0.1)
@@ -82,7 +82,7 @@ def test_close_batch_sizes_with_noise_do_not_give_a_trusted_wild_slope():
     # 32 vs 33 under 5 % noise cannot resolve a slope: fall back rather than guess
     rng = np.random.default_rng(3)
     b, t = noisy_timings(rng, 0.05, 0.002, [32, 33], 16, noise=0.05)
-    fit = fit_linear(b, t)
+    fit = fit_curve(b, t)
     assert not fit.slope_trusted and fit.alpha_s == 0.0
 
 
@@ -93,7 +93,7 @@ def test_close_batch_sizes_with_noise_do_not_give_a_trusted_wild_slope():
 )
 def test_fit_rejects_bad_input(sizes, times, match):
     with pytest.raises(ValueError, match=match):
-        fit_linear(sizes, times)
+        fit_curve(sizes, times)
 
 
 def test_group_stats_rejection_and_the_median_of_few_timings():

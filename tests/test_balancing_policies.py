@@ -20,7 +20,7 @@ from hetero_ray.planning import (
     RankEstimate,
     SimulatedCluster,
     StaticPolicy,
-    fit_linear,
+    fit_curve,
     make_policy,
     run_policy,
     solve_split,
@@ -297,7 +297,7 @@ def test_dynamic_shares_follow_measured_throughput():
 
 def test_optimal_first_plan_from_profiled_fits():
     alphas, betas = [0.01, 0.05], [1e-3, 1e-3]
-    fits = [fit_linear([8, 16, 32], [a + b * s for s in (8, 16, 32)]) for a, b in zip(alphas, betas)]
+    fits = [fit_curve([8, 16, 32], [a + b * s for s in (8, 16, 32)]) for a, b in zip(alphas, betas)]
     plan = OptimalPolicy().initial_plan(64, 2, [RankCapacity(f.alpha_s, f.beta_s_per_sample) for f in fits])
     assert plan.local_batch_sizes == tuple(solve_split(alphas, betas, 64)) == (52, 12)
     assert plan.reason == "optimal: split for the profiled cost model"

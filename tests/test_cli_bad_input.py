@@ -77,7 +77,7 @@ CASES = [
     ("zero probe batch", ["--profile-batch-sizes", "0,8"], "--profile-batch-sizes must be positive integers"),
     ("one probe size", ["--profile-batch-sizes", "8"], "--profile-batch-sizes needs two or more different positive sizes"),
     ("repeated probe size", ["--profile-batch-sizes", "8,8"], "--profile-batch-sizes needs two or more different"),
-    ("unknown worker device", ["--worker-devices", "gpu,tpu"], "--worker-devices values must be gpu or cpu"),
+    ("unknown worker device", ["--worker-devices", "gpu,tpu"], "--worker-devices must give each worker gpu or cpu"),
     ("worker devices wrong length", ["--worker-devices", "gpu"], "--worker-devices has 1 values but --num-workers is 2"),
     ("malformed worker labels", ["--worker-labels", "gpu;cpu"], "expected KEY=VALUE pairs per worker"),
     ("malformed plan change", ["--plan-change", "10:40,x"], "expected STEP:B0,B1"),

@@ -504,16 +504,26 @@ def test_kuberay_gpu_group_requests_gpus_and_cpu_group_none():
     assert groups["cpu-workers"]["rayStartParams"]["num-gpus"] == "0"
 
 
-def test_kuberay_every_ray_container_uses_the_token_from_the_secret():
+def test_kuberay_every_ray_container_reads_the_token_from_the_secret_mounted_as_a_file():
+    """The token reaches Ray as a read-only file (RAY_AUTH_TOKEN_PATH, which Ray 2.60 reads),
+    never as an environment variable every process in the container would inherit."""
     cluster, documents = _kuberay()
     secrets = set()
     for name, group in _groups(cluster).items():
+        pod = group["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
         for container in _containers(group):
             env = {e["name"]: e for e in container.get("env", [])}
             assert env["RAY_AUTH_MODE"]["value"] == "token", name
-            ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
-            assert "value" not in env["RAY_AUTH_TOKEN"], name  # never a token in the manifest
-            secrets.add((ref["name"], ref["key"]))
+            assert "RAY_AUTH_TOKEN" not in env, name  # no token in any container's environment
+            token_path = env["RAY_AUTH_TOKEN_PATH"]["value"]
+            (mount,) = [m for m in container.get("volumeMounts", [])
+                        if token_path.startswith(m["mountPath"].rstrip("/") + "/")]
+            assert mount.get("readOnly") is True, name
+            secret = volumes[mount["name"]]["secret"]
+            (item,) = [i for i in secret["items"] if i["path"] == token_path[len(mount["mountPath"].rstrip("/")) + 1:]]
+            assert secret["defaultMode"] & 0o007 == 0, name  # not readable by other users
+            secrets.add((secret["secretName"], item["key"]))
     assert len(secrets) == 1  # one cluster, one token
     assert not [d for d in documents if d["kind"] == "Secret"]  # created with kubectl, not checked in
 

@@ -2,9 +2,9 @@
 worker can write the run directory and sees the driver's dataset.
 
 The decision is tested directly; the whole check on a real 3-node cluster of `ray start`
-processes on this machine, where two nodes run in mount namespaces of their own (root
+processes on this machine, where three nodes run in mount namespaces of their own (root
 only): one sees the output folder read-only, one sees other CIFAR files at the same
---data-dir. Each run picks its nodes with --worker-labels.
+--data-dir, one sees a writable folder of its own at the output folder's path (not shared). Each run picks its nodes with --worker-labels.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from hetero_ray.runtime.cluster import NodeResources
 from hetero_ray.runtime.node_checks import (
-    DatasetFingerprint, DatasetRef, NodeProbe, fingerprint, hosting_nodes, probe, problems,
+    DatasetFingerprint, DatasetRef, NodeProbe, driver_marker, fingerprint, hosting_nodes, probe, problems,
 )
 from tests.cifar_files import write_cifar10
 
@@ -60,6 +60,27 @@ def test_problems_name_each_node_and_what_to_do():
     assert problems(probes, nodes[:1], "/runs/x", good, dataset, [], 60) == []
 
 
+def test_a_writable_folder_that_is_not_the_drivers_is_named():
+    nodes = [node("a" * 16), node("b" * 16)]
+    probes = {"a" * 16: NodeProbe(sees_driver_folder=True), "b" * 16: NodeProbe(sees_driver_folder=False)}
+    found = problems(probes, nodes, "/runs/x", None, None, unanswered=[], timeout_s=60)
+    assert len(found) == 1
+    assert found[0].startswith("node bbbbbbbb (10.0.0.1) does not share the run directory /runs/x with the driver")
+    assert "shared filesystem" in found[0] and "URI storage" in found[0]
+
+
+def test_the_drivers_marker_is_read_where_it_was_written_and_removed_after(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with driver_marker(str(runs / "x")) as marker:
+        assert probe(str(runs / "x"), None, marker).sees_driver_folder is True
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        moved = type(marker)(str(elsewhere / os.path.basename(marker.path)), marker.token)
+        assert probe(str(elsewhere), None, moved).sees_driver_folder is False  # another disk at that path
+    assert list(runs.iterdir()) == []  # nothing left behind
+
+
 def test_probe_writes_nothing_and_creates_no_folder(tmp_path):
     run_dir = tmp_path / "runs" / "x"
     assert probe(str(run_dir), None) == NodeProbe()
@@ -83,7 +104,7 @@ def test_fingerprint_tells_copies_apart(tmp_path):
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
     """head (normal), `readonly` (sees --output-dir read-only), `otherdata` (another CIFAR
-    at --data-dir); yields (address, paths, {role: node_id})."""
+    at --data-dir), `unshared` (an empty disk of its own at --output-dir); yields (address, paths, {role: node_id})."""
     if os.geteuid() != 0:
         pytest.skip("a node with its own view of the disk needs a mount namespace (root)")
     from benchmarks.local_cluster import free_port, start_node, wait_for_nodes
@@ -102,7 +123,9 @@ def nodes(tmp_path_factory):
                                   private_mounts=[f"--bind -o ro {paths['runs']} {paths['runs']}"]))
         started.append(start_node(address=address, labels={ROLE: "otherdata"}, log_dir=str(tmp),
                                   private_mounts=[f"--bind {paths['other']} {paths['data']}"]))
-        wait_for_nodes(address, 3, started)
+        started.append(start_node(address=address, labels={ROLE: "unshared"}, log_dir=str(tmp),
+                                  private_mounts=[f"-t tmpfs tmpfs {paths['runs']}"]))
+        wait_for_nodes(address, 4, started)
         yield address, paths, _node_ids(address)
     finally:
         for started_node in reversed(started):
@@ -166,3 +189,18 @@ def test_a_node_with_other_cifar_files_is_named(nodes):
                      rf"{re.escape(str(paths['data']))} \(250 training samples", message), message
     assert ids["head"][:8] not in message
     assert not (paths["runs"] / "otherdata").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_node_whose_run_directory_is_another_disk_is_stopped_before_the_first_step(nodes):
+    """The default --output-dir exists at the same path on every node; writable everywhere, it
+    need not be shared. A restart elsewhere would not find the checkpoint: exit 2 first."""
+    address, paths, ids = nodes
+    done = train(address, paths, "head;unshared", "unshared")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    message = done.stderr
+    assert re.search(rf"node {ids['unshared'][:8]} \(\S+\) does not share the run directory", message), message
+    assert ids["head"][:8] not in message
+    assert not (paths["runs"] / "unshared").exists()  # nothing written
+    assert [p.name for p in paths["runs"].iterdir() if p.name.startswith(".hetero_ray_shared")] == []

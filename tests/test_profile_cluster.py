@@ -59,8 +59,10 @@ def test_profile_cluster_measures_the_session_node(ray_session):
     assert node.resources["CPU"] == 8 and node.ip and node.cpu.logical_cores >= 1
     cpu = node.device("cpu")
     assert cpu.matmul_tflops_fp32 > 0.005 and cpu.memory_bandwidth_gbps > 0.5
-    assert cpu.beta_s_per_sample > 0 and cpu.alpha_s >= 0 and cpu.max_batch_size > 64
-    assert [p["batch_size"] for p in cpu.probe] == [8, 16, 32, 64]
+    assert cpu.has_probe and cpu.max_batch_size > 64
+    assert cpu.fit_shape in ("line", "floor+line", "flat", "proportional") and cpu.fit_max_rel_error < 0.5
+    sizes = [p["batch_size"] for p in cpu.probe]  # the given sizes, then doublings while flat
+    assert sizes[:4] == [8, 16, 32, 64] and all(b == 2 * a for a, b in zip(sizes[3:], sizes[4:]))
     assert node.profile_time_s <= 15.0  # the budget for simple_cnn on this machine
     assert any(line.startswith("[profile] node ") and "TFLOPS" in line for line in lines)
     # The planner got the same capabilities; the profilers are gone.
@@ -89,7 +91,7 @@ def test_cli_profile_writes_the_json_document(ray_session, tmp_path, capsys):
     rc = main(["profile", "--model", "simple_cnn", "--batch-sizes", "8,32", "--json", str(path)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "fp32 TFLOPS" in out and "simple_cnn α ms" in out
+    assert "fp32 TFLOPS" in out and "simple_cnn floor ms" in out and "max err" in out
     document = json.loads(path.read_text())
     assert document["model"] == "simple_cnn" and document["batch_sizes"] == [8, 32]
     (node,) = document["nodes"]
@@ -99,7 +101,12 @@ def test_cli_profile_writes_the_json_document(ray_session, tmp_path, capsys):
     assert device["kind"] == "cpu" and device["name"]
     for key in ("matmul_tflops_fp32", "memory_bandwidth_gbps", "beta_s_per_sample", "max_batch_size"):
         assert isinstance(device[key], (int, float)) and device[key] > 0, (key, device[key])
-    assert isinstance(device["alpha_s"], (int, float)) and device["alpha_s"] >= 0  # the fit takes α = 0 over α < 0
+    assert device["fit_shape"] and isinstance(device["floor_s"], (int, float))
+    # `hetero-ray plan` reads what `hetero-ray profile` wrote
+    rc = main(["plan", "--profile", str(path), "--batch-size", "64", "--model", "simple_cnn"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "predicted step time" in out and f"node {node['node_id'][:8]} cpu" in out
 
 
 def test_rank_gauges_reach_the_prometheus_endpoint(ray_session):

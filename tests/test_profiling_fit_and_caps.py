@@ -225,8 +225,73 @@ def test_ram_fraction_cap_of_a_real_model_matches_a_fake_allocator_of_that_size(
     assert large.max_batch_size == pytest.approx(2 * small.max_batch_size, rel=0.05)
 
 
-def test_real_probe_on_cpu_gives_a_positive_line():
+def test_real_probe_on_cpu_gives_a_positive_curve():
     result = probe_model("simple_cnn", "cpu", batch_sizes=(4, 16), repeats=2, num_threads=1, time_budget_s=3.0)
-    assert result.fit.beta_s_per_sample > 0 and result.fit.alpha_s >= 0
-    assert [row["batch_size"] for row in result.probe_rows()] == [4, 16]
+    assert result.fit.predict_s(1) > 0 and result.fit.beta_s_per_sample >= 0
+    sizes = [row["batch_size"] for row in result.probe_rows()]
+    # the given sizes, then doublings while the step stayed flat
+    assert sizes[:2] == [4, 16] and all(b == 2 * a for a, b in zip(sizes[1:], sizes[2:]))
+    assert result.fit.batch_sizes == tuple(sizes) and len(result.fit.rel_errors) == len(sizes)
     assert result.max_batch_size and result.max_batch_size > 16
+
+
+# --- doubling beyond the given sizes while the step is flat
+
+
+class FloorRunner(LineRunner):
+    """A big GPU: ``max(τ, α + β·b)`` — flat up to a knee, a line beyond; out of memory above ``capacity``."""
+
+    def __init__(self, floor, alpha, beta, noise=0.0, seed=0, clock=None, capacity=None):
+        super().__init__(alpha, beta, noise, seed, clock)
+        self.floor, self.capacity = floor, capacity
+
+    def busy_time_s(self, b: int) -> float:
+        if self.capacity is not None and b > self.capacity:
+            raise FakeOutOfMemory(f"{b} samples do not fit")
+        self.calls += 1
+        t = max(self.floor, self.alpha + self.beta * b) * (1 + self.noise * self.rng.standard_normal())
+        if self.clock is not None:
+            self.clock.now += t
+        return t
+
+
+def test_a_flat_device_is_probed_by_doubling_until_two_doublings_grew():
+    floor, knee = 0.007, 700
+    beta = floor / knee
+    runner = FloorRunner(floor, 0.0, beta, noise=0.02, seed=1)
+    timings = measure_busy_times(runner, (8, 16, 32, 64), repeats=3, min_block_s=0.0, time_budget_s=math.inf,
+                                 extend=True)
+    sizes = sorted({b for b, _ in timings})
+    assert sizes == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # 1024→2048→4096 grew ~2× each
+    fit = fit_probe(timings)
+    assert fit.shape == "floor+line" and fit.max_rel_error < 0.10
+    assert fit.knee_batch_size == pytest.approx(knee, rel=0.15)
+    # the fixed sizes alone could only see the floor
+    fixed = fit_probe(measure_busy_times(FloorRunner(floor, 0.0, beta, noise=0.02, seed=1), (8, 16, 32, 64),
+                                         repeats=3, min_block_s=0.0, time_budget_s=math.inf))
+    assert fixed.shape == "flat"
+
+
+def test_a_line_is_not_extended():
+    runner = LineRunner(0.001, 0.001, noise=0.0, seed=0)
+    timings = measure_busy_times(runner, (8, 16, 32, 64), repeats=1, min_block_s=0.0, time_budget_s=math.inf,
+                                 extend=True)
+    assert sorted({b for b, _ in timings}) == [8, 16, 32, 64]
+
+
+def test_doubling_stops_at_the_memory_cap_the_budget_or_out_of_memory():
+    flat = dict(floor=0.007, alpha=0.0, beta=1e-9)
+    capped = measure_busy_times(FloorRunner(**flat), (8, 16), repeats=1, min_block_s=0.0, time_budget_s=math.inf,
+                                extend=True, max_batch_size=100)
+    assert sorted({b for b, _ in capped}) == [8, 16, 32, 64]
+    ooms = []
+    runner = FloorRunner(**flat, capacity=300)
+    timings = measure_busy_times(runner, (8, 16), repeats=1, min_block_s=0.0, time_budget_s=math.inf,
+                                 extend=True, oom_errors=(FakeOutOfMemory,), on_oom=lambda: ooms.append(1))
+    assert sorted({b for b, _ in timings}) == [8, 16, 32, 64, 128, 256] and ooms == [1]
+    clock = FakeClock()
+    timings = measure_busy_times(FloorRunner(**flat, clock=clock), (8, 16), repeats=1, min_block_s=0.3,
+                                 time_budget_s=2.0, extend=True, clock=clock)
+    sizes = sorted({b for b, _ in timings})
+    assert 2 < len(sizes) < 8  # a round of every size costs ≥ 0.3 s each: the budget holds a few
+    assert clock.now <= 2.0 + 1e-9

@@ -6,7 +6,8 @@ import pandas as pd
 
 from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.profiling.bottlenecks import BALANCED, MEMORY_BOUND, STRAGGLER
-from hetero_ray.profiling.run_bottlenecks import MIN_PLAN_STEPS, judge_run
+from hetero_ray.profiling.bottlenecks import BottleneckThresholds
+from hetero_ray.profiling.run_bottlenecks import judge_run
 
 
 def steps(plans: list[tuple[int, list[float]]], batch: int = 32, nodes: tuple[str, ...] = ("a", "b")) -> pd.DataFrame:
@@ -36,14 +37,23 @@ def verdicts(frame: pd.DataFrame, nodes=None) -> list[str]:
     return [v["verdict"] for v in judge_run(frame, nodes)]
 
 
-def test_the_last_plan_alone_is_judged_once_it_ran_long_enough():
-    straggling_then_even = steps([(40, [0.001, 0.003]), (MIN_PLAN_STEPS, [0.001, 0.001])])
+MIN_STEPS = BottleneckThresholds().min_steps
+
+
+def test_only_the_plan_in_force_is_judged():
+    """The shares in force are what a verdict advises on: the steps of an older plan (here a
+    straggler the balancer has since fixed) must not speak for them."""
+    straggling_then_even = steps([(40, [0.001, 0.003]), (MIN_STEPS, [0.001, 0.001])])
     assert verdicts(straggling_then_even) == [BALANCED, BALANCED]
+    even_then_straggling = steps([(40, [0.001, 0.001]), (MIN_STEPS, [0.001, 0.003])])
+    assert verdicts(even_then_straggling) == [BALANCED, STRAGGLER]
 
 
-def test_a_last_plan_too_short_is_judged_with_the_steps_before_it():
-    straggling_then_even = steps([(40, [0.001, 0.003]), (MIN_PLAN_STEPS - 5, [0.001, 0.001])])
-    assert verdicts(straggling_then_even) == [BALANCED, STRAGGLER]
+def test_a_plan_in_force_too_new_to_judge_says_so():
+    straggling_then_even = steps([(40, [0.001, 0.003]), (MIN_STEPS - 2, [0.001, 0.001])])
+    judged = judge_run(straggling_then_even)
+    assert [v["verdict"] for v in judged] == [BALANCED, BALANCED]  # not the old plan's straggler
+    assert all("too few to judge" in v["recommendation"] for v in judged)
 
 
 def test_a_recent_window_gives_the_verdicts_of_the_whole_run():

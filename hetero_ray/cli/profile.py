@@ -8,8 +8,8 @@
 Ray's temporary copy of the working dir; see jobs/job_paths.py.)
 
 Figures are measured on each node by a profiler actor pinned there (matmul throughput,
-memory bandwidth, host↔device copies; with ``--model`` the model's busy-time line and its
-largest batch), not looked up from a spec sheet. A node that fails (NVML error, timeout)
+memory bandwidth, host↔device copies; with ``--model`` the model's busy-time curve
+``max(floor, α + β·b)``, its largest error at a probed size, and its largest batch), not looked up from a spec sheet. A node that fails (NVML error, timeout)
 is reported as failed; the others complete. Exit status 1 only if every node failed.
 
 The profile's flags are :class:`ProfileConfig`'s settings (each field declares its flag,
@@ -85,11 +85,12 @@ def profile_report(nodes, model=None) -> str:
                 node.node_id[:8], node.ip or "?", device.kind if device.kind == "cpu" else f"gpu{device.index}",
                 _clip(device.name, 28), _num(device.matmul_tflops_fp32, ".3g"), _num(device.matmul_tflops_bf16, ".3g"),
                 _num(device.memory_bandwidth_gbps, ".3g"), _num(device.h2d_gbps, ".3g"),
-                _num(device.alpha_s, ".2f", 1e3), _num(device.beta_s_per_sample, ".3f", 1e3),
-                _num(device.fit_r2, ".3f"), _num(device.max_batch_size, "d"),
+                _num(device.floor_s, ".2f", 1e3), _num(device.alpha_s, ".2f", 1e3),
+                _num(device.beta_s_per_sample, ".3f", 1e3), _num(device.fit_max_rel_error, ".1%"),
+                _num(device.max_batch_size, "d"),
             ])
     headers = ["node", "ip", "device", "name", "fp32 TFLOPS", "bf16 TFLOPS", "mem GB/s", "h2d GB/s"]
-    headers += [f"{model} α ms" if model else "α ms", "β ms/sample", "r²", "max batch"]
+    headers += [f"{model} floor ms" if model else "floor ms", "α ms", "β ms/sample", "max err", "max batch"]
     lines = [format_table(headers, rows)] if rows else ["no device was measured"]
     lines.append("")
     for node in nodes:

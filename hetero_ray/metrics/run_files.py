@@ -15,14 +15,21 @@ Layout of ``<output-dir>/<experiment-name>/``::
     model_final.pt       the final model's state_dict
     ray_train/           Ray Train's checkpoints (what --resume continues from)
 
-Every file is written to a temporary name and renamed into place, so a reader (or a run
-that fails) never sees a half-written file.
+Every file is written to a temporary name, fsynced, and renamed into place, and the
+folder is fsynced after the rename: the rename is the commit point (as in PyTorch's
+distributed checkpointing), so neither a reader, a run that fails, nor a machine that
+loses power mid-write ever sees a half-written file under its final name. A part torn
+all the same (written by an older version, or on a filesystem that ignores fsync) is
+skipped by readers with a warning that names it; the metrics store sets it aside when it
+starts (:func:`set_aside_unreadable_parts`) and recovers its rows from the write-ahead log.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
+import logging
 import os
 import tempfile
 from typing import Any, Optional
@@ -43,6 +50,9 @@ MODEL_FILE = "model_final.pt"
 # hetero_ray/runtime/planner_actor.py).
 PLANNER_STATE_FILE = "planner_state.json"
 PARTS_DIR = "parts"
+TORN_SUFFIX = ".torn"  # a part that cannot be read, set aside under its own name plus this
+
+logger = logging.getLogger(__name__)
 
 
 def table_path(run_dir: str, table: str) -> str:
@@ -77,6 +87,31 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     except BaseException:
         _remove_quietly(tmp)
         raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: str) -> None:
+    """Makes a rename in ``directory`` durable: until the folder's entry is on disk, a
+    power loss may bring back the old name (or none)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        # Some filesystems (FUSE mounts, a few network ones) cannot sync a folder; the
+        # rename is then as durable as they make it, and the write itself succeeded.
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str) -> None:
+    """Makes a file's data durable (before the rename that publishes it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str, value: Any) -> None:
@@ -92,7 +127,7 @@ def read_json(path: str, default: Any = None) -> Any:
 
 
 def write_table(path: str, table: pa.Table) -> None:
-    """Writes a Parquet file atomically (temporary file, then rename).
+    """Writes a Parquet file atomically (temporary file, fsync, rename, fsync of the folder).
 
     On any error (a full disk included) the temporary file is removed and ``path`` keeps
     its previous content, if any.
@@ -103,10 +138,12 @@ def write_table(path: str, table: pa.Table) -> None:
     try:
         os.chmod(tmp, _FILE_MODE)
         pq.write_table(table, tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         _remove_quietly(tmp)
         raise
+    fsync_dir(directory)
 
 
 def write_part(run_dir: str, table: str, part: pa.Table, sequence: int) -> str:
@@ -123,37 +160,98 @@ def attempt_starts(run_dir: str) -> dict[int, int]:
 
 
 def read_raw_table(run_dir: str, table: str) -> pd.DataFrame:
-    """All rows of a table as written: the merged file plus any parts not merged yet."""
+    """All rows of a table as written: the merged file plus any parts not merged yet.
+
+    A torn part (0 bytes, cut short by a crash) is skipped with a warning naming it: its
+    rows are either in the write-ahead log, which the metrics store replays, or lost with
+    the crash. A torn merged file is an error that names it: it held the whole table.
+    """
+    return _read_raw(run_dir, table)[0]
+
+
+def _read_raw(run_dir: str, table: str) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """The table's rows, the parts they came from, and the parts that could not be read."""
     frames = []
     merged = table_path(run_dir, table)
     if os.path.exists(merged):
-        frames.append(pq.read_table(merged).to_pandas())
-    part_paths = sorted(glob.glob(os.path.join(parts_dir(run_dir, table), "part-*.parquet")))
-    frames.extend(pq.read_table(path).to_pandas() for path in part_paths)
+        try:
+            frames.append(pq.read_table(merged).to_pandas())
+        except pa.ArrowException as e:
+            raise TornFileError(f"{merged} cannot be read ({e}): the file was cut short, so the {table} table "
+                                "is lost; rename or remove it to read the rest of the run") from None
+    read, torn = [], []
+    for path in part_files(run_dir, table):
+        frame = _read_part(path)
+        (read if frame is not None else torn).append(path)
+        if frame is not None:
+            frames.append(frame)
     frames = [f for f in frames if not f.empty]
     if not frames:
-        return SCHEMAS[table].empty_table().to_pandas()
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    if part_paths:  # a merged file is already clean; parts may repeat a retried or replayed batch
+        df = SCHEMAS[table].empty_table().to_pandas()
+    else:
+        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if read and not df.empty:  # a merged file is already clean; parts may repeat a retried or replayed batch
         df = df.drop_duplicates(subset=list(KEY_COLUMNS[table]), keep="last", ignore_index=True)
-    return df
+    return df, read, torn
+
+
+class TornFileError(OSError):
+    """A merged table file that cannot be read; the message names it and what to do."""
+
+
+def part_files(run_dir: str, table: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(parts_dir(run_dir, table), "part-*.parquet")))
+
+
+def _read_part(path: str) -> Optional[pd.DataFrame]:
+    try:
+        return pq.read_table(path).to_pandas()
+    except FileNotFoundError:
+        return pd.DataFrame()  # merged away since it was listed: its rows are in the merged file
+    except (pa.ArrowException, OSError) as e:
+        logger.warning("skipping the unreadable part %s (%s): a crash cut it short", path, e)
+        return None
+
+
+def set_aside_unreadable_parts(run_dir: str) -> list[str]:
+    """Renames each part that cannot be read to ``<name>.torn`` (readers and merges then
+    skip it, and the evidence stays); returns their paths.
+
+    Called when a metrics store starts on an existing run directory, before it replays
+    its write-ahead log: a part is written before the log is emptied, so rows of a part
+    torn by a crash are still in the log.
+    """
+    torn = [path for path in sorted(glob.glob(os.path.join(run_dir, PARTS_DIR, "*", "part-*.parquet")))
+            if _read_part(path) is None]
+    _set_aside(torn)
+    return torn
+
+
+def _set_aside(paths: list[str]) -> None:
+    for path in paths:
+        os.replace(path, path + TORN_SUFFIX)
 
 
 def read_table(run_dir: str, table: str) -> pd.DataFrame:
     """A table of a finished or running run, restricted to its effective trajectory."""
-    df = read_raw_table(run_dir, table)
+    return _effective(run_dir, table, read_raw_table(run_dir, table))
+
+
+def _effective(run_dir: str, table: str, df: pd.DataFrame) -> pd.DataFrame:
     if table in TRAJECTORY_TABLES:
         df = effective_rows(df, attempt_starts(run_dir), STEP_COLUMN.get(table, "global_step"))
     return df
 
 
 def merge_parts(run_dir: str, table: str) -> Optional[str]:
-    """Replaces the table's parts by one Parquet file of its effective rows."""
-    part_paths = sorted(glob.glob(os.path.join(parts_dir(run_dir, table), "part-*.parquet")))
+    """Replaces the table's parts by one Parquet file of its effective rows (written
+    durably before any part is removed). A torn part is set aside, not deleted."""
     merged = table_path(run_dir, table)
-    if not part_paths and not os.path.exists(merged):
+    if not part_files(run_dir, table) and not os.path.exists(merged):
         return None
-    df = read_table(run_dir, table)
+    raw, part_paths, torn = _read_raw(run_dir, table)
+    _set_aside(torn)
+    df = _effective(run_dir, table, raw)
     sort_keys = [k for k in ("global_step", "rank", "sample_index") if k in df.columns]
     if sort_keys and not df.empty:
         df = df.sort_values(sort_keys, kind="stable").reset_index(drop=True)

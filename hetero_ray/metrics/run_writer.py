@@ -3,7 +3,14 @@
 Rows received wait in pending buffers and are written as Parquet parts at least every
 ``flush_interval_s``; :meth:`RunWriter.finalize` merges the parts into one file per table.
 So that a crash of the store's actor loses none of the waiting rows, every row is first
-appended to a write-ahead log, which a restarted writer replays.
+appended to a write-ahead log, which a restarted writer replays. The log is emptied only
+once the parts holding its rows are durable (fsynced, renamed, the folder fsynced: see
+:mod:`hetero_ray.metrics.run_files`), so a part that a crash tears anyway is set aside
+when the writer starts and its rows come back from the log.
+
+After :meth:`RunWriter.finalize` the tables are merged: rows that still arrive (a worker's
+last batch, sent fire-and-forget after the driver finished) are dropped with a log line
+rather than left behind as a stray part beside the merged files.
 
 A write that fails (the disk is full, the folder went read-only) is not retried: the
 writer stops writing and says why in :meth:`RunWriter.failure`. Its callers are
@@ -15,6 +22,7 @@ from __future__ import annotations
 import errno
 import glob
 import json
+import logging
 import os
 import shutil
 import time
@@ -26,6 +34,8 @@ from hetero_ray.metrics.records import TABLES, to_table
 WAL_FILE = "pending.jsonl"  # in <run_dir>/parts/: rows received but not yet in a Parquet part
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
+logger = logging.getLogger(__name__)
+
 
 class RunWriter:
     """Pending rows, the write-ahead log, Parquet parts and the first failed write of a run."""
@@ -35,16 +45,22 @@ class RunWriter:
         self._flush_interval_s = flush_interval_s
         self._pending: dict[str, list[dict]] = {t: [] for t in TABLES}
         self._last_flush = time.monotonic()
-        self._part_sequence = self._existing_part_count()
         self._failure: Optional[dict[str, Any]] = None  # set once, by the first write that fails
+        self._finalized = False
         self._wal_path = os.path.join(run_dir, run_files.PARTS_DIR, WAL_FILE)
         self._wal = None  # opened on first write
+        self._set_aside_torn_parts()
+        self._part_sequence = self._existing_part_count()
         self._replay_wal()
 
     def queue(self, table: str, rows: list[dict]) -> None:
         """Rows for ``table``: in the write-ahead log at once, in a Parquet part by the next flush."""
         if not rows or self._failure:
             return  # after a failed write nothing more reaches disk: hold no more rows for it
+        if self._finalized:
+            logger.warning("dropped %d %s row(s) that arrived after the run's tables were merged in %s",
+                           len(rows), table, self.run_dir)
+            return
         self._pending[table].extend(rows)
         self._write("the write-ahead log", self._wal_path, lambda: self._append_wal(table, rows))
 
@@ -72,7 +88,7 @@ class RunWriter:
         already written stay complete and readable.
         """
         self._last_flush = time.monotonic()
-        if self._failure:
+        if self._failure or self._finalized:
             return
         for table, rows in self._pending.items():
             if rows:
@@ -93,6 +109,7 @@ class RunWriter:
         its parts, which readers read the same way) and keeps the write-ahead log.
         """
         self.flush()
+        self._finalized = True
         if not self._failure:
             self._close_wal(remove=True)
         merged: dict[str, Optional[str]] = {}
@@ -177,16 +194,35 @@ class RunWriter:
             message = f"disk full at {path} while writing {what} ({free_space(self.run_dir)})"
         else:
             message = f"cannot write {what} at {path} ({reason})"
+        self.fail(message, what, path, error, disk_full)
+
+    def fail(self, message: str, what: str, path: str, error: BaseException, disk_full: bool = False) -> None:
+        """Stops all writing; ``message`` is what :meth:`failure` reports (the first one wins)."""
+        if self._failure:
+            return
         self._failure = {
             "message": message, "what": what, "path": path, "disk_full": disk_full,
-            "errno": error.errno, "error": f"{type(error).__name__}: {error}", "wall_time": time.time(),
+            "errno": getattr(error, "errno", None), "error": f"{type(error).__name__}: {error}",
+            "wall_time": time.time(),
         }
         for rows in self._pending.values():
             rows.clear()  # they cannot be written; hold no memory for them
         self._close_wal()
 
+    def _set_aside_torn_parts(self) -> None:
+        try:
+            torn = run_files.set_aside_unreadable_parts(self.run_dir)
+        except OSError as e:
+            self._fail(e, "a torn part set aside", os.path.join(self.run_dir, run_files.PARTS_DIR))
+            return
+        for path in torn:
+            logger.warning("%s could not be read (cut short by a crash); set aside as %s, its rows come back "
+                           "from the write-ahead log if they were still in it", path,
+                           os.path.basename(path) + run_files.TORN_SUFFIX)
+
     def _existing_part_count(self) -> int:
-        pattern = os.path.join(self.run_dir, run_files.PARTS_DIR, "*", "part-*.parquet")
+        # Set-aside parts count too: their numbers are never reused.
+        pattern = os.path.join(self.run_dir, run_files.PARTS_DIR, "*", "part-*.parquet*")
         numbers = [int(os.path.basename(p)[5:13]) for p in glob.glob(pattern)]
         return max(numbers, default=0)
 

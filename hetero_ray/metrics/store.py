@@ -48,16 +48,21 @@ class MetricsStore:
         self.run_dir = run_dir
         self.experiment_name = experiment_name
         self._window = StepWindow(max_recent_steps)
-        self._attempts: list[dict] = run_files.read_json(self._path(run_files.ATTEMPTS_FILE), []) or []
         self._workers: dict[int, dict] = {}
-        nodes = run_files.read_json(self._path(run_files.NODES_FILE))
-        self._nodes: Optional[list[dict]] = nodes.get("nodes") if isinstance(nodes, dict) else nodes
         self._finalized = False
-        self._writer = RunWriter(run_dir, parquet_flush_interval_s)  # replays its write-ahead log
+        # Sets torn parts aside and replays its write-ahead log; never raises (see failure()).
+        self._writer = RunWriter(run_dir, parquet_flush_interval_s)
         # After a restart of this actor (or --resume), the small tables come back from disk.
-        self._plans: list[dict] = _records(run_files.read_table(run_dir, PLANS))
-        self._epochs: list[dict] = _records(run_files.read_table(run_dir, EPOCHS))
-        self._decisions: list[dict] = _records(run_files.read_table(run_dir, DECISIONS))
+        # A file a crash tore must not kill the store (training would go on unrecorded): it
+        # becomes the store's failure, which names the file and stops the run.
+        self._attempts: list[dict] = self._read(run_files.ATTEMPTS_FILE,
+                                                lambda: run_files.read_json(self._path(run_files.ATTEMPTS_FILE), []),
+                                                []) or []
+        nodes = self._read(run_files.NODES_FILE, lambda: run_files.read_json(self._path(run_files.NODES_FILE)), None)
+        self._nodes: Optional[list[dict]] = nodes.get("nodes") if isinstance(nodes, dict) else nodes
+        self._plans: list[dict] = self._read_small_table(PLANS)
+        self._epochs: list[dict] = self._read_small_table(EPOCHS)
+        self._decisions: list[dict] = self._read_small_table(DECISIONS)
 
     # ---- writers (workers, driver) -------------------------------------------------
 
@@ -257,11 +262,24 @@ class MetricsStore:
         """Writes what is pending and merges every table into its final Parquet file.
 
         After a failed write, merges only what is on disk (a table whose merge fails keeps
-        its parts, which readers read the same way) and keeps the write-ahead log.
+        its parts, which readers read the same way) and keeps the write-ahead log. Rows
+        that arrive afterwards are dropped with a log line (no stray part is left).
         """
         merged = self._writer.finalize()
         self._finalized = True
         return merged
+
+    def _read_small_table(self, table: str) -> list[dict]:
+        return self._read(f"{table}.parquet", lambda: _records(run_files.read_table(self.run_dir, table)), [])
+
+    def _read(self, filename: str, read, default):
+        try:
+            return read()
+        except (OSError, ValueError) as e:  # ValueError: a torn JSON file
+            path = self._path(filename)
+            self._writer.fail(f"{path} cannot be read ({e}): a crash cut it short; move it aside to continue "
+                              "the run without it, or start the run under another name", filename, path, e)
+            return default
 
     def _current_attempt(self) -> int:
         return len(self._attempts) - 1

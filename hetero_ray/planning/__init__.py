@@ -2,10 +2,11 @@
 the best split, decide whether to switch.
 
 * :mod:`~hetero_ray.planning.plan` — the plan: each rank's share of the global batch;
-* :mod:`~hetero_ray.planning.cost_model` — ``t_i(b) = α_i + β_i·b`` and its robust fit;
+* :mod:`~hetero_ray.planning.cost_model` — ``t_i(b) = max(τ_i, α_i + β_i·b)`` and its robust fit;
 * :mod:`~hetero_ray.planning.estimates` — sliding-window per-rank estimates from step records;
-* :mod:`~hetero_ray.planning.capacity` — each rank's line and memory cap from the node profiles;
+* :mod:`~hetero_ray.planning.capacity` — each rank's curve and memory cap from the node profiles;
 * :mod:`~hetero_ray.planning.solver` — the split minimising ``max_i t_i(b_i)``;
+* :mod:`~hetero_ray.planning.subset` — the group and split minimising ``max_{i∈G} t_i(b_i) + c(G)``;
 * :mod:`~hetero_ray.planning.policies` — static / proportional / dynamic / optimal decisions;
 * :mod:`~hetero_ray.planning.balancer` — step records in, decisions at rebalance points out;
 * :mod:`~hetero_ray.planning.planner` — the one planning authority: first plan, versions, caps, end;
@@ -15,7 +16,7 @@ Pure Python and numpy; the planner actor (:mod:`hetero_ray.runtime.planner_actor
 shell around :class:`~hetero_ray.planning.planner.Planner`.
 """
 
-from hetero_ray.planning.cost_model import LinearFit, fit_linear
+from hetero_ray.planning.cost_model import CurveFit, fit_curve
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
 from hetero_ray.planning.policies import (
     DEFAULT_POLICY,
@@ -31,6 +32,7 @@ from hetero_ray.planning.policies import (
 )
 from hetero_ray.planning.simulation import SimulatedCluster, SimulationResult, run_policy
 from hetero_ray.planning.solver import continuous_split, predicted_step_time_s, solve_split
+from hetero_ray.planning.subset import SubsetSplit, solve_subset_split
 
 __all__ = [
     "ClusterEstimates",
@@ -38,7 +40,7 @@ __all__ = [
     "Decision",
     "DynamicPolicy",
     "Estimates",
-    "LinearFit",
+    "CurveFit",
     "OptimalPolicy",
     "POLICY_NAMES",
     "Policy",
@@ -48,10 +50,12 @@ __all__ = [
     "SimulatedCluster",
     "SimulationResult",
     "StaticPolicy",
+    "SubsetSplit",
     "continuous_split",
-    "fit_linear",
+    "fit_curve",
     "make_policy",
     "predicted_step_time_s",
     "run_policy",
     "solve_split",
+    "solve_subset_split",
 ]

@@ -4,7 +4,7 @@ The profiles are the node documents of ``nodes.json`` (``NodeCapability.to_dict(
 :mod:`hetero_ray.profiling.capability`), read here as plain dicts so that planning needs
 nothing of profiling. Per rank, busy time is modelled as everywhere in planning:
 
-    t_i(b) = α_i + β_i·b        (the probe of the rank's device, fitted by fit_linear)
+    t_i(b) = max(τ_i, α_i + β_i·b)   (the probe of the rank's device, fitted by fit_curve)
 
 The one memory-cap rule (the first plan, the policies and the bottleneck verdicts all use
 it, through :func:`rank_memory_caps`): a GPU rank has its own device's cap; the CPU ranks
@@ -25,17 +25,19 @@ GPU = "gpu"
 
 @dataclass(frozen=True)
 class RankCapacity:
-    """One rank's expected busy time ``t(b) = alpha_s + beta_s_per_sample·b`` and memory cap."""
+    """One rank's expected busy time ``t(b) = max(floor_s, alpha_s + beta_s_per_sample·b)``
+    and memory cap."""
 
     alpha_s: float
     beta_s_per_sample: float
     max_batch_size: Optional[int] = None  # None: no measured cap
+    floor_s: float = 0.0  # τ: 0 for a line
 
     def busy_time_s(self, batch_size: float) -> float:
-        return self.alpha_s + self.beta_s_per_sample * batch_size
+        return max(self.floor_s, self.alpha_s + self.beta_s_per_sample * batch_size)
 
     def samples_per_s_at(self, batch_size: float) -> float:
-        """Throughput at ``batch_size``: ``b / (α + β·b)``."""
+        """Throughput at ``batch_size``: ``b / t(b)``."""
         return batch_size / self.busy_time_s(batch_size)
 
 
@@ -67,7 +69,7 @@ def rank_capacities(
             out.append(None)
             continue
         out.append(RankCapacity(float(device["alpha_s"]), float(device["beta_s_per_sample"]),
-                                _share_of_cap(device, sharing)))
+                                _share_of_cap(device, sharing), _floor_s(device)))
     return out
 
 
@@ -166,7 +168,14 @@ def _share_of_cap(device: Mapping, sharing: int) -> Optional[int]:
 
 def _has_probe(device: Mapping) -> bool:
     alpha, beta = device.get("alpha_s"), device.get("beta_s_per_sample")
-    return _finite(alpha) and _finite(beta) and beta > 0
+    return (_finite(alpha) and _finite(beta) and beta >= 0
+            and max(_floor_s(device), alpha + beta) > 0)  # a positive busy time at one sample
+
+
+def _floor_s(device: Mapping) -> float:
+    """The curve's floor τ (profiles from before the floor have none: a line)."""
+    floor = device.get("floor_s")
+    return float(floor) if _finite(floor) and floor > 0 else 0.0
 
 
 def _finite(value) -> bool:

@@ -1,7 +1,14 @@
-"""The per-rank cost model: busy time as a line in the local batch size.
+"""The per-rank cost model: busy time as a curve in the local batch size, with a floor.
 
-    t_i(b) = α_i + β_i·b          α_i ≥ 0: fixed overhead per step (s)
-                                  β_i > 0: cost per sample (s/sample)
+    t_i(b) = max(τ_i, α_i + β_i·b)     τ_i ≥ 0: the floor (s): a GPU's kernel-launch and
+                                                 framework time, paid at any batch size
+                                       α_i: the line's intercept (s; < 0 allowed above a floor)
+                                       β_i ≥ 0: cost per sample (s/sample)
+
+A line is the case τ = 0 (α ≥ 0); a big GPU on a small model is flat (t = τ) from the
+smallest batch to hundreds or thousands of samples and a line beyond its knee
+``b_k = (τ − α)/β``. One family describes both, so a plan made from a GPU profile and one
+made from a CPU rank's steps go through the same solver.
 
 Fitted from timings at several batch sizes: by the balancer from the steps run under
 successive plans, by the profiler from probe timings. Both go through the same robust
@@ -15,14 +22,32 @@ a single fit):
    the group's value ``m_g`` is the **mean** of what is kept (:data:`MIN_POINTS_FOR_MEAN`
    or more; the median of fewer);
 3. weighted least squares over the groups, weights ``w_g = 1/Var(m_g)`` with
-   ``Var(m_g) ≈ (π/2)·σ_g²/n_g`` (a sample median's variance: at least a kept mean's);
-4. trust the slope only when it is positive and well determined,
-   ``SE(β) = 1/sqrt(Σ w_g (b_g − b̄)²) ≤ max_slope_rel_se·β`` (default 30 %: batch sizes
-   close together under noise cannot resolve a slope); a line that would have
-   ``α < 0`` is refitted through the origin (the least-squares optimum under ``α ≥ 0``).
+   ``Var(m_g) ≈ (π/2)·σ_g²/n_g`` (a sample median's variance: at least a kept mean's),
+   for each candidate shape (:func:`fit_groups`):
 
-With one batch size (or an untrusted slope) the line is not identifiable: the fit falls
-back to throughput-proportional, ``α = 0, β = Σ w b t / Σ w b²`` (= ``m/b`` for one size).
+   * *line*: ``α + β·b`` over every group (refitted through the origin if ``α < 0``);
+   * *floor + line*, knee at a measured size ``b_j``: ``τ + β·max(0, b − b_j)``, linear in
+     ``(τ, β)``; and knee between ``b_j`` and ``b_{j+1}``: ``τ`` the mean of the groups up
+     to ``b_j``, the line through the groups beyond (kept when the two meet in between).
+     Either side needs two sizes of its own (one size fits any level, two any line: a
+     single noisy point at either end would otherwise bend a line into a floor), and the
+     line must rise :data:`KNEE_MIN_RISE` above the floor by the largest size (less is a
+     flat curve's noise);
+   * a slope counts only when it is positive and well determined,
+     ``SE(β) = 1/sqrt(Σ w_g (h_g − h̄)²) ≤ max_slope_rel_se·β`` (default 30 %: batch sizes
+     close together under noise cannot resolve a slope); the floor is taken over the
+     line only when it lowers ``χ² = Σ w_g (m_g − t(b_g))²`` by :data:`KNEE_MIN_CHI2_GAIN`;
+
+4. with no slope that counts: *flat* when the sizes span at least a doubling
+   (:data:`FLAT_MIN_SIZE_RATIO`) and the data rule out throughput-proportional
+   (``β_prop − β̂ > PROPORTIONAL_REJECT_SIGMAS·SE(β̂)``, ``β_prop = m̄/b̄``: the time does
+   not grow the way a proportional rank's would), else *proportional*, ``α = 0,
+   β = Σ w b t / Σ w b²`` (= ``m/b`` for one batch size: nothing is known of the shape).
+
+A flat curve holds over the sizes measured; beyond the largest, ``b_max``, nothing says how
+long it stays flat, so it continues no faster than the throughput measured there:
+``t(b) = max(τ, τ·b/b_max)`` (``α = 0``, ``β = τ/b_max``). Every fit reports its relative
+error ``|t(b_g) − m_g| / m_g`` at each batch size it was fitted on.
 """
 
 from __future__ import annotations
@@ -40,6 +65,21 @@ NOISE_FLOOR_REL = 0.005  # spread floor: timer jitter; keeps weights finite on e
 # Trust a slope known to ±30 % (1 SE): anchored at the latest level, its extrapolation
 # error δβ·Δb is still smaller than the proportional fallback's (α/b)·Δb unless α ≈ 0.
 DEFAULT_MAX_SLOPE_REL_SE = 0.30
+# A floor (two more parameters: its level and the knee) replaces a plain line only when it
+# explains the data clearly better: χ² lower by 9, a 3σ improvement. Without it, noise on a
+# line would bend its low end into a floor and stop the balancer from shrinking that rank.
+KNEE_MIN_CHI2_GAIN = 9.0
+# ... and its line must rise 10 % above the floor by the largest size measured: a rise within
+# the noise of a few timings per size is a flat curve (whose prediction is as good there).
+KNEE_MIN_RISE = 0.10
+# Flat, not proportional, once the fitted slope lies 3 SE below the proportional one: the
+# time clearly does not grow with the batch (a big GPU's 8…64). Batch sizes close together
+# under noise cannot tell the two apart, and then proportional stays (what a CPU rank is).
+PROPORTIONAL_REJECT_SIGMAS = 3.0
+# ... and only over sizes a doubling apart: a floor claims that a smaller batch is no faster,
+# which two plans' neighbouring sizes (19 and 20) cannot show — a line with a large α (a
+# CPU rank's fixed cost) looks flat there, and modelled flat it could never be shrunk.
+FLAT_MIN_SIZE_RATIO = 2.0
 _IQR_TO_SIGMA = 1.349
 MEDIAN_VAR_FACTOR = math.pi / 2  # Var(median) ≈ (π/2)·σ²/n for normal noise
 # A group's value is the mean of its kept timings, not their median: throughput follows the
@@ -52,20 +92,34 @@ MEDIAN_VAR_FACTOR = math.pi / 2  # Var(median) ≈ (π/2)·σ²/n for normal noi
 # than this the quartiles are the extremes and nothing is rejected: the median is used.
 MIN_POINTS_FOR_MEAN = 5
 
+# The shapes a fit can take (SegmentFits.shape codes; CurveFit.shape names).
+PROPORTIONAL, LINE, FLOOR_LINE, FLAT = 0, 1, 2, 3
+SHAPE_NAMES = ("proportional", "line", "floor+line", "flat")
+
+
+def curve_busy_time_s(alpha_s, beta_s_per_sample, floor_s, batch_size):
+    """``t(b) = max(τ, α + β·b)``, elementwise over arrays or on floats."""
+    return np.maximum(floor_s, np.add(alpha_s, np.multiply(beta_s_per_sample, batch_size)))
+
 
 @dataclass(frozen=True)
-class LinearFit:
-    """``t(b) = alpha_s + beta_s_per_sample·b``.
+class CurveFit:
+    """``t(b) = max(floor_s, alpha_s + beta_s_per_sample·b)``.
 
     Attributes:
-        alpha_s: fixed cost per step, ≥ 0.
-        beta_s_per_sample: cost per sample, > 0.
+        alpha_s: the line's intercept (≥ 0 unless a floor holds below the knee).
+        beta_s_per_sample: cost per sample, ≥ 0.
         r2: weighted coefficient of determination over the batch-size groups; NaN when
             fewer than two batch sizes were seen (nothing to explain).
         num_points: timings used (after dropping invalid values and outliers).
         num_batch_sizes: distinct batch sizes among them.
-        slope_trusted: True when α and β come from a line through several batch sizes;
-            False for the throughput-proportional fallback (α = 0).
+        slope_trusted: True when β was measured (a line, or a floor and a line);
+            False for flat and throughput-proportional fits.
+        floor_s: τ, the least busy time at any batch size (0: none).
+        shape: "proportional", "line", "floor+line" or "flat" (module docstring).
+        batch_sizes: the sizes fitted on, ascending.
+        measured_s: each size's kept mean busy time ``m_g``.
+        rel_errors: ``|t(b_g) − m_g| / m_g`` per size.
     """
 
     alpha_s: float
@@ -74,10 +128,29 @@ class LinearFit:
     num_points: int
     num_batch_sizes: int = 1
     slope_trusted: bool = False
+    floor_s: float = 0.0
+    shape: str = SHAPE_NAMES[PROPORTIONAL]
+    batch_sizes: tuple[int, ...] = ()
+    measured_s: tuple[float, ...] = ()
+    rel_errors: tuple[float, ...] = ()
+
+    @property
+    def max_rel_error(self) -> float:
+        """The largest relative error at a fitted size (NaN: none recorded)."""
+        return max(self.rel_errors) if self.rel_errors else math.nan
+
+    @property
+    def knee_batch_size(self) -> float:
+        """Where the line rises above the floor, ``(τ − α)/β`` (0: no floor; inf: flat)."""
+        if self.floor_s <= 0:
+            return 0.0
+        if self.beta_s_per_sample <= 0:
+            return math.inf
+        return max(0.0, (self.floor_s - self.alpha_s) / self.beta_s_per_sample)
 
     def predict_s(self, batch_size: float) -> float:
         """Predicted busy time for ``batch_size`` samples."""
-        return self.alpha_s + self.beta_s_per_sample * batch_size
+        return float(curve_busy_time_s(self.alpha_s, self.beta_s_per_sample, self.floor_s, batch_size))
 
     def samples_per_s(self, batch_size: float) -> float:
         """Throughput at ``batch_size``: ``b / t(b)``."""
@@ -209,14 +282,22 @@ def _sorted_sigma(t: np.ndarray, starts: np.ndarray, count: np.ndarray) -> np.nd
 
 @dataclass(frozen=True)
 class SegmentFits:
-    """Weighted least-squares lines per segment; arrays over ``num_segments``."""
+    """Fitted curves per segment; arrays over ``num_segments`` (NaN: no groups)."""
 
     alpha_s: np.ndarray
     beta_s_per_sample: np.ndarray
+    floor_s: np.ndarray
     r2: np.ndarray  # NaN where fewer than two batch sizes
     num_points: np.ndarray  # int
     num_batch_sizes: np.ndarray  # int
-    slope_trusted: np.ndarray  # bool
+    slope_trusted: np.ndarray  # bool: β was measured (LINE or FLOOR_LINE)
+    shape: np.ndarray  # int: PROPORTIONAL, LINE, FLOOR_LINE or FLAT (-1: no groups)
+    max_rel_error: np.ndarray  # max over the segment's groups of |t(b_g) − m_g| / m_g
+
+    @property
+    def shape_known(self) -> np.ndarray:
+        """The data fixed the curve's shape (anything but proportional)."""
+        return self.shape > PROPORTIONAL
 
 
 def fit_groups(
@@ -224,62 +305,133 @@ def fit_groups(
     num_segments: int,
     max_slope_rel_se: float = DEFAULT_MAX_SLOPE_REL_SE,
 ) -> SegmentFits:
-    """Fits ``t = α + β·b`` per segment over its groups (see the module docstring).
+    """Fits ``t = max(τ, α + β·b)`` per segment over its groups (see the module docstring).
 
-    Segments without groups get NaN α and β.
+    Vectorised over segments; one pass per knee position (at most the number of distinct
+    batch sizes of a segment).
     """
     s, x, y = groups.segment, groups.batch_size.astype(np.float64), groups.mean_s
     w = 1.0 / groups.mean_var_s2  # w_g = 1/Var(m_g)
+    n = num_segments
 
     def per_segment(values):
-        return np.bincount(s, weights=values, minlength=num_segments)
+        return np.bincount(s, weights=values, minlength=n)
 
-    sum_w = per_segment(w)
-    num_points = np.bincount(s, weights=groups.num_kept, minlength=num_segments).astype(np.int64)
-    num_sizes = np.bincount(s, minlength=num_segments).astype(np.int64)
+    def wls(mask: np.ndarray, h: np.ndarray):
+        """``y = c + β·h`` per segment over the groups in ``mask``: (c, β, SE(β), slope counts)."""
+        wm = np.where(mask, w, 0.0)
+        h = np.where(mask, h, 0.0)
+        sum_w = per_segment(wm)
+        h_mean = per_segment(wm * h) / sum_w
+        y_mean = per_segment(wm * y) / sum_w
+        dh = h - h_mean[s]
+        shh = per_segment(wm * dh * dh)  # Σ w (h − h̄)²
+        beta = per_segment(wm * dh * (y - y_mean[s])) / shh
+        slope_se = 1.0 / np.sqrt(shh)  # SE(β) = 1/sqrt(Σ w (h − h̄)²)
+        counts = (shh > 0) & (beta > 0) & (slope_se <= max_slope_rel_se * beta)
+        return y_mean - beta * h_mean, beta, slope_se, counts
+
+    def chi2(alpha, beta, floor):
+        resid = y - curve_busy_time_s(alpha[s], beta[s], floor[s], x)
+        return per_segment(w * resid * resid)  # χ² = Σ w (m − t(b))²
+
+    num_points = np.bincount(s, weights=groups.num_kept, minlength=n).astype(np.int64)
+    num_sizes = np.bincount(s, minlength=n).astype(np.int64)
+    starts = np.searchsorted(s, np.arange(n))  # groups are ordered by segment, then size
+    pos = np.arange(s.size) - starts[s]  # a group's place among its segment's sizes
+    everything = np.ones(s.size, dtype=bool)
+    zeros = np.zeros(n)
     with np.errstate(divide="ignore", invalid="ignore"):
-        x_mean = per_segment(w * x) / sum_w  # b̄ = Σ w b / Σ w
-        y_mean = per_segment(w * y) / sum_w
-        dx, dy = x - x_mean[s], y - y_mean[s]
-        sxx = per_segment(w * dx * dx)  # Σ w (b − b̄)²
-        sxy = per_segment(w * dx * dy)
-        syy = per_segment(w * dy * dy)
-        beta = sxy / sxx  # β = Σ w (b − b̄)(t − t̄) / Σ w (b − b̄)²
-        alpha = y_mean - beta * x_mean  # α = t̄ − β b̄
-        slope_se = 1.0 / np.sqrt(sxx)  # SE(β) = 1/sqrt(Σ w (b − b̄)²)
-        trusted = (num_sizes >= 2) & (sxx > 0) & (beta > 0) & (slope_se <= max_slope_rel_se * beta)
-        # through the origin: β₀ = Σ w b t / Σ w b² (α = 0)
+        sum_w = per_segment(w)
+        x_mean, y_mean = per_segment(w * x) / sum_w, per_segment(w * y) / sum_w
+        # line: α = t̄ − β b̄; through the origin (β₀ = Σ w b t / Σ w b²) where α < 0
+        alpha_line, beta_line, se_line, line_counts = wls(everything, x)
         beta_origin = per_segment(w * x * y) / per_segment(w * x * x)
-        use_origin = ~trusted | (alpha < 0)
-        alpha = np.where(use_origin, 0.0, alpha)
-        beta = np.where(use_origin, beta_origin, beta)
-        # r² = 1 − Σ w (t − α − βb)² / Σ w (t − t̄)²
-        resid = y - alpha[s] - beta[s] * x
-        r2 = 1.0 - per_segment(w * resid * resid) / syy
+        origin = alpha_line < 0
+        line_alpha = np.where(origin, 0.0, alpha_line)
+        line_beta = np.where(origin, beta_origin, beta_line)
+        line_chi2 = chi2(line_alpha, line_beta, zeros)
+
+        knee_chi2 = np.full(n, np.inf)
+        knee_alpha, knee_beta, knee_floor = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+
+        x_max = np.where(num_sizes > 0, _segment_max(x, s, n), np.nan)
+        x_min = np.where(num_sizes > 0, -_segment_max(-x, s, n), np.nan)
+
+        def keep_better(ok, alpha, beta, floor):
+            ok = ok & (alpha + beta * x_max >= (1 + KNEE_MIN_RISE) * floor)
+            better = ok & ((c2 := chi2(alpha, beta, floor)) < knee_chi2)
+            knee_chi2[better] = c2[better]
+            knee_alpha[better], knee_beta[better], knee_floor[better] = alpha[better], beta[better], floor[better]
+
+        for j in range(1, max(int(num_sizes.max(initial=0)) - 2, 1)):
+            # knee at the j-th size: t = τ + β·max(0, b − b_j), linear in (τ, β); sizes
+            # 0 … j on the floor, two or more beyond it
+            valid = num_sizes > j + 2
+            knee = np.where(valid, x[np.minimum(starts + j, s.size - 1)], np.nan)
+            tau, beta, _, counts = wls(valid[s], np.maximum(0.0, x - knee[s]))
+            ok = valid & counts & (tau > 0)
+            keep_better(ok, tau - beta * knee, beta, tau)
+        for j in range(1, max(int(num_sizes.max(initial=0)) - 2, 1)):
+            # knee between the j-th and (j+1)-th sizes: τ = mean of sizes ≤ b_j, line through the rest
+            valid = num_sizes > j + 2
+            left, right = valid[s] & (pos <= j), valid[s] & (pos > j)
+            tau = per_segment(np.where(left, w * y, 0.0)) / per_segment(np.where(left, w, 0.0))
+            alpha, beta, _, counts = wls(right, x)
+            knee = (tau - alpha) / beta
+            x_j = x[np.minimum(starts + j, s.size - 1)]
+            x_next = x[np.minimum(starts + j + 1, s.size - 1)]
+            ok = valid & counts & (tau > 0) & (knee >= x_j) & (knee <= x_next)
+            keep_better(ok, alpha, beta, tau)
+
+        use_knee = knee_chi2 < np.where(line_counts, line_chi2 - KNEE_MIN_CHI2_GAIN, np.inf)
+        use_line = line_counts & ~use_knee
+        trusted = use_line | use_knee
+        # No slope that counts: flat where the proportional slope t̄/b̄ lies well above β̂.
+        flat = ~trusted & (num_sizes >= 2) & (x_max >= FLAT_MIN_SIZE_RATIO * x_min) & (
+            y_mean / x_mean - beta_line > PROPORTIONAL_REJECT_SIGMAS * se_line)
+        shape = np.select([use_knee, use_line, flat], [FLOOR_LINE, LINE, FLAT], PROPORTIONAL)
+        alpha = np.select([use_knee, use_line], [knee_alpha, line_alpha], 0.0)
+        # flat: τ = t̄ up to b_max, then no faster than the throughput measured there
+        beta = np.select([use_knee, use_line, flat], [knee_beta, line_beta, y_mean / x_max], beta_origin)
+        floor = np.select([use_knee, flat], [knee_floor, y_mean], 0.0)
+
+        predicted = curve_busy_time_s(alpha[s], beta[s], floor[s], x)
+        resid = y - predicted
+        syy = per_segment(w * (y - y_mean[s]) ** 2)
+        r2 = 1.0 - per_segment(w * resid * resid) / syy  # r² = 1 − χ²/Σ w (t − t̄)²
     r2 = np.where((num_sizes >= 2) & (syy > 0), r2, np.nan)
+    max_rel_error = _segment_max(np.abs(resid) / y, s, n)
     empty = num_sizes == 0
-    alpha[empty] = np.nan
-    beta[empty] = np.nan
-    return SegmentFits(alpha, beta, r2, num_points, num_sizes, trusted)
+    for values in (alpha, beta, floor, max_rel_error):
+        values[empty] = np.nan
+    shape = np.where(empty, -1, shape)
+    return SegmentFits(alpha, beta, floor, r2, num_points, num_sizes, trusted & ~empty, shape, max_rel_error)
 
 
-def fit_linear(
+def _segment_max(values: np.ndarray, segments: np.ndarray, num_segments: int) -> np.ndarray:
+    out = np.full(num_segments, -np.inf)
+    np.maximum.at(out, segments, values)
+    return np.where(np.isfinite(out), out, np.nan)
+
+
+def fit_curve(
     batch_sizes: Sequence[float],
     times_s: Sequence[float],
     max_slope_rel_se: float = DEFAULT_MAX_SLOPE_REL_SE,
-) -> LinearFit:
-    """Robust fit of ``t(b) = α + β·b`` to timings at one or more batch sizes.
+) -> CurveFit:
+    """Robust fit of ``t(b) = max(τ, α + β·b)`` to timings at one or more batch sizes.
 
     Args:
         batch_sizes: the batch size of each timing (positive integers).
         times_s: the matching busy times; NaN, inf and values ≤ 0 are dropped, outliers
             per batch size rejected (a single 100× spike moves nothing).
-        max_slope_rel_se: trust the slope only when its standard error is at most this
-            fraction of it; otherwise fall back to throughput-proportional (α = 0).
+        max_slope_rel_se: a slope counts only when its standard error is at most this
+            fraction of it.
 
     Returns:
-        The fit; with a single batch size ``α = 0`` and ``β = m/b`` (``m`` the group's value) (``slope_trusted``
-        False, ``r2`` NaN).
+        The fit with its relative error at every size; with a single batch size
+        ``α = 0`` and ``β = m/b`` (shape "proportional", ``r2`` NaN).
 
     Raises:
         ValueError: if the inputs differ in length or no valid timing is left.
@@ -296,13 +448,20 @@ def fit_linear(
             "no valid timing to fit: every time was NaN, infinite or ≤ 0, or every batch size < 1"
         )
     fits = fit_groups(groups, 1, max_slope_rel_se)
-    return LinearFit(
-        alpha_s=float(fits.alpha_s[0]),
-        beta_s_per_sample=float(fits.beta_s_per_sample[0]),
+    alpha, beta, floor = float(fits.alpha_s[0]), float(fits.beta_s_per_sample[0]), float(fits.floor_s[0])
+    predicted = curve_busy_time_s(alpha, beta, floor, groups.batch_size.astype(np.float64))
+    return CurveFit(
+        alpha_s=alpha,
+        beta_s_per_sample=beta,
         r2=float(fits.r2[0]),
         num_points=int(fits.num_points[0]),
         num_batch_sizes=int(fits.num_batch_sizes[0]),
         slope_trusted=bool(fits.slope_trusted[0]),
+        floor_s=floor,
+        shape=SHAPE_NAMES[int(fits.shape[0])],
+        batch_sizes=tuple(int(v) for v in groups.batch_size),
+        measured_s=tuple(float(v) for v in groups.mean_s),
+        rel_errors=tuple(float(v) for v in np.abs(predicted - groups.mean_s) / groups.mean_s),
     )
 
 

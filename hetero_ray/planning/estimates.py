@@ -7,15 +7,17 @@ ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
 * per rank and batch size: outlier rejection and the mean of what is kept
   (:func:`cost_model.group_stats` says why a mean, and when a median);
   a batch size counts once it has ``min_points_per_size`` kept timings;
-* the *shape* of the line, ``α_i : β_i``, comes from the last fit with a trusted slope
-  (several batch sizes, seen under successive plans); the *level* always comes from the
-  freshest level: with ``m_L`` the kept mean at the most recent batch size ``b_L``,
+* the *shape* of the curve ``t(b) = max(τ, α + β·b)``, ``τ_i : α_i : β_i``, comes from
+  the last fit that fixed one (several batch sizes, seen under successive plans: a line,
+  a floor and a line, or flat — :func:`cost_model.fit_groups`, the profiler's fit); the
+  *level* always comes from the freshest level: with ``m_L`` the kept mean at the most
+  recent batch size ``b_L``,
 
-      s_i = m_L / (α_shape + β_shape·b_L),     α_i = s_i·α_shape,   β_i = s_i·β_shape
+      s_i = m_L / t_shape(b_L),     τ_i = s_i·τ_shape,   α_i = s_i·α_shape,   β_i = s_i·β_shape
 
   so ``t_i(b_L) = m_L`` exactly. A rank that runs one plan long enough for the window to
-  hold a single batch size keeps its shape, and a speed change (both α and β scale) is
-  tracked by the level alone. Until a slope was ever trusted, the shape is ``α = 0``:
+  hold a single batch size keeps its shape, and a speed change (the whole curve scales) is
+  tracked by the level alone. Until a shape was ever fixed, the shape is ``α = τ = 0``:
   throughput-proportional, ``β_i = m_L/b_L``.
 * shared slowdowns: each time is first divided by its step's shared factor, the median
   over the ranks of ``t_i,s / m_i`` (:meth:`ClusterEstimates._times_without_shared_noise`),
@@ -47,6 +49,7 @@ from hetero_ray.planning.cost_model import (
     MEDIAN_VAR_FACTOR,
     DEFAULT_MAX_SLOPE_REL_SE,
     NOISE_FLOOR_REL,
+    curve_busy_time_s,
     fit_groups,
     group_stats_rows,
 )
@@ -69,7 +72,7 @@ class RankEstimate:
 
     Attributes:
         rank: the rank.
-        alpha_s, beta_s_per_sample: ``t(b) = α + β·b``; NaN when the rank has no estimate.
+        alpha_s, beta_s_per_sample: ``t(b) = max(τ, α + β·b)``; NaN when the rank has no estimate.
         samples_per_s: measured throughput at ``local_batch_size``, ``b_L / m_L``.
         num_points: timings behind the estimate (kept, in the window).
         last_step: the latest ``global_step`` seen for the rank (-1: never).
@@ -79,8 +82,11 @@ class RankEstimate:
         busy_time_rel_se: standard error of ``m_L`` relative to it.
         num_batch_sizes: distinct batch sizes in the window with enough timings.
         num_rejected: outliers rejected in the window.
-        slope_fitted: True when α:β comes from a trusted multi-size fit, False while the
-            rank is modelled as throughput-proportional (α = 0).
+        slope_fitted: True when the curve's shape comes from a multi-size fit, False
+            while the rank is modelled as throughput-proportional (α = τ = 0).
+        floor_s: τ, the floor of the curve (0: none).
+        fit_max_rel_error: the window's fit, its largest ``|t(b) − m_b| / m_b`` over the
+            batch sizes in the window (NaN: no estimate).
     """
 
     rank: int
@@ -96,9 +102,11 @@ class RankEstimate:
     num_batch_sizes: int = 0
     num_rejected: int = 0
     slope_fitted: bool = False
+    floor_s: float = 0.0
+    fit_max_rel_error: float = math.nan
 
     def predict_busy_time_s(self, local_batch_size: float) -> float:
-        return self.alpha_s + self.beta_s_per_sample * local_batch_size
+        return float(curve_busy_time_s(self.alpha_s, self.beta_s_per_sample, self.floor_s, local_batch_size))
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ class Estimates:
     num_batch_sizes: np.ndarray
     num_rejected: np.ndarray
     slope_fitted: np.ndarray
+    floor_s: np.ndarray
+    fit_max_rel_error: np.ndarray
     global_step: int = -1  # the reference step freshness was judged against
 
     def __post_init__(self):
@@ -166,7 +176,7 @@ class ClusterEstimates:
         min_points_per_size: kept timings a batch size needs before it counts.
         stale_after_steps: a rank whose last record is more than this many steps behind
             the reference step is stale; default: ``window_steps``.
-        max_slope_rel_se: see :func:`cost_model.fit_linear`.
+        max_slope_rel_se: see :func:`cost_model.fit_curve`.
         remove_shared_noise: divide each step's shared slowdown out of its times (see
             :meth:`_times_without_shared_noise`).
     """
@@ -213,9 +223,10 @@ class ClusterEstimates:
         self._steps = np.full((n, w), -1, np.int64)
         self._valid = np.zeros((n, w), bool)
         self._write_pos = np.zeros(n, np.int64)
-        # Shape of the last trusted fit per rank; NaN β: none yet (throughput-proportional).
+        # Shape of the last fit that fixed one, per rank; NaN β: none yet (throughput-proportional).
         self._shape_alpha_s = np.zeros(n)
         self._shape_beta = np.full(n, np.nan)
+        self._shape_floor_s = np.zeros(n)
         self._pending: tuple[list, list, list, list] = ([], [], [], [])  # rank, size, time, step
         self.num_records = 0  # accepted into a window
         self.num_dropped = 0  # invalid busy time or batch size
@@ -308,21 +319,24 @@ class ClusterEstimates:
             rel_se = np.sqrt(MEDIAN_VAR_FACTOR / count) * sigma_s / busy_time_s
 
         fits = fit_groups(groups, n, self.max_slope_rel_se)
-        trusted = fits.slope_trusted
-        self._shape_alpha_s[trusted] = fits.alpha_s[trusted]
-        self._shape_beta[trusted] = fits.beta_s_per_sample[trusted]
+        known = fits.shape_known
+        self._shape_alpha_s[known] = fits.alpha_s[known]
+        self._shape_beta[known] = fits.beta_s_per_sample[known]
+        self._shape_floor_s[known] = fits.floor_s[known]
 
         has = local_batch_size > 0
         b_l = np.where(has, local_batch_size, 1).astype(np.float64)
         shape_known = np.isfinite(self._shape_beta)
         with np.errstate(invalid="ignore", divide="ignore"):
-            # level from the freshest group: s = m_L / (α_shape + β_shape·b_L)
-            scale = busy_time_s / (self._shape_alpha_s + self._shape_beta * b_l)
+            # level from the freshest group: s = m_L / t_shape(b_L)
+            scale = busy_time_s / curve_busy_time_s(self._shape_alpha_s, self._shape_beta, self._shape_floor_s, b_l)
             alpha_s = np.where(shape_known, scale * self._shape_alpha_s, 0.0)
             beta = np.where(shape_known, scale * self._shape_beta, busy_time_s / b_l)
+            floor_s = np.where(shape_known, scale * self._shape_floor_s, 0.0)
             samples_per_s = b_l / busy_time_s  # b_L / m_L
         alpha_s = np.where(has, alpha_s, np.nan)
         beta = np.where(has, beta, np.nan)
+        floor_s = np.where(has, floor_s, np.nan)
         samples_per_s = np.where(has, samples_per_s, np.nan)
         fresh = has & (last_step >= ref_step - self.stale_after_steps)
         return Estimates(
@@ -339,6 +353,8 @@ class ClusterEstimates:
             num_batch_sizes=fits.num_batch_sizes,
             num_rejected=num_rejected,
             slope_fitted=has & shape_known,
+            floor_s=floor_s,
+            fit_max_rel_error=np.where(has, fits.max_rel_error, np.nan),
             global_step=ref_step,
         )
 
@@ -498,6 +514,7 @@ class ClusterEstimates:
             "windows": windows,  # per rank: [global_step, local_batch_size, busy_time_s], oldest first
             "shape_alpha_s": self._shape_alpha_s.tolist(),
             "shape_beta_s_per_sample": [None if math.isnan(x) else x for x in self._shape_beta.tolist()],
+            "shape_floor_s": self._shape_floor_s.tolist(),
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -516,6 +533,8 @@ class ClusterEstimates:
         self._fold_pending()
         self._shape_alpha_s = np.array(state["shape_alpha_s"], np.float64)
         self._shape_beta = np.array([math.nan if x is None else x for x in state["shape_beta_s_per_sample"]], np.float64)
+        # checkpoints from before the floor have lines only
+        self._shape_floor_s = np.array(state.get("shape_floor_s") or [0.0] * self.num_workers, np.float64)
 
 
 def _as_float_array(values: list) -> np.ndarray:

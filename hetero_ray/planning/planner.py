@@ -274,4 +274,5 @@ class Planner:
 def _from_warm_up(rank_fits: Sequence[dict], profiled: Optional[Sequence]) -> list[RankCapacity]:
     """Each rank's warm-up line, with the memory cap its device's profile measured (if any)."""
     caps = [c.max_batch_size if c is not None else None for c in profiled] if profiled else [None] * len(rank_fits)
-    return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), cap) for f, cap in zip(rank_fits, caps)]
+    return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), cap, float(f.get("floor_s") or 0.0))
+            for f, cap in zip(rank_fits, caps)]

@@ -12,8 +12,9 @@ the predicted step times it compared.
 ``proportional``  shares proportional to profiled throughput; fixed after the first plan.
 ``dynamic``       shares proportional to measured throughput, online. This is the cost
                   model with ``α_i = 0``: ``t_i(b) = b / samples_per_s_i``.
-``optimal``       minimise the predicted step time ``max_i α_i + β_i·b_i`` with the
-                  fitted line per rank (:func:`solver.solve_split`).
+``optimal``       minimise the predicted step time ``max_i t_i(b_i)`` with the fitted
+                  curve ``t_i(b) = max(τ_i, α_i + β_i·b)`` per rank
+                  (:func:`solver.solve_split`).
 ============  =====================================================================
 
 The adaptive policies adopt a proposal only when
@@ -31,7 +32,7 @@ beyond noise, as after a first move from equal shares that fell short — there 
 contender and no margin, and the move the imbalance calls for is not blocked by noise it
 does not have. Stale ranks (no recent records) keep their size; the rest is balanced
 around them. A plan with a rank over its cap (a CPU quota its node fills: see
-planning/quota.py) is moved whatever the gain: the cap says what the fitted line cannot.
+planning/quota.py) is moved whatever the gain: the cap says what the fitted curve cannot.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 from hetero_ray import validate
 from hetero_ray.errors import ConfigError
 from hetero_ray.planning.capacity import RankCapacity
+from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.estimates import Estimates
 from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.planning.solver import proportional_split, solve_split
@@ -192,7 +194,8 @@ class _BasePolicy:
             usable = est.fresh & np.isfinite(est.alpha_s) & np.isfinite(est.beta_s_per_sample)
             if usable.any():
                 sizes = np.asarray(current.local_batch_sizes)[usable]
-                predicted = float(np.max(est.alpha_s[usable] + est.beta_s_per_sample[usable] * sizes))
+                predicted = float(np.max(curve_busy_time_s(est.alpha_s[usable], est.beta_s_per_sample[usable],
+                                                           est.floor_s[usable], sizes)))
         return self._keep(current, f"{self.name}: the plan never changes after start", est, global_step,
                           current_predicted_step_time_s=predicted)
 
@@ -240,8 +243,8 @@ class _AdaptivePolicy(_BasePolicy):
                                    self.caps)
         return Plan(0, tuple(sizes), f"{self.name}: equal shares until measured")
 
-    def _cost_model(self, est: Estimates) -> tuple[np.ndarray, np.ndarray]:
-        """Per-rank (α_i, β_i) of this policy's cost model; NaN where unknown."""
+    def _cost_model(self, est: Estimates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-rank (α_i, β_i, τ_i) of this policy's cost model; NaN where unknown."""
         raise NotImplementedError
 
     def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision:
@@ -255,13 +258,18 @@ class _AdaptivePolicy(_BasePolicy):
             got = 0 if est is None else len(est)
             return self._keep(current, f"estimates for {got} ranks but the plan has {n}: keep the plan", est, global_step)
 
-        alphas, betas = self._cost_model(est)
-        usable = est.fresh & np.isfinite(alphas) & np.isfinite(betas) & (betas > 0)
+        alphas, betas, floors = self._cost_model(est)
+        usable = (est.fresh & np.isfinite(alphas) & np.isfinite(betas) & np.isfinite(floors) & (betas >= 0)
+                  & (curve_busy_time_s(alphas, betas, floors, 1.0) > 0))
         if not usable.any():
             return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
         b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
-        # P = max over fresh ranks of α_i + β_i·b_i (stale ranks: unknown, left out)
-        current_pred = float(np.max(alphas[usable] + betas[usable] * b_now[usable]))
+
+        def predicted(sizes: np.ndarray) -> float:
+            # P = max over fresh ranks of t_i(b_i) (stale ranks: unknown, left out)
+            return float(np.max(curve_busy_time_s(alphas[usable], betas[usable], floors[usable], sizes[usable])))
+
+        current_pred = predicted(b_now)
 
         if self._last_adopted_step is not None and global_step - self._last_adopted_step < cfg.cooldown_steps:
             return self._keep(
@@ -277,13 +285,13 @@ class _AdaptivePolicy(_BasePolicy):
         hi = [c if u else int(b) for c, u, b in zip(caps, usable, b_now)]
         try:
             proposal = solve_split(np.where(usable, alphas, 0.0), np.where(usable, betas, 1.0),
-                                   current.global_batch_size, lo, hi)
+                                   current.global_batch_size, lo, hi, np.where(usable, floors, 0.0))
         except ValueError as e:
             around = "within the caps and around the stale ranks" if (~usable).any() else "within the caps"
             return self._keep(current, f"no feasible split {around} ({e}): keep the plan",
                               est, global_step, current_predicted_step_time_s=current_pred)
         proposal_arr = np.asarray(proposal)
-        proposed_pred = float(np.max(alphas[usable] + betas[usable] * proposal_arr[usable]))
+        proposed_pred = predicted(proposal_arr)
         gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
 
         se = est.busy_time_rel_se[usable]
@@ -327,12 +335,13 @@ class DynamicPolicy(_AdaptivePolicy):
 
     def _cost_model(self, est: Estimates):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.zeros(len(est)), 1.0 / est.samples_per_s  # α = 0, β = 1/samples_per_s
+            zeros = np.zeros(len(est))
+            return zeros, 1.0 / est.samples_per_s, zeros  # α = τ = 0, β = 1/samples_per_s
 
 
 class OptimalPolicy(_AdaptivePolicy):
-    """Minimises the predicted step time with the fitted ``t_i(b) = α_i + β_i·b``; with
-    profiled capacities, the first plan is already optimal for their lines."""
+    """Minimises the predicted step time with the fitted ``t_i(b) = max(τ_i, α_i + β_i·b)``;
+    with profiled capacities, the first plan is already optimal for their curves."""
 
     name = "optimal"
 
@@ -342,11 +351,12 @@ class OptimalPolicy(_AdaptivePolicy):
         self._check_room(global_batch_size, num_workers)
         self._check_capacities(capacities, num_workers)
         sizes = solve_split([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
-                            global_batch_size, self.config.min_local_batch_size, self.caps)
+                            global_batch_size, self.config.min_local_batch_size, self.caps,
+                            [c.floor_s for c in capacities])
         return Plan(0, tuple(sizes), "optimal: split for the profiled cost model")
 
     def _cost_model(self, est: Estimates):
-        return est.alpha_s, est.beta_s_per_sample
+        return est.alpha_s, est.beta_s_per_sample, est.floor_s
 
 
 def make_policy(

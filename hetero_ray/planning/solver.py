@@ -1,27 +1,35 @@
 """The split solver: the integer local batch sizes that minimise the step time.
 
-    minimise   max_i t_i(b_i),   t_i(b) = α_i + β_i·b
+    minimise   max_i t_i(b_i),   t_i(b) = max(τ_i, α_i + β_i·b)   (β_i ≥ 0, τ_i ≥ 0)
     subject to Σ_i b_i = B,   lo_i ≤ b_i ≤ hi_i,   b_i integer
 
+The curve is :mod:`~hetero_ray.planning.cost_model`'s: a line (τ = 0), or a floor the
+busy time never goes below (a GPU's launch-bound regime) and a line above it.
+
 Continuous relaxation (water-filling): every rank that is not at a bound finishes at a
-common time ``T``; ``b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i)`` and ``T`` solves
-``Σ b_i(T) = B`` (:func:`continuous_split`, exact, by sorting the breakpoints).
+common time ``T``; ``b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i)`` once ``T ≥ τ_i`` (``lo_i``
+before) and ``T`` solves ``Σ b_i(T) = B`` (:func:`continuous_split`, exact, by sorting the
+breakpoints; at ``T = τ_i`` rank i's count jumps to the knee: its floor's samples are free).
 
 Integer problem: think of rank i's k-th sample beyond ``lo_i`` as a unit finishing at
-``α_i + β_i·(lo_i + k)``. Giving each unit in turn to the rank that would finish it
-first (greedy) is optimal for a separable convex minimax, and it takes exactly the
+``t_i(lo_i + k)``. Giving each unit in turn to the rank that would finish it first (greedy)
+is optimal for a separable minimax of non-decreasing costs, and it takes exactly the
 ``B − Σ lo_i`` units that finish earliest. So with
 
-    b_i(L) = clamp(⌊(L − α_i)/β_i⌋, lo_i, hi_i)       (units finishing by time L)
+    b_i(L) = clamp(⌊(L − α_i)/β_i⌋, lo_i, hi_i)   if L ≥ τ_i,   else lo_i
+             (a flat rank, β_i = 0: hi_i once L ≥ max(τ_i, α_i))   (units finishing by L)
 
 the answer is ``b(L*)`` at the smallest level ``L*`` with ``Σ b_i(L*) ≥ B``, less the
 surplus among the units finishing exactly at ``L*``. ``L*`` is found by bisection on
 ``L`` (each probe is one vectorised pass); when a probe hits ``Σ b_i(L) = B`` exactly,
-that is the answer. Ties go to the unit that finishes first, then to the lower rank, so
-the result is deterministic and a faster rank (smaller β, equal α) never gets less.
-The integer optimum is at most ``max_i β_i`` above the continuous one.
+that is the answer. Units finishing exactly at ``L*`` are handed out round-robin — one per
+rank per round, in the order they finish, then by the line under the floor (the faster
+rank first), then by rank — so ranks on a common floor share
+it evenly (identical GPUs get identical shares), the result is deterministic, and a faster
+rank (smaller β, equal α and τ) never gets less. The integer optimum is at most
+``max_i β_i`` above the continuous one.
 
-Shares proportional to throughput are the special case ``α_i = 0``
+Shares proportional to throughput are the special case ``α_i = τ_i = 0``
 (:func:`proportional_split`).
 """
 
@@ -31,19 +39,23 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from hetero_ray.planning.cost_model import curve_busy_time_s
+
 _MAX_BISECTIONS = 200  # float64 halves a bracket at most ~1100 times; 200 is ample in practice
 
 SizeBound = Union[int, Sequence[int]]
 
 
-def predicted_step_time_s(alphas, betas, sizes) -> float:
-    """``max_i (α_i + β_i·b_i)``: the step time the cost model predicts for a split."""
+def predicted_step_time_s(alphas, betas, sizes, floors=None) -> float:
+    """``max_i t_i(b_i)``: the step time the cost model predicts for a split (a rank with
+    ``b_i = 0`` trains on nothing and adds no busy time)."""
     a = np.asarray(alphas, dtype=np.float64)
     b = np.asarray(betas, dtype=np.float64)
     s = np.asarray(sizes, dtype=np.float64)
-    if not (a.shape == b.shape == s.shape) or a.size == 0:
-        raise ValueError(f"need one α, β and size per rank, got {a.size}, {b.size}, {s.size}")
-    return float(np.max(a + b * s))
+    f = np.zeros_like(a) if floors is None else np.asarray(floors, dtype=np.float64)
+    if not (a.shape == b.shape == s.shape == f.shape) or a.size == 0:
+        raise ValueError(f"need one α, β, floor and size per rank, got {a.size}, {b.size}, {f.size}, {s.size}")
+    return float(np.max(np.where(s > 0, curve_busy_time_s(a, b, f, s), 0.0)))
 
 
 def solve_split(
@@ -52,35 +64,41 @@ def solve_split(
     global_batch_size: int,
     min_size: SizeBound = 1,
     caps: Optional[Sequence[Optional[int]]] = None,
+    floors: Optional[Sequence[float]] = None,
 ) -> list[int]:
-    """Integer local batch sizes minimising ``max_i α_i + β_i·b_i`` with ``Σ b_i = B``.
+    """Integer local batch sizes minimising ``max_i max(τ_i, α_i + β_i·b_i)`` with ``Σ b_i = B``.
 
     Args:
-        alphas: per-rank fixed cost α_i (s), finite.
-        betas: per-rank cost per sample β_i (s/sample), finite and > 0.
+        alphas: per-rank intercept α_i (s), finite.
+        betas: per-rank cost per sample β_i (s/sample), finite and ≥ 0 (0: flat).
         global_batch_size: B.
         min_size: lower bound, one for all ranks or one per rank (≥ 1; a rank pinned to
             its current size has ``min_size[i] == caps[i]``).
         caps: per-rank upper bound (memory), ``None`` entries for no cap.
+        floors: per-rank floor τ_i (s), finite and ≥ 0; None: no floors (lines).
 
     Returns:
         ``b_i`` per rank: sum exactly B, within bounds, max finishing time minimal.
 
     Raises:
-        ValueError: bad α/β, or bounds that make ``Σ b_i = B`` impossible.
+        ValueError: bad α/β/τ, or bounds that make ``Σ b_i = B`` impossible.
     """
-    a, beta, lo, hi, total = _validated(alphas, betas, global_batch_size, min_size, caps)
+    a, beta, tau, lo, hi, total = _validated(alphas, betas, global_batch_size, min_size, caps, floors)
     if lo.sum() == total:
         return lo.astype(np.int64).tolist()
+    flat = beta == 0
+    safe_beta = np.where(flat, 1.0, beta)
 
     def sizes_at(level: float) -> np.ndarray:
-        # b_i(L) = clamp(⌊(L − α_i)/β_i⌋, lo_i, hi_i)
-        return np.clip(np.floor((level - a) / beta), lo, hi)
+        # b_i(L) = clamp(⌊(L − α_i)/β_i⌋, lo_i, hi_i) once L ≥ τ_i; a flat rank: all or nothing
+        with np.errstate(over="ignore"):
+            units = np.where(flat, np.where(level >= a, np.inf, -np.inf), np.floor((level - a) / safe_beta))
+        return np.clip(np.where(level >= tau, units, -np.inf), lo, hi)
 
     # Bracket: at L_lo every rank is at lo (sum < B), at L_hi every rank is at hi (sum ≥ B).
-    level_lo = float(np.min(a + beta * lo))
-    level_hi = float(np.max(a + beta * hi))
-    sizes = None
+    # (just below the earliest finish: units finishing exactly there are ties, not "below")
+    level_lo = float(np.nextafter(np.min(curve_busy_time_s(a, beta, tau, lo)), -np.inf))
+    level_hi = float(np.max(curve_busy_time_s(a, beta, tau, hi)))
     for _ in range(_MAX_BISECTIONS):
         mid = 0.5 * (level_lo + level_hi)
         if not level_lo < mid < level_hi:
@@ -88,24 +106,46 @@ def solve_split(
         candidate = sizes_at(mid)
         got = candidate.sum()
         if got == total:
-            sizes = candidate
-            break
+            return candidate.astype(np.int64).tolist()
         if got < total:
             level_lo = mid
         else:
             level_hi = mid
-    if sizes is None:
-        # The remaining units all finish within (L_lo, L_hi], a float's width: give them,
-        # one rank at a time, to the earliest next finishing time, ties to the lower rank.
-        sizes = sizes_at(level_lo)
-        while (missing := int(total - sizes.sum())) > 0:
-            next_finish = np.where(sizes < hi, a + beta * (sizes + 1), np.inf)
-            order = np.lexsort((np.arange(a.size), next_finish))[:missing]
-            order = order[np.isfinite(next_finish[order])]
-            if order.size == 0:  # unreachable: Σ hi ≥ B was checked
-                raise RuntimeError("split solver: no rank can take the remaining samples")
-            sizes[order] += 1
-    return sizes.astype(np.int64).tolist()
+    # The remaining units all finish within (L_lo, L_hi], a float's width: round-robin.
+    below, at = sizes_at(level_lo), sizes_at(level_hi)
+    step = 4 * np.finfo(np.float64).eps * max(abs(level_hi), 1e-300)
+    while at.sum() < total:  # ⌊(L − α)/β⌋ rounded a unit finishing at L down: widen by ulps
+        level_hi += step
+        step *= 2
+        at = sizes_at(level_hi)
+    return _round_robin(below, at - below, int(total - below.sum()), a, beta, tau).astype(np.int64).tolist()
+
+
+def _round_robin(sizes: np.ndarray, tied: np.ndarray, missing: int, a, beta, tau) -> np.ndarray:
+    """Hands ``missing`` of the ``tied[i]`` units of each rank out one per rank per round:
+    ``k − 1`` full rounds, then the last round to the first ranks in (finishing time of
+    their k-th unit, rank) order."""
+    if missing <= 0:
+        return sizes
+    if tied.sum() < missing:  # unreachable: Σ b_i(L_hi) ≥ B
+        raise RuntimeError("split solver: no rank can take the remaining samples")
+    low, high = 1, int(tied.max())  # the smallest k with Σ min(c_i, k) ≥ missing
+    while low < high:
+        mid = (low + high) // 2
+        if np.minimum(tied, mid).sum() >= missing:
+            high = mid
+        else:
+            low = mid + 1
+    k = low
+    out = sizes + np.minimum(tied, k - 1)
+    left = missing - int(np.minimum(tied, k - 1).sum())
+    takers = np.flatnonzero(tied >= k)
+    finish = curve_busy_time_s(a[takers], beta[takers], tau[takers], out[takers] + 1)
+    # on a common floor the rank whose line is lower (the faster one) goes first
+    line = a[takers] + beta[takers] * (out[takers] + 1)
+    chosen = takers[np.lexsort((takers, line, finish))[:left]]
+    out[chosen] += 1
+    return out
 
 
 def proportional_split(
@@ -146,33 +186,58 @@ def continuous_split(
     global_batch_size: int,
     min_size: SizeBound = 1,
     caps: Optional[Sequence[Optional[int]]] = None,
+    floors: Optional[Sequence[float]] = None,
 ) -> tuple[float, np.ndarray]:
     """The relaxed (real-valued) optimum: the common finishing time ``T`` and ``b_i(T)``.
 
-    ``S(T) = Σ clamp((T − α_i)/β_i, lo_i, hi_i)`` is piecewise linear and increasing;
-    rank i starts growing at ``α_i + β_i·lo_i`` (slope += 1/β_i) and stops at
-    ``α_i + β_i·hi_i`` (slope −= 1/β_i). Sorting these breakpoints gives ``S`` at each of
-    them by a cumulative sum, and ``T`` by linear interpolation where ``S`` crosses B.
+    ``S(T) = Σ b_i(T)`` is non-decreasing: rank i leaves ``lo_i`` at
+    ``s_i = max(τ_i, α_i + β_i·lo_i)``, where it jumps to ``clamp((s_i − α_i)/β_i, lo_i, hi_i)``
+    (its floor's free samples; all of ``hi_i`` when flat) and grows with slope ``1/β_i``
+    until ``α_i + β_i·hi_i``. Sorting these breakpoints gives ``S`` on either side of each
+    by a cumulative sum, and ``T`` by linear interpolation where ``S`` crosses B; where B
+    falls inside a jump, ``T`` is that breakpoint and the jumping ranks take the part of
+    their jump that makes ``Σ b_i = B``.
     """
-    a, beta, lo, hi, total = _validated(alphas, betas, global_batch_size, min_size, caps)
-    points = np.concatenate([a + beta * lo, a + beta * hi])
-    slope_steps = np.concatenate([1.0 / beta, -1.0 / beta])
+    a, beta, tau, lo, hi, total = _validated(alphas, betas, global_batch_size, min_size, caps, floors)
+    flat = beta == 0
+    safe_beta = np.where(flat, 1.0, beta)
+    start = np.maximum(tau, a + beta * lo)
+    jump_to = np.where(flat, hi, np.clip((start - a) / safe_beta, lo, hi))
+    grows = ~flat & (jump_to < hi)
+    points = np.concatenate([start, (a + beta * hi)[grows]])
+    jumps = np.concatenate([jump_to - lo, np.zeros(int(grows.sum()))])
+    slope_steps = np.concatenate([np.where(grows, 1.0 / safe_beta, 0.0), -1.0 / safe_beta[grows]])
     order = np.argsort(points, kind="stable")
-    points, slope_steps = points[order], slope_steps[order]
+    points, jumps, slope_steps = points[order], jumps[order], slope_steps[order]
     slope_after = np.cumsum(slope_steps)  # dS/dT just after each breakpoint
-    # S(p_k) = Σ lo + Σ_{j<k} slope_after_j·(p_{j+1} − p_j)
-    s_at = lo.sum() + np.concatenate([[0.0], np.cumsum(slope_after[:-1] * np.diff(points))])
-    k = int(np.searchsorted(s_at, total, side="left"))
-    if k == 0:
-        level = float(points[0])
-    elif k >= points.size:
-        level = float(points[-1])
-    else:
-        level = float(points[k - 1] + (total - s_at[k - 1]) / slope_after[k - 1])
-    return level, np.clip((level - a) / beta, lo, hi)
+    # S just before and just after each breakpoint
+    after = np.empty(points.size)
+    before = np.empty(points.size)
+    s = lo.sum()
+    for k in range(points.size):
+        if k:
+            s += slope_after[k - 1] * (points[k] - points[k - 1])
+        before[k] = s
+        s += jumps[k]
+        after[k] = s
+
+    def sizes_at(level: float) -> np.ndarray:
+        return np.where(level >= start, np.where(flat, hi, np.clip((level - a) / safe_beta, lo, hi)), lo)
+
+    k = int(np.searchsorted(after, total - 1e-9 * max(total, 1), side="left"))
+    k = min(k, points.size - 1)
+    if before[k] >= total and k > 0:  # crossed on the slope before breakpoint k
+        level = float(points[k - 1] + (total - after[k - 1]) / slope_after[k - 1])
+        return level, sizes_at(level)
+    level = float(points[k])
+    lower = np.where(start < level, sizes_at(level), lo)  # the ranks that jump at T stay at lo
+    upper = sizes_at(level)
+    gap = upper.sum() - lower.sum()
+    frac = 0.0 if gap <= 0 else min(1.0, max(0.0, (total - lower.sum()) / gap))
+    return level, lower + frac * (upper - lower)
 
 
-def _validated(alphas, betas, global_batch_size, min_size, caps):
+def _validated(alphas, betas, global_batch_size, min_size, caps, floors=None):
     a = np.asarray(alphas, dtype=np.float64).ravel()
     beta = np.asarray(betas, dtype=np.float64).ravel()
     n = a.size
@@ -180,15 +245,25 @@ def _validated(alphas, betas, global_batch_size, min_size, caps):
         raise ValueError("no ranks to split over")
     if beta.size != n:
         raise ValueError(f"got {n} alphas but {beta.size} betas; give one of each per rank")
+    tau = np.zeros(n) if floors is None else np.asarray(floors, dtype=np.float64).ravel()
+    if tau.size != n:
+        raise ValueError(f"got {n} alphas but {tau.size} floors; give one of each per rank")
     if isinstance(global_batch_size, bool) or int(global_batch_size) != global_batch_size or global_batch_size < 1:
         raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
     total = int(global_batch_size)
     bad = np.flatnonzero(~np.isfinite(a))
     if bad.size:
         raise ValueError(f"alphas must be finite; rank {bad[0]} has {a[bad[0]]}")
-    bad = np.flatnonzero(~(np.isfinite(beta) & (beta > 0)))
+    bad = np.flatnonzero(~(np.isfinite(beta) & (beta >= 0)))
     if bad.size:
-        raise ValueError(f"betas must be finite and > 0; rank {bad[0]} has {beta[bad[0]]}")
+        raise ValueError(f"betas must be finite and ≥ 0; rank {bad[0]} has {beta[bad[0]]}")
+    bad = np.flatnonzero(~(np.isfinite(tau) & (tau >= 0)))
+    if bad.size:
+        raise ValueError(f"floors must be finite and ≥ 0; rank {bad[0]} has {tau[bad[0]]}")
+    bad = np.flatnonzero(~(curve_busy_time_s(a, beta, tau, 1.0) > 0))
+    if bad.size:
+        raise ValueError(f"rank {bad[0]}'s busy time at one sample is not positive "
+                         f"(α={a[bad[0]]}, β={beta[bad[0]]}, floor={tau[bad[0]]}); a cost curve must be > 0")
     lo = np.broadcast_to(np.asarray(min_size, dtype=np.int64), (n,)).astype(np.float64)
     if np.any(lo < 1):
         raise ValueError(f"min_size must be ≥ 1 for every rank (every rank needs a sample), got {min_size}")
@@ -214,10 +289,10 @@ def _validated(alphas, betas, global_batch_size, min_size, caps):
         )
     # A rank can never hold more than B minus the others' minimums.
     hi = np.minimum(hi, total - (lo.sum() - lo))
-    return a, beta, lo, hi, total
+    return a, beta, tau, lo, hi, total
 
 
-def continuous_step_time_s(alphas, betas, global_batch_size, min_size=1, caps=None) -> float:
+def continuous_step_time_s(alphas, betas, global_batch_size, min_size=1, caps=None, floors=None) -> float:
     """The continuous optimum's step time: a lower bound for every integer split."""
-    _, sizes = continuous_split(alphas, betas, global_batch_size, min_size, caps)
-    return predicted_step_time_s(alphas, betas, sizes)
+    _, sizes = continuous_split(alphas, betas, global_batch_size, min_size, caps, floors)
+    return predicted_step_time_s(alphas, betas, sizes, floors)

@@ -13,11 +13,13 @@ hold. The document shape is::
                              "h2d_gbps", "d2h_gbps", "memory_total_bytes", "sm_count",
                              "compute_capability", "driver_version", "cuda_version",
                              "power_limit_w", "pcie_gen", "pcie_width", "alpha_s",
-                             "beta_s_per_sample", "fit_r2", "max_batch_size",
+                             "beta_s_per_sample", "floor_s", "fit_shape", "fit_max_rel_error",
+                             "fit_r2", "max_batch_size",
                              "max_batch_size_method", "probe": [{"batch_size", "busy_time_s"}]}]}]}
 
 Every figure is measured on that node (or read from NVML); a figure that was not measured
-is null. What the planner makes of them (each rank's busy-time line ``t_i(b) = α_i + β_i·b``
+is null. What the planner makes of them (each rank's busy-time curve
+``t_i(b) = max(τ_i, α_i + β_i·b)``, ``τ`` being ``floor_s``
 and memory cap) is in :mod:`hetero_ray.planning.capacity`, which reads these documents.
 
 Emulated speeds (``--emulate-speeds``) are not applied here: a node profile cannot tell
@@ -62,9 +64,12 @@ class DeviceCapability:
     power_limit_w: Optional[float] = None
     pcie_gen: Optional[int] = None
     pcie_width: Optional[int] = None
-    # Model probe (when a model was given): t(b) = alpha_s + beta_s_per_sample·b
+    # Model probe (when a model was given): t(b) = max(floor_s, alpha_s + beta_s_per_sample·b)
     alpha_s: Optional[float] = None
     beta_s_per_sample: Optional[float] = None
+    floor_s: Optional[float] = None  # None in profiles from before the floor: a line
+    fit_shape: Optional[str] = None  # "line" | "floor+line" | "flat" | "proportional"
+    fit_max_rel_error: Optional[float] = None  # max |t(b) − measured| / measured over the probe
     fit_r2: Optional[float] = None
     max_batch_size: Optional[int] = None
     max_batch_size_method: Optional[str] = None  # "oom-search" | "ram-fraction" (+ " (lower bound…)")
@@ -77,7 +82,10 @@ class DeviceCapability:
 
     @property
     def has_probe(self) -> bool:
-        return _finite(self.beta_s_per_sample) and self.beta_s_per_sample > 0 and _finite(self.alpha_s)
+        if not (_finite(self.beta_s_per_sample) and self.beta_s_per_sample >= 0 and _finite(self.alpha_s)):
+            return False
+        floor = self.floor_s if _finite(self.floor_s) else 0.0
+        return max(floor, self.alpha_s + self.beta_s_per_sample) > 0  # a positive busy time at one sample
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))

@@ -1,5 +1,5 @@
 """The model-specific probe: the real model's busy time at several batch sizes, the fitted
-cost line, and the largest batch that fits in memory, on one device.
+cost curve, and the largest batch that fits in memory, on one device.
 
 Busy time here is what a training rank's ``busy_time_s`` measures minus the gather from
 the in-memory dataset: copy the batch to the device, forward, loss, backward (a GPU is
@@ -7,12 +7,22 @@ synchronised before the clock stops). Each timing is the mean of a block of back
 steps lasting at least :data:`MIN_BLOCK_S` — sustained speed, which is what a CPU quota or
 a clocking-down GPU gives a training worker. Batch sizes are visited round-robin — a block
 of every size, then another… — so a machine that slows down while probing shifts every
-size alike instead of bending the line. The line
+size alike instead of bending the curve. The curve
 
-    t(b) = α + β·b
+    t(b) = max(τ, α + β·b)
 
-is fitted by :func:`hetero_ray.planning.cost_model.fit_linear` (medians per size, outlier
-rejection, weighted least squares), the same fit the balancer uses on step records.
+is fitted by :func:`hetero_ray.planning.cost_model.fit_curve` (outlier rejection per size,
+weighted least squares; a floor, a line, or both), the same fit the balancer uses on step
+records.
+
+Which sizes: the given ones (where the first plans' shares will lie), then doubling beyond
+the largest until the busy time has clearly grown with the batch — the last two doublings
+each grew it by more than :data:`PROBE_GROWTH_STOP`, so two sizes lie on the line above
+the floor and fix its slope — or the memory cap, an out-of-memory error or the time budget
+stops it. A big GPU is flat (its launch-bound floor) up to hundreds or
+thousands of samples; a probe that stopped in the flat part would leave the plan to guess
+where the floor ends. A CPU rank grows ~2× per doubling from the start and probes only the
+given sizes.
 
 Largest batch:
 
@@ -32,6 +42,7 @@ it with a fake allocator.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -40,7 +51,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from hetero_ray.planning.cost_model import LinearFit, fit_linear
+from hetero_ray.planning.cost_model import CurveFit, fit_curve
 from hetero_ray.profile_defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
 from hetero_ray.profiling.microbench import torch_threads
 from hetero_ray.training.data import map_tensors
@@ -50,7 +61,14 @@ DEFAULT_REPEATS = 3  # blocks per size: their median rejects one disturbed block
 # 100 ms CFS periods, and a short step can slip through a period at full speed, so the
 # median of single steps would miss a throttled node; the mean over three periods does not.
 MIN_BLOCK_S = 0.3
-DEFAULT_PROBE_TIME_BUDGET_S = 6.0  # stop adding repeats past this (one full round always runs)
+# Stop adding sizes (beyond the two smallest) and repeats past this; one full round always
+# runs. It bounds the probe's part of the time before a GPU cluster's first step: ~15 sizes
+# of one 0.3 s block each, so doubling from 8 reaches 8·2¹⁴ before the budget does.
+DEFAULT_PROBE_TIME_BUDGET_S = 6.0
+# Keep doubling until two doublings in a row grew the busy time by more than this: a line
+# through the origin grows 2×, a floor 1×; above 1.5× the line dominates (β·b > α), and two
+# sizes on it fix its slope.
+PROBE_GROWTH_STOP = 1.5
 DEFAULT_SEARCH_TIME_BUDGET_S = 20.0  # GPU max-batch search: report a lower bound past this
 MAX_BATCH_SIZE_LIMIT = 65536  # never search (or report) beyond this
 BACKWARD_PEAK_FACTOR = 2.0  # backward holds activation gradients beside the saved activations
@@ -66,7 +84,7 @@ class ProbeResult:
     model: str
     device: str
     timings: list[tuple[int, float]]  # every measured (batch_size, busy_time_s)
-    fit: LinearFit
+    fit: CurveFit  # with its relative error at each probed size
     max_batch_size: Optional[int]
     max_batch_size_method: Optional[str]  # "oom-search" | "ram-fraction"
     max_batch_size_exhaustive: bool = True  # False: the search ran out of time (a lower bound)
@@ -86,12 +104,12 @@ class SearchResult:
     tries: int
 
 
-def fit_probe(timings: Sequence[tuple[int, float]]) -> LinearFit:
-    """``t(b) = α + β·b`` through the probe's timings (the balancer's robust fit)."""
+def fit_probe(timings: Sequence[tuple[int, float]]) -> CurveFit:
+    """``t(b) = max(τ, α + β·b)`` through the probe's timings (the balancer's robust fit)."""
     if not timings:
         raise ValueError("no probe timings to fit")
     sizes, times = zip(*timings)
-    return fit_linear(sizes, times)
+    return fit_curve(sizes, times)
 
 
 def search_max_batch_size(
@@ -252,15 +270,21 @@ class StepRunner:
 def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeats: int = DEFAULT_REPEATS,
                        warmup: int = 1, min_block_s: float = MIN_BLOCK_S,
                        time_budget_s: float = DEFAULT_PROBE_TIME_BUDGET_S,
-                       clock: Callable[[], float] = time.monotonic) -> list[tuple[int, float]]:
+                       clock: Callable[[], float] = time.monotonic,
+                       extend: bool = False, max_batch_size: int = MAX_BATCH_SIZE_LIMIT,
+                       oom_errors: tuple[type[BaseException], ...] = (),
+                       on_oom: Callable[[], None] = lambda: None) -> list[tuple[int, float]]:
     """``(batch_size, busy_time_s)`` pairs, one per block of back-to-back steps.
 
     Sizes are warmed up in ascending order (``warmup`` untimed steps each); a larger size is
     dropped when, predicted from the last one's per-sample time, its warm-up plus one timed
     round would overrun the budget (the two smallest are always kept, so a heavy model on a
-    slow CPU still gets a line). Then up to ``repeats`` rounds over the kept sizes,
-    round-robin; in each, a size runs ``k = ⌈min_block_s / t(b)⌉`` steps back to back and
-    reports their mean. Stops after any round once over budget.
+    slow CPU still gets a line). With ``extend``, sizes then double beyond the largest until
+    the last two doublings each grew the step by more than :data:`PROBE_GROWTH_STOP`, up to
+    ``max_batch_size``, the budget (one more round of every size must fit) or the first of
+    ``oom_errors`` (``on_oom`` is called; the size is not kept). Then up to ``repeats``
+    rounds over the kept sizes, round-robin; in each, a size runs ``k = ⌈min_block_s / t(b)⌉``
+    steps back to back and reports their mean. Stops after any round once over budget.
     """
     if warmup < 1 or repeats < 1:
         raise ValueError(f"warmup and repeats must be ≥ 1, got warmup={warmup}, repeats={repeats}")
@@ -276,6 +300,26 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
             step_s[b] = runner.busy_time_s(b)
         per_sample_s = step_s[b] / b
         kept.append(b)
+    while extend and len(kept) >= 2 and 2 * kept[-1] <= max_batch_size and _grown_doublings(kept, step_s) < 2:
+        b = 2 * kept[-1]
+        # a line above its floor grows at most ~2× per doubling once past the knee (assume 4×
+        # to be safe); a round runs every size for at least min_block_s
+        guess = {**step_s, b: 4 * step_s[kept[-1]]}
+        round_s = sum(max(min_block_s, guess[s]) for s in (*kept, b))
+        if clock() - started + (warmup + 1) * guess[b] + round_s > time_budget_s:
+            break
+        out_of_memory = False
+        try:
+            # the last of two steps: the first at a new size pays one-off costs (allocation,
+            # kernel selection) that would fake growth
+            for _ in range(max(warmup, 2)):
+                step_s[b] = runner.busy_time_s(b)
+        except oom_errors:
+            out_of_memory = True
+        if out_of_memory:
+            on_oom()  # outside the except block: the traceback no longer holds the tensors
+            break
+        kept.append(b)
     timings: list[tuple[int, float]] = []
     for _ in range(repeats):
         for b in kept:
@@ -286,6 +330,18 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
         if clock() - started > time_budget_s:
             break
     return timings
+
+
+def _grown_doublings(kept: Sequence[int], step_s: dict[int, float]) -> int:
+    """How many of the last steps between consecutive sizes grew the busy time by more than
+    PROBE_GROWTH_STOP per doubling, counted back from the largest size."""
+    count = 0
+    for small, large in reversed(list(zip(kept, kept[1:]))):
+        growth = (step_s[large] / step_s[small]) ** (math.log(2) / math.log(large / small))
+        if growth <= PROBE_GROWTH_STOP:
+            break
+        count += 1
+    return count
 
 
 def probe_model(
@@ -321,14 +377,17 @@ def probe_model(
     with torch_threads(num_threads if device.type == "cpu" else None), _on_device(device):
         torch.manual_seed(0)
         runner = StepRunner(recipe.build(), recipe, device)
-        on_stage(f"{model_name} forward+backward at batch {','.join(map(str, sizes))}")
-        timings = measure_busy_times(runner, sizes, repeats=repeats, time_budget_s=time_budget_s)
-        fit = fit_probe(timings)
-        on_stage(f"{model_name} largest batch")
+        on_stage(f"{model_name} forward+backward at batch {','.join(map(str, sizes))}, doubling while flat")
         if device.type == "cuda":
-            result = _gpu_max_batch(runner, known_good=sizes[-1], time_budget_s=search_time_budget_s)
+            timings = measure_busy_times(_GpuProbeRunner(runner), sizes, repeats=repeats,
+                                         time_budget_s=time_budget_s, extend=True,
+                                         oom_errors=(torch.cuda.OutOfMemoryError,), on_oom=torch.cuda.empty_cache)
+            fit = fit_probe(timings)
+            on_stage(f"{model_name} largest batch")
+            result = _gpu_max_batch(runner, known_good=max(b for b, _ in timings), time_budget_s=search_time_budget_s)
             return ProbeResult(model_name, str(device), timings, fit, result.max_batch_size, "oom-search",
                                result.exhaustive)
+        # CPU: running out of RAM kills the process, so the cap bounds the doubling up front
         per_sample = _per_sample_bytes(runner, sizes)
         if available_ram_bytes is None:
             import psutil
@@ -336,6 +395,9 @@ def probe_model(
             available_ram_bytes = psutil.virtual_memory().available
         cap = ram_bound_batch_size(per_sample, CPU_FIXED_STATE_FACTOR * runner.parameter_bytes(),
                                    available_ram_bytes, ram_fraction)
+        timings = measure_busy_times(runner, sizes, repeats=repeats, time_budget_s=time_budget_s, extend=True,
+                                     max_batch_size=max(cap, sizes[-1]))
+        fit = fit_probe(timings)
         return ProbeResult(model_name, str(device), timings, fit, cap, "ram-fraction", True, per_sample)
 
 
@@ -352,14 +414,8 @@ def _gpu_max_batch(runner: StepRunner, known_good: int, time_budget_s: float) ->
                           device=runner.device)
 
     def run(batch_size: int) -> None:
-        try:
+        with _allocation_failures_as_oom():
             runner.run(batch_size)
-        except RuntimeError as e:
-            # cuBLAS/cuDNN report a failed workspace allocation as a plain RuntimeError.
-            if isinstance(e, torch.cuda.OutOfMemoryError) or not any(
-                    marker in str(e) for marker in OOM_MESSAGES):
-                raise
-            raise torch.cuda.OutOfMemoryError(str(e)) from None
 
     try:
         return search_max_batch_size(
@@ -370,6 +426,30 @@ def _gpu_max_batch(runner: StepRunner, known_good: int, time_budget_s: float) ->
         del reserve
         runner.model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _allocation_failures_as_oom():
+    """cuBLAS/cuDNN report a failed workspace allocation as a plain RuntimeError: raise it
+    as the out-of-memory error it is."""
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, torch.cuda.OutOfMemoryError) or not any(marker in str(e) for marker in OOM_MESSAGES):
+            raise
+        raise torch.cuda.OutOfMemoryError(str(e)) from None
+
+
+class _GpuProbeRunner:
+    """A runner's timed step with allocation failures raised as out of memory (the doubling
+    probe stops there)."""
+
+    def __init__(self, runner: StepRunner):
+        self._runner = runner
+
+    def busy_time_s(self, batch_size: int) -> float:
+        with _allocation_failures_as_oom():
+            return self._runner.busy_time_s(batch_size)
 
 
 class _on_device:

@@ -195,6 +195,9 @@ class NodeProfiler:
                     on_stage=lambda s: self._set_stage(f"{label} {s}")))
                 device.alpha_s = result.fit.alpha_s
                 device.beta_s_per_sample = result.fit.beta_s_per_sample
+                device.floor_s = result.fit.floor_s
+                device.fit_shape = result.fit.shape
+                device.fit_max_rel_error = result.fit.max_rel_error
                 device.fit_r2 = result.fit.r2 if math.isfinite(result.fit.r2) else None
                 device.max_batch_size = result.max_batch_size
                 device.max_batch_size_method = result.max_batch_size_method + (
@@ -367,7 +370,8 @@ def describe_node(capability: NodeCapability, elapsed_s: Optional[float] = None,
                    f"{device.memory_bandwidth_gbps:.3g} GB/s" if device.memory_bandwidth_gbps is not None else None,
                    f"h2d {device.h2d_gbps:.3g} GB/s" if device.h2d_gbps is not None else None]
         if device.has_probe:
-            figures.append(f"{model + ' ' if model else ''}α={device.alpha_s * 1e3:.2g} ms β={device.beta_s_per_sample * 1e3:.3g} ms/sample"
+            floor = f"floor {device.floor_s * 1e3:.3g} ms " if device.floor_s else ""
+            figures.append(f"{model + ' ' if model else ''}{floor}α={device.alpha_s * 1e3:.2g} ms β={device.beta_s_per_sample * 1e3:.3g} ms/sample"
                            + (f" max batch {device.max_batch_size}" if device.max_batch_size is not None else ""))
         parts.append(f"{label} " + ", ".join(f for f in figures if f))
     body = "; ".join(parts)

@@ -4,8 +4,10 @@ The run summary (driver), the metrics store's live query and the app all call
 :func:`judge_run`, so a run gets the same verdicts wherever it is looked at. The rule:
 
 1. the window is the latest attempt's last ``thresholds.window_steps`` global steps;
-2. if the plan in force at the last step ran at least :data:`MIN_PLAN_STEPS` of them, only
-   its steps are judged (a verdict is about that plan, not a mix with the one before);
+2. of those, only the steps of the plan in force at the last step are judged: a verdict is
+   advice about the shares in force, and a window mixing older plans showed the old shares
+   and advised moving samples the balancer had already moved. A plan in force too new to
+   have ``thresholds.min_steps`` steps gets "too few to judge", not the older plans' verdict;
 3. each rank's memory cap, when the nodes were profiled, is the planner's: the one rule of
    :func:`hetero_ray.planning.capacity.rank_memory_caps` (the CPU ranks of a node share its
    RAM, ``cap_i = cap(node_i) // cpu_ranks(node_i)``; a GPU rank has its own device's), over
@@ -24,9 +26,6 @@ import pandas as pd
 from hetero_ray.planning.capacity import rank_memory_caps
 from hetero_ray.profiling.bottlenecks import BottleneckThresholds, classify, latest_window
 
-MIN_PLAN_STEPS = 10  # fewer steps under the last plan: too few to judge it alone; judge the window
-
-
 def judge_run(steps: pd.DataFrame, nodes: Optional[Sequence[dict]] = None,
               thresholds: BottleneckThresholds = BottleneckThresholds()) -> list[dict[str, Any]]:
     """Per-rank verdicts (as :meth:`Verdict.to_dict`) over the run's last steps.
@@ -42,10 +41,8 @@ def judge_run(steps: pd.DataFrame, nodes: Optional[Sequence[dict]] = None,
     window = latest_window(steps, thresholds.window_steps)
     if window.empty:
         return []
-    last_version = window["plan_version"].iloc[window["global_step"].to_numpy().argmax()]
-    under_last = window[window["plan_version"] == last_version]
-    if under_last["global_step"].nunique() >= MIN_PLAN_STEPS:
-        window = under_last
+    in_force = window["plan_version"].iloc[window["global_step"].to_numpy().argmax()]
+    window = window[window["plan_version"] == in_force]
     return [v.to_dict() for v in classify(window, _rank_caps(window, nodes), thresholds)]
 
 

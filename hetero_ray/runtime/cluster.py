@@ -1,8 +1,9 @@
 """Connecting to a Ray cluster, and checking that it can hold the workers.
 
 Three ways in: an explicit ``--address`` (or ``RAY_ADDRESS``) joins an existing cluster;
-no address starts a local Ray in this process; an already initialised Ray (tests, a
-notebook) is used as it is. An address that does not answer fails within the connect
+no address starts a local Ray in this process — or, for ``HeteroTrainer.fit()``, joins the
+cluster ``ray start`` runs on this machine, as plain ``ray.init()`` does; an already
+initialised Ray (tests, a notebook) is used as it is. An address that does not answer fails within the connect
 timeout with a message, instead of hanging.
 """
 
@@ -36,13 +37,22 @@ class Connection:
 
 
 def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
-            include_dashboard: bool = True) -> Connection:
-    """Connects this process to Ray (see module docstring)."""
+            include_dashboard: bool = True, join_local_cluster: bool = False) -> Connection:
+    """Connects this process to Ray (see module docstring).
+
+    Args:
+        join_local_cluster: with no address, join the cluster that ``ray start`` runs on
+            this machine, if one answers, before starting a Ray of our own (what a Ray
+            Train user's ``ray.init()`` does; the CLI keeps its own Ray unless told
+            ``--address auto``).
+    """
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return Connection(ray.get_runtime_context().gcs_address, False, _dashboard_url())
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None and join_local_cluster:
+        address = running_local_cluster()
     if address is None:
         # address="local": always a new Ray of our own, even if `ray start` runs on this machine
         # (plain ray.init() would join that one instead).
@@ -54,6 +64,25 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
         reload_ray_auth_config()
     _init_with_timeout(address, timeout_s)
     return Connection(address, False, _dashboard_url())
+
+
+def running_local_cluster() -> Optional[str]:
+    """The address of the cluster ``ray start`` last started on this machine, if it still
+    answers (a cluster stopped without ``ray stop`` leaves its address file behind)."""
+    from ray._private.services import find_bootstrap_address
+
+    try:
+        address = find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - no address file, or one Ray cannot read: none running
+        return None
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2.0):
+            return address
+    except (OSError, ValueError):
+        return None
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:

@@ -2,8 +2,10 @@
 
 Order matters for "bad input leaves nothing behind": every check (values, files, the
 cluster's capacity, the checkpoint a --resume continues from) runs before the run
-directory is created. After that, the metrics store and the planner start as named
-actors, Ray Train runs the workers, and the store's files are merged and summarised even
+directory is created. A --resume first locks the run directory
+(:mod:`hetero_ray.runtime.run_lock`): a run still going there refuses it before anything
+else is read or written; a new run takes the lock as it creates the folder. After that,
+the metrics store and the planner start as named actors, Ray Train runs the workers, and the store's files are merged and summarised even
 when training fails: :mod:`hetero_ray.runtime.lifecycle`, the part ``HeteroTrainer.fit()``
 shares.
 
@@ -12,6 +14,7 @@ Failures a retry cannot fix stop the run at once (:mod:`hetero_ray.runtime.failu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -28,7 +31,7 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import RunInterrupted, UserError
 from hetero_ray.metrics import run_files
-from hetero_ray.runtime import actors, checkpoints, cluster, node_checks
+from hetero_ray.runtime import actors, checkpoints, cluster, node_checks, run_lock
 from hetero_ray.runtime.failures import RunGuard, is_disk_full
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
@@ -50,6 +53,20 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
         TrainingFailed: the job failed after it started (the run directory holds what was
             recorded up to the failure).
     """
+    with contextlib.ExitStack() as held:  # the run directory's lock, until the run's files are final
+        locked = config.resume and os.path.isdir(preflight.run_dir_of(config))
+        if locked:
+            held.enter_context(run_lock.acquire(preflight.run_dir_of(config), _LOCKED_ADVICE))
+        return _run_training(config, held, locked, emit)
+
+
+# What a driver refused by the run directory's lock can do (run_lock.acquire names the holder).
+_LOCKED_ADVICE = ("Wait for that run to end, or stop it (Ctrl-C where it runs, or kill -INT with its pid on its "
+                  "host), then continue it with --resume; or start a new run under another --experiment-name")
+
+
+def _run_training(config: TrainConfig, held: contextlib.ExitStack, locked: bool,
+                  emit: Callable[[str], None]) -> RunResult:
     run_dir = preflight.check(config)
     connection = cluster.connect(
         config.address,
@@ -71,7 +88,7 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
         from hetero_ray.training.data import download_dataset
 
         download_dataset(config.dataset, config.data_dir)
-    _create_run_dir(run_dir, config)
+    _create_run_dir(run_dir, config, held, locked)
     emit(f"[hetero_ray] run directory: {run_dir}")
     if config.resume:
         emit(f"[hetero_ray] resuming from {_describe_checkpoint(run_dir)}")
@@ -96,18 +113,41 @@ def _interrupted(run_dir: str, signum: int, summary: dict[str, Any]) -> RunInter
                           resumable=True)
 
 
-def _create_run_dir(run_dir: str, config: TrainConfig) -> None:
-    """The run directory and its config.json; a full disk here leaves nothing behind."""
+def _create_run_dir(run_dir: str, config: TrainConfig, held: contextlib.ExitStack, locked: bool) -> None:
+    """The run directory and its config.json; a full disk here leaves nothing behind.
+
+    Unless ``locked`` (a --resume took the lock first), the lock is taken here, as the
+    folder is created, and ``held`` keeps it.
+    """
     created = not os.path.isdir(run_dir)
+    lock = None
     try:
         os.makedirs(run_dir, exist_ok=config.resume)
+        if not locked:
+            lock = run_lock.acquire(run_dir, _LOCKED_ADVICE)
         run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), config.to_dict())
+    except FileExistsError:  # another driver created it since the checks: say which, if it runs
+        run_lock.acquire(run_dir, _LOCKED_ADVICE).release()
+        raise UserError(f"run directory {run_dir} already exists; pass --resume to continue that run, or choose "
+                        "another --experiment-name (nothing was overwritten)") from None
     except OSError as e:
+        if lock is not None:
+            lock.release()
         if created:
+            _remove_quietly(os.path.join(run_dir, run_lock.LOCK_FILE))
             _remove_empty_dir(run_dir)
         what = "disk full" if is_disk_full(e) else (e.strerror or str(e))
         raise UserError(f"cannot write {os.path.join(run_dir, run_files.CONFIG_FILE)} ({what}); free space "
                         "or choose another --output-dir (nothing was written)") from None
+    if lock is not None:
+        held.enter_context(lock)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _remove_empty_dir(path: str) -> None:

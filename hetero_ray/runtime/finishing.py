@@ -3,7 +3,8 @@
 and, for a built-in run that finished, the final model.
 
 It runs after training finished, failed or was stopped by hand, so it must not raise:
-what it cannot write it says, and a failure it meets becomes the run's failure.
+what it cannot write or read it says, and goes on; a failure it meets becomes the run's
+failure. summary.json is written with whatever could be read.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
+from hetero_ray.errors import TrainingFailed
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.metrics.summary import build_summary
@@ -28,6 +30,9 @@ def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: 
     """Merges the tables, writes summary.json (and, for built-in runs, the final model);
     never raises.
 
+    Each piece is guarded on its own: a piece that fails is said (``emit``) and the next
+    one runs, so summary.json is written with whatever could be read.
+
     Args:
         interrupted_by: the signal's name when one stopped training before its end: the
             summary says ``interrupted`` (not ``finished``), and there is no final model.
@@ -39,46 +44,63 @@ def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: 
     try:
         ray.get(planner.close.remote(), timeout=30)
     except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
-        print(f"[hetero_ray] warning: planner could not flush its last decision ({e})")
+        emit(f"[hetero_ray] warning: planner could not flush its last decision ({e})")
     try:
         store_failure = ray.get(store.failure.remote(), timeout=30)
         if store_failure and error is None:
             error = StoreWriteFailed(store_failure["message"])
         ray.get(store.finalize.remote(), timeout=120)
     except Exception as e:  # noqa: BLE001 - still summarise what is on disk
-        print(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
-    _remove_unregistered_checkpoints(run_dir)
+        emit(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
+    _guarded(emit, "removing unregistered checkpoints", _remove_unregistered_checkpoints, run_dir)
     if (write_final_model and error is None and interrupted_by is None and result is not None
             and result.checkpoint is not None):
         try:
             _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - the run's outcome: it failed to deliver its model
             error = e
-    steps = run_files.read_table(run_dir, "steps")
-    epochs = run_files.read_table(run_dir, "epochs")
-    plans = run_files.read_table(run_dir, "plans")
-    attempts = run_files.read_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
-    summary = build_summary(steps, epochs, plans, attempts, base={
-        **summary_base,
-        "wall_time_s": wall_time_s,
-        "status": "failed" if error is not None else ("interrupted" if interrupted_by else "finished"),
-        "error": None,
-        "run_dir": run_dir,
-    })
+    steps, epochs, plans = (_read_table(run_dir, table, emit) for table in ("steps", "epochs", "plans"))
+    attempts = _guarded(emit, f"reading {run_files.ATTEMPTS_FILE}", run_files.read_json,
+                        os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
+    status = "failed" if error is not None else ("interrupted" if interrupted_by else "finished")
+    base = {**summary_base, "wall_time_s": wall_time_s, "status": status, "error": None, "run_dir": run_dir}
+    summary = _guarded(emit, "summarising the run", build_summary, steps, epochs, plans, attempts, base=base)
+    if summary is None:  # the outcome is still worth a file: what the run was and how it ended
+        summary = {**base, "global_steps": int(steps["global_step"].nunique()) if "global_step" in steps else 0}
     if interrupted_by:
         summary["interrupted_by"] = interrupted_by
     failure = None
     if error is not None:
-        failure = failure_for_user(error, run_dir, summary["global_steps"])
+        failure = _guarded(emit, "describing the failure", failure_for_user, error, run_dir,
+                           summary.get("global_steps", 0))
+        if failure is None:
+            failure = TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}")
         summary["error"] = str(failure)
     summary["bottlenecks"] = _bottlenecks(steps, nodes)
     path = os.path.join(run_dir, run_files.SUMMARY_FILE)
     try:
         run_files.write_json(path, summary)
-    except OSError as e:
-        emit(f"[hetero_ray] {path} could not be written ({e.strerror or e}); status: {summary['status']}"
-             + (f", error: {summary['error']}" if summary["error"] else ""))
+    except Exception as e:  # noqa: BLE001 - said, with the outcome, instead of raised
+        emit(f"[hetero_ray] {path} could not be written ({getattr(e, 'strerror', None) or e}); status: "
+             f"{summary['status']}" + (f", error: {summary['error']}" if summary["error"] else ""))
     return summary, failure
+
+
+def _guarded(emit: Callable[[str], None], what: str, function: Callable, *args, **kwargs):
+    """``function(*args, **kwargs)``, or None after saying why it failed: finishing goes on."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - finish_run must not raise; the piece is named instead
+        emit(f"[hetero_ray] warning: {what} failed ({type(e).__name__}: {e})")
+        return None
+
+
+def _read_table(run_dir: str, table: str, emit: Callable[[str], None]):
+    """A table for the summary; an unreadable one is said and summarised as empty."""
+    from hetero_ray.metrics.records import SCHEMAS
+
+    df = _guarded(emit, f"reading the {table} table", run_files.read_table, run_dir, table)
+    return df if df is not None else SCHEMAS[table].empty_table().to_pandas()
 
 
 def _remove_unregistered_checkpoints(run_dir: str) -> None:
@@ -119,8 +141,10 @@ def _write_final_model(checkpoint, path: str) -> None:
     tmp = path + ".tmp"
     try:
         torch.save(state.model, tmp)
+        run_files.fsync_file(tmp)  # on disk before the rename makes it the final model
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    run_files.fsync_dir(os.path.dirname(path))

@@ -94,21 +94,38 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
         if result is None:  # a stop after fit() returned finds training finished
             stopped_by = signals.stopped_by()
     finally:
-        signals.finishing()
-        wall_time_s = time.time() - started
-        nodes = profiling.nodes(wait=stopped_by is None) if profiling else None
-        summary, failure = finish_run(spec.run_dir, store, planner, result, wall_time_s, error, spec.summary_base,
-                                      nodes, emit, write_final_model=spec.write_final_model,
-                                      interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
-        for actor in (planner, store):
-            actors.kill_actor(actor)
-        _copy_to_remote(spec, emit)
-        signals.restore()
+        # Each step below runs even if one before it raised: the actors are stopped and
+        # the handlers put back however finishing went.
+        try:
+            signals.finishing()
+            wall_time_s = time.time() - started
+            nodes = _profiled_nodes(profiling, wait=stopped_by is None, emit=emit)
+            summary, failure = finish_run(spec.run_dir, store, planner, result, wall_time_s, error,
+                                          spec.summary_base, nodes, emit, write_final_model=spec.write_final_model,
+                                          interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
+        finally:
+            try:
+                for actor in (planner, store):
+                    actors.kill_actor(actor)
+                _copy_to_remote(spec, emit)
+            finally:
+                signals.restore()
     if failure is not None:
         raise failure from error
     if stopped_by is not None:
         raise spec.interruption(stopped_by, summary)
     return Finished(result, summary)
+
+
+def _profiled_nodes(profiling: Optional[NodeProfiling], wait: bool, emit: Callable[[str], None]):
+    """The profiles for the summary's verdicts; a profiling that failed leaves them out."""
+    if profiling is None:
+        return None
+    try:
+        return profiling.nodes(wait=wait)
+    except Exception as e:  # noqa: BLE001 - the summary is still written, without the profiles
+        emit(f"[hetero_ray] warning: the node profiles could not be read ({e})")
+        return None
 
 
 def _start_profiling(spec: RunSpec, store, planner, emit: Callable[[str], None]) -> Optional[NodeProfiling]:

@@ -1,5 +1,5 @@
-"""Multi-node preflight: every node that will host a worker can write the run's folder and
-sees the dataset the driver checked.
+"""Multi-node preflight: every node that will host a worker can write the run's folder, sees
+the driver's copy of it, and sees the dataset the driver checked.
 
 The driver's own checks (:mod:`hetero_ray.preflight`) look at the driver's disk only; on a
 cluster, workers on other nodes write checkpoints into the run directory and read
@@ -10,6 +10,12 @@ is written, one small task per hosting node (pinned to it, no CPU reserved) prob
 node's view, and the driver compares: any difference is a :class:`UserError` naming the
 nodes.
 
+Writable is not shared: the default ``--output-dir runs`` exists at the same path on every
+node, each on its own disk, and a worker restarted elsewhere would not find the checkpoint
+(Ray Train itself checks this only at the first checkpoint). So the driver leaves a marker
+file with a random token in the folder for the time of the check, and every node must read
+that token there.
+
 Three parts: :func:`probe` runs on a node (plain Python), :func:`problems` decides (pure),
 :func:`check_nodes` fans out with Ray. A one-node cluster on the driver's own node needs
 no fan-out (the driver's checks already saw that node's disk), so local runs pay nothing.
@@ -17,8 +23,10 @@ no fan-out (the driver's checks already saw that node's disk), so local runs pay
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
 import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -52,18 +60,29 @@ class NodeProbe:
     write_error: Optional[str] = None
     dataset: Optional[DatasetFingerprint] = None
     dataset_error: Optional[str] = None
+    sees_driver_folder: Optional[bool] = None  # None: not asked (no marker) or the folder is unusable
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The driver's file in the run's folder (or its nearest existing parent) and its token."""
+
+    path: str
+    token: str
 
 
 # --- on the node ----------------------------------------------------------------------
 
 
-def probe(run_dir: str, dataset: Optional[DatasetRef]) -> NodeProbe:
-    """Runs on one node: can it write where the run's files go, and what data does it see?
+def probe(run_dir: str, dataset: Optional[DatasetRef], marker: Optional[Marker] = None) -> NodeProbe:
+    """Runs on one node: can it write where the run's files go, is that the driver's folder,
+    and what data does it see?
 
     Writes one anonymous temporary file in ``run_dir`` or, before the run exists, in its
     nearest existing parent (Ray Train creates the rest from there); the file has no name
     and vanishes when closed, so nothing is left behind and no folder is created.
     """
+    sees = _reads_marker(marker) if marker is not None else None
     write_error = None
     existing = _nearest_existing(run_dir)
     try:
@@ -74,11 +93,38 @@ def probe(run_dir: str, dataset: Optional[DatasetRef]) -> NodeProbe:
     except OSError as e:  # root passes os.access everywhere: only a real write tells
         write_error = f"cannot create files in {existing}: {e.strerror or e}"
     if dataset is None:
-        return NodeProbe(write_error)
+        return NodeProbe(write_error, sees_driver_folder=sees)
     try:
-        return NodeProbe(write_error, dataset=fingerprint(dataset))
+        return NodeProbe(write_error, dataset=fingerprint(dataset), sees_driver_folder=sees)
     except UserError as e:  # missing or malformed files on that node: its own message
-        return NodeProbe(write_error, dataset_error=str(e))
+        return NodeProbe(write_error, dataset_error=str(e), sees_driver_folder=sees)
+
+
+def _reads_marker(marker: Marker) -> bool:
+    try:
+        with open(marker.path) as f:
+            return f.read() == marker.token
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def driver_marker(run_dir: str):
+    """The driver's marker in ``run_dir``'s nearest existing folder while the block runs
+    (None where the driver cannot write there: the write check then names the folder)."""
+    folder = _nearest_existing(run_dir)
+    marker = Marker(os.path.join(folder, f".hetero_ray_shared_{secrets.token_hex(8)}"), secrets.token_hex(16))
+    try:
+        with open(marker.path, "x") as f:
+            f.write(marker.token)
+    except OSError:
+        yield None
+        return
+    try:
+        yield marker
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(marker.path)
 
 
 def fingerprint(dataset: DatasetRef) -> DatasetFingerprint:
@@ -142,6 +188,12 @@ def problems(probes: dict[str, NodeProbe], nodes: list[NodeResources], run_dir: 
             found.append(f"{describe(node)} cannot write the run directory {run_dir} ({seen.write_error}); workers "
                          "there write checkpoints into it: give every node the same writable --output-dir (a "
                          "shared filesystem mounted at the same path)")
+        elif seen.sees_driver_folder is False:
+            found.append(f"{describe(node)} does not share the run directory {run_dir} with the driver (a file the "
+                         "driver wrote there is not there on that node: another disk at the same path); a worker "
+                         "restarted on another node could not find its checkpoint: give every node the same "
+                         "shared filesystem at that path (--output-dir / RunConfig(storage_path=...)), or a URI "
+                         "storage such as s3://")
         if dataset is None:
             continue
         if seen.dataset_error:
@@ -174,11 +226,12 @@ def check_nodes(run_dir: str, selectors: Optional[list[dict]] = None, dataset: O
         return  # the driver's own node: preflight already checked this disk
     timeout_s = env_float(NODE_CHECK_TIMEOUT_S_ENV_VAR, DEFAULT_NODE_CHECK_TIMEOUT_S)
     remote_probe = ray.remote(probe)
-    refs = {remote_probe.options(num_cpus=0, max_retries=0, name="hetero_ray_node_check",
-                                 scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
-            .remote(run_dir, dataset): n.node_id for n in nodes}
-    expected = fingerprint(dataset) if dataset is not None else None  # meanwhile, the driver's own view
-    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    with driver_marker(run_dir) as marker:
+        refs = {remote_probe.options(num_cpus=0, max_retries=0, name="hetero_ray_node_check",
+                                     scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+                .remote(run_dir, dataset, marker): n.node_id for n in nodes}
+        expected = fingerprint(dataset) if dataset is not None else None  # meanwhile, the driver's own view
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
     probes = {}
     for ref in ready:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,6 +47,34 @@ def run_fingerprint(config) -> dict:
     fingerprint = {name: getattr(config, name) for name in resume_fixed_fields()}
     fingerprint["global_batch_size"] = fingerprint.pop("batch_size")
     return fingerprint
+
+
+# Checkpoint folders are named after the position they resume at: ``checkpoint_<global
+# step>``, plus ``_<n>`` for the n-th further checkpoint at the same step (a report with
+# no step trained since the last, e.g. right after a resume).
+_CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)(?:_(\d+))?")
+
+
+def checkpoint_dir_name(global_step: int, count: int) -> str:
+    """The folder of the ``count``-th checkpoint (0, 1, …) taken at ``global_step``."""
+    name = f"checkpoint_{global_step:09d}"
+    return name if count == 0 else f"{name}_{count}"
+
+
+def next_checkpoint_count(global_step: int, taken_here: int, restored_name: Optional[str]) -> int:
+    """Which count the next checkpoint at ``global_step`` takes: after the ``taken_here``
+    this worker group took, and after the checkpoint it resumed from (``restored_name``).
+
+    Counting only this group's checkpoints would give a report made right after a resume
+    the very name of the checkpoint it resumed from — Ray Train's registered latest, the
+    only resumable one — and Ray would copy into it: a crash during that copy tears it.
+    Older checkpoints never clash: their steps are smaller, or at the same step their
+    counts are smaller than the restored one's.
+    """
+    match = _CHECKPOINT_NAME.fullmatch(restored_name or "")
+    if match and int(match.group(1)) == global_step:
+        return max(taken_here, int(match.group(2) or 0) + 1)
+    return taken_here
 
 
 def capture_rng() -> dict:

@@ -16,6 +16,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from hetero_ray.constants import DEFAULT_REGISTER_ATTEMPT_TIMEOUT_S, REGISTER_ATTEMPT_TIMEOUT_S_ENV_VAR, env_float
 from hetero_ray.profiling.cgroup import cpu_quota_cores
 
 
@@ -53,7 +54,7 @@ def register_attempt(store, *, rank: int, num_workers: int, local_rank: int, dev
     registers itself."""
     attempt = torch.zeros(1, dtype=torch.int64, device=collective_device(device))
     if rank == 0:
-        attempt[0] = ray.get(store.begin_attempt.remote(global_step, num_workers))
+        attempt[0] = _begin_attempt(store, global_step, num_workers)
     dist.broadcast(attempt, src=0)
     placement: list = [None] * num_workers
     cores = _cpu_cores()
@@ -72,6 +73,18 @@ def register_attempt(store, *, rank: int, num_workers: int, local_rank: int, dev
         "device": str(device), "attempt": identity.attempt,
     })
     return identity
+
+
+def _begin_attempt(store, global_step: int, num_workers: int) -> int:
+    timeout_s = env_float(REGISTER_ATTEMPT_TIMEOUT_S_ENV_VAR, DEFAULT_REGISTER_ATTEMPT_TIMEOUT_S)
+    try:
+        return ray.get(store.begin_attempt.remote(global_step, num_workers), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"rank 0 waited {timeout_s:g} s for the metrics store to register this worker-group start (at global "
+            f"step {global_step}, {num_workers} workers) and got no answer; the store actor is stuck or its node "
+            f"is overloaded. Ray Train retries the start; raise {REGISTER_ATTEMPT_TIMEOUT_S_ENV_VAR} if its node "
+            "is just slow") from None
 
 
 def _cpu_cores() -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Optional
 
 import ray.train
 import torch
@@ -41,7 +41,12 @@ from hetero_ray.training.evaluation import evaluate
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.loader import PlanFollowingLoader
 from hetero_ray.training.models import build_model, compute_loss
+from hetero_ray.training.reporting import check_loss_is_finite
 from hetero_ray.training.optim import make_lr_scheduler, make_optimizer
+from hetero_ray.training.precision import Precision
+
+
+GRAD_SCALER_KEY = "grad_scaler"  # fp16's loss scale and its growth tracker, in the checkpoint's extra
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class _Job:
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any
     loader: PlanFollowingLoader
+    precision: Precision
+    scaler: Optional[torch.amp.GradScaler]  # fp16 only
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -71,7 +78,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
     lr_scheduler = make_lr_scheduler(config.lr_schedule, optimizer, run_steps)
     loader = hetero_ray.train.prepare_data_loader(data.train, collate_fn=as_batch, drop_last=config.drop_last)
-    job = _Job(config, data, model, optimizer, lr_scheduler, loader)
+    precision = Precision.named(config.precision, session.identity.device)
+    job = _Job(config, data, model, optimizer, lr_scheduler, loader, precision, precision.make_scaler())
 
     # --- resume: the loader is already at the step after the checkpoint
     saved_totals: dict = {}
@@ -84,6 +92,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         lr_scheduler.load_state_dict(state.lr_scheduler)
         restore_rng(state.rng)
         saved_totals = state.extra
+        if job.scaler is not None and GRAD_SCALER_KEY in state.extra:
+            job.scaler.load_state_dict(state.extra[GRAD_SCALER_KEY])
 
     session.log(f"{run_steps} global steps in this run")
     totals = EpochTotals.from_checkpoint(saved_totals, with_sums=session.identity.rank == 0)
@@ -92,6 +102,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         for inputs, targets in loader:
             step = loader.position
             notes = _train_step(job, inputs, targets)
+            if not session.settings.allow_non_finite_loss:
+                check_loss_is_finite(notes.loss, step.global_step, session.identity.rank)
             session.current_step.note(notes)  # for the step's row, written when the loader records it
             totals = totals.plus(notes.loss, loader.local_batch_size)
             next_global_step = step.global_step + 1
@@ -110,10 +122,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
 def _train_step(job: _Job, inputs, targets) -> StepNotes:
     """One optimiser step on this rank's piece of the global batch; returns the step's
     loss and learning rate for its row (no loss where the rank held no sample)."""
-    loss = compute_loss(job.model(inputs), targets)
-    loss.backward()  # the hook weights by b_i / B and all-reduces
+    with job.precision.autocast():
+        loss = compute_loss(job.model(inputs), targets)
     lr = job.optimizer.param_groups[0]["lr"]
-    job.optimizer.step()
+    if job.scaler is None:
+        loss.backward()  # the hook weights by b_i / B and all-reduces
+        job.optimizer.step()
+    else:  # fp16: every rank scales by the same factor and skips the same steps (training/precision.py)
+        job.scaler.scale(loss).backward()
+        job.scaler.step(job.optimizer)
+        job.scaler.update()
     job.optimizer.zero_grad(set_to_none=True)
     job.lr_scheduler.step()
     held_samples = job.loader.local_batch_size > 0  # else it ran a placeholder sample with weight 0
@@ -151,7 +169,9 @@ def _save_checkpoint(session: worker_session.WorkerSession, job: _Job, totals: E
             save_state(directory, TrainingState(
                 model=job.model.module.state_dict(), optimizer=job.optimizer.state_dict(),
                 lr_scheduler=job.lr_scheduler.state_dict(), position=position, plan=job.loader.plan,
-                fingerprint=run_fingerprint(job.config), rng=capture_rng(), extra=totals.to_checkpoint(),
+                fingerprint=run_fingerprint(job.config), rng=capture_rng(),
+                extra={**totals.to_checkpoint(),
+                       **({GRAD_SCALER_KEY: job.scaler.state_dict()} if job.scaler is not None else {})},
             ))
             checkpoint = ray.train.Checkpoint.from_directory(directory)
         hetero_ray.train.report({"epoch": position.epoch, "step": position.step,

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.errors import UserError
+from hetero_ray.training.checkpointing import checkpoint_dir_name, next_checkpoint_count
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.session import WorkerSession
 
@@ -50,19 +51,39 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
     if loader is not None:
         loader.finish_step()  # the step the user just completed belongs before this report
     position = loader.position if loader is not None else session.restored_position
+    if not session.settings.allow_non_finite_loss:  # before any collective: the run stops here
+        check_loss_is_finite(metrics.get("loss"), position.global_step - 1, session.identity.rank)
     writer = _lowest_rank_with_checkpoint(session.identity, checkpoint is not None)
     dir_name = None
     if writer is not None:
         if session.identity.rank == writer:
             _write_state(session, checkpoint, position, loader)
         session.flush_records()
-        dir_name = _checkpoint_dir_name(session, position.global_step)
+        dir_name = _checkpoint_dir_name(session, position.global_step, _restored_checkpoint_name())
     if session.identity.rank == 0:
         session.store.add_report.remote({
             "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.identity.attempt,
             "wall_time": time.time(), "metrics": _json_metrics(metrics),
         })
     ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
+
+
+def check_loss_is_finite(loss, global_step: int, rank: int) -> None:
+    """A NaN or infinite loss stops the run (a :class:`UserError`: not retried, since a
+    restart from the last checkpoint would meet it again); None and non-numbers pass.
+
+    Every step after such a loss trains on garbage while the run still ends "finished";
+    ``HeteroConfig(allow_non_finite_loss=True)`` is the way to train on regardless.
+    """
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            return
+        loss = loss.detach().item()
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or math.isfinite(loss):
+        return
+    raise UserError(f"the loss is {loss} at global step {global_step} on rank {rank}, so training stopped: every "
+                    "later step would train on it. Lower the learning rate or check the data for NaN or infinite "
+                    "values; HeteroConfig(allow_non_finite_loss=True) lets a run train on regardless")
 
 
 def read_state(checkpoint: ray.train.Checkpoint) -> dict:
@@ -138,12 +159,19 @@ def _lowest_rank_with_checkpoint(identity: WorkerIdentity, has_checkpoint: bool)
     return ranks[0] if ranks else None
 
 
-def _checkpoint_dir_name(session: WorkerSession, global_step: int) -> str:
-    """``checkpoint_<global step>``, with a suffix when a step is checkpointed again."""
-    name = f"checkpoint_{global_step:09d}"
-    count = session.checkpoints_at.get(global_step, 0)
+def _checkpoint_dir_name(session: WorkerSession, global_step: int, restored_name: Optional[str]) -> str:
+    """``checkpoint_<global step>``, with a suffix when a step is checkpointed again —
+    never the name of the checkpoint this group resumed from (``restored_name``), which
+    Ray Train holds as its latest (see :func:`next_checkpoint_count`)."""
+    count = next_checkpoint_count(global_step, session.checkpoints_at.get(global_step, 0), restored_name)
     session.checkpoints_at[global_step] = count + 1
-    return name if count == 0 else f"{name}_{count}"
+    return checkpoint_dir_name(global_step, count)
+
+
+def _restored_checkpoint_name() -> Optional[str]:
+    """The folder name of the checkpoint this worker group started from, or None."""
+    checkpoint = ray.train.get_checkpoint()
+    return os.path.basename(checkpoint.path.rstrip("/")) if checkpoint is not None else None
 
 
 def _json_metrics(metrics: dict) -> str:

@@ -65,6 +65,7 @@ class WorkerSettings:
     # Node profiles made beside the workers' start: how long rank 0 waits for them at the
     # first plan (see runtime/node_profiling.py).
     first_plan_wait_s: float = 0.0
+    allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/reporting.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -43,7 +43,7 @@ class _PaddedRunner(StepRunner):
 
 def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator: SpeedEmulator,
                  speed: float, time_budget_s: float = WARMUP_TIME_BUDGET_S) -> Optional[dict]:
-    """This rank's fitted line ``{"alpha_s", "beta_s_per_sample"}`` at its emulated
+    """This rank's fitted curve ``{"alpha_s", "beta_s_per_sample", "floor_s"}`` at its emulated
     ``speed``, or None when the recipe fails or the line is unusable (the plan then does
     without this rank's measurement)."""
     cuda = [device] if torch.device(device).type == "cuda" else []
@@ -56,9 +56,9 @@ def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator:
     except Exception as e:  # noqa: BLE001 - the first plan goes on without it
         logger.warning("warm-up measurement failed (%s: %s); the first plan does without it", type(e).__name__, e)
         return None
-    if not fit.beta_s_per_sample > 0:
+    if not fit.predict_s(1) > 0:
         return None
-    return {"alpha_s": fit.alpha_s, "beta_s_per_sample": fit.beta_s_per_sample}
+    return {"alpha_s": fit.alpha_s, "beta_s_per_sample": fit.beta_s_per_sample, "floor_s": fit.floor_s}
 
 
 def gather_fits(fit: Optional[dict], num_workers: int) -> list[Optional[dict]]:

@@ -1,0 +1,56 @@
+"""Mixed precision for a training step: autocast, and a gradient scaler for fp16.
+
+The pattern every loop follows (the built-in job's included), with ``prepare_model``'s
+gradient weighting and batch norm unchanged by it::
+
+    precision = Precision.named("bf16", device)      # or fp16, fp32
+    scaler = precision.make_scaler()                 # fp16 only; None otherwise
+    with precision.autocast():
+        loss = loss_fn(model(x), y)                  # the mean over the LOCAL batch, as always
+    if scaler is None:
+        loss.backward(); optimizer.step()
+    else:
+        scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()
+    # checkpoint scaler.state_dict() beside the optimiser's; load it on resume
+
+Why the weighting still holds: the parameters and their gradients stay fp32 under
+autocast, so the hook scales fp32 buckets by ``b_i / B`` as before. fp16's scaler
+multiplies every rank's loss by the same factor ``S`` and divides the summed gradient by
+``S`` before the step: ``Σ_i w_i·(S·g_i) / S = Σ_i w_i·g_i``. After the all-reduce every rank
+holds the same gradient, so every rank's scaler sees the same infinities, skips the same
+steps and keeps the same factor. The batch norm reduces its moments in float64 whatever the
+input's dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # fp32 | bf16 | fp16
+    device_type: str  # "cuda" | "cpu"
+
+    @classmethod
+    def named(cls, name: str, device: torch.device) -> "Precision":
+        if name not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
+        return cls(name, device.type)
+
+    def autocast(self):
+        """The forward pass (and the loss) in the lower precision; fp32: nothing changes."""
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=_DTYPES[self.name])
+
+    def make_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """fp16's loss scaling (its range underflows small gradients); bf16 has fp32's range."""
+        return torch.amp.GradScaler(self.device_type) if self.name == "fp16" else None
