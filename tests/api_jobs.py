@@ -171,7 +171,8 @@ def trained_ids_loop(config: dict) -> None:
 
     ``loader_workers_by_rank``: each rank's own DataLoader ``num_workers`` (as one would
     choose per node on a mixed cluster); ``peek_ranks``: the ranks that look at one batch
-    (``next(iter(loader))``) before training."""
+    (``next(iter(loader))``) before training; ``break_before_step``: every rank leaves the
+    loop once at that global step, before training it, and iterates again."""
     import json
 
     rank = ray.train.get_context().get_world_rank()
@@ -182,16 +183,20 @@ def trained_ids_loop(config: dict) -> None:
     if rank in config.get("peek_ranks", ()):
         inputs, targets, _ = next(iter(loader))
         assert inputs.shape[1:] == (3, 8, 8)
-    trained = []
-    for epoch in range(loader.epoch, config["epochs"]):
+    trained, left_at = [], None
+    while loader.epoch < config["epochs"]:
+        epoch = loader.epoch
         for inputs, targets, indices in loader:
+            if loader.position.global_step == config.get("break_before_step") and left_at is None:
+                left_at = epoch
+                break  # before training: the next iteration hands this step out again
             loss = F.cross_entropy(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             if loader.local_batch_size > 0:  # else one placeholder sample, weight 0
                 trained.append({"epoch": epoch, "indices": indices.tolist()})
-        hetero_ray.train.report({"epoch": epoch, "loss": loss.item()})
+        hetero_ray.train.report({"epoch": epoch})
     with open(os.path.join(config["trained_dir"], f"rank{rank}.json"), "w") as f:
         json.dump(trained, f)
     if rank == 0:

@@ -5,9 +5,10 @@ DataLoader worker processes: the ways a user's data loop used to go wrong withou
   on the steps where plans change, and train every sample once (they used to enter the
   plan broadcast at different steps: a hang until the process group's timeout, or a
   wrong plan read from another collective);
-- a batch looked at before training (next(iter(loader))) is not counted as trained: every
-  sample is trained exactly once and the weights are one device's; a look on rank 0 only
-  does not make the ranks enter different collectives;
+- a batch looked at before training (next(iter(loader))), or left by a break before its
+  backward pass, is not counted as trained: every sample is trained exactly once and the
+  weights are one device's; a look on rank 0 only does not make the ranks enter
+  different collectives;
 - Ray Train's Fashion-MNIST example, with each Ray Train call swapped for its hetero_ray
   twin and nothing else changed (a DataLoader for training and one for testing, both
   through prepare_data_loader), runs and reports plain TorchTrainer's test loss.
@@ -86,11 +87,12 @@ def test_ranks_with_their_own_loader_workers_agree_on_plan_changes(ray_session, 
     assert steps[steps["global_step"] == 6].sort_values("rank")["local_batch_size"].tolist() == [4, 12]
 
 
-def test_a_peek_before_training_trains_every_sample_once(ray_session, tmp_path):
+def test_a_peek_before_training_and_a_break_train_every_sample_once(ray_session, tmp_path):
     num_samples, batch, epochs = 96, 24, 2
     hetero = HeteroConfig(global_batch_size=batch, policy="static", record_sample_ids=True)
     run_dir, trained_dir = _fit_trained_ids(tmp_path, "peek", 3, hetero, num_samples=num_samples, epochs=epochs,
-                                            loader_workers_by_rank=[0, 2, 0], peek_ranks=[0, 1, 2])
+                                            loader_workers_by_rank=[0, 2, 0], peek_ranks=[0, 1, 2],
+                                            break_before_step=5)
 
     _assert_trained_exactly_once(run_dir, trained_dir, 3, num_samples, epochs)
     steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
@@ -146,6 +148,6 @@ def test_ray_trains_fashion_mnist_example_ported_call_for_call_matches_torch_tra
     assert hetero_losses[0]["loss"] == pytest.approx(ray_losses[0]["loss"], abs=1e-5)
     # Later epochs are shuffled by other seeds (same samples, other batches): close.
     for ours, theirs in zip(hetero_losses[1:], ray_losses[1:]):
-        assert ours["loss"] == pytest.approx(theirs["loss"], rel=0.05)
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2), (ray_losses, hetero_losses)
     reports = pd.read_parquet(tmp_path / "fashion-hetero" / "reports.parquet").sort_values("global_step")
     assert [json.loads(m)["loss"] for m in reports["metrics"]] == [r["loss"] for r in hetero_losses]
