@@ -154,3 +154,145 @@ def _maybe_crash(config: dict, completed_step: int) -> None:
         time.sleep(0.05)
     open(marker, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class IndexedPatternDataset(PatternDataset):
+    """PatternDataset whose samples also carry their index: the loop can say which samples
+    it actually trained on, beside what the loader recorded."""
+
+    def __getitem__(self, index: int):
+        return self.inputs[index], self.targets[index], index
+
+
+def trained_ids_loop(config: dict) -> None:
+    """A user loop that writes what it trained: each rank the sample indices that went
+    through a backward pass and an optimiser step (``trained_dir/rank<r>.json``), rank 0
+    the final weights (``trained_dir/weights.pt``).
+
+    ``loader_workers_by_rank``: each rank's own DataLoader ``num_workers`` (as one would
+    choose per node on a mixed cluster); ``peek_ranks``: the ranks that look at one batch
+    (``next(iter(loader))``) before training; ``break_before_step``: every rank leaves the
+    loop once at that global step, before training it, and iterates again."""
+    import json
+
+    rank = ray.train.get_context().get_world_rank()
+    model = hetero_ray.train.prepare_model(make_model())
+    loader = hetero_ray.train.prepare_data_loader(IndexedPatternDataset(config["num_samples"]),
+                                                  num_workers=config["loader_workers_by_rank"][rank])
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    if rank in config.get("peek_ranks", ()):
+        inputs, targets, _ = next(iter(loader))
+        assert inputs.shape[1:] == (3, 8, 8)
+    trained, left_at = [], None
+    while loader.epoch < config["epochs"]:
+        epoch = loader.epoch
+        for inputs, targets, indices in loader:
+            if loader.position.global_step == config.get("break_before_step") and left_at is None:
+                left_at = epoch
+                break  # before training: the next iteration hands this step out again
+            loss = F.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if loader.local_batch_size > 0:  # else one placeholder sample, weight 0
+                trained.append({"epoch": epoch, "indices": indices.tolist()})
+        hetero_ray.train.report({"epoch": epoch})
+    with open(os.path.join(config["trained_dir"], f"rank{rank}.json"), "w") as f:
+        json.dump(trained, f)
+    if rank == 0:
+        torch.save(model.module.state_dict(), os.path.join(config["trained_dir"], "weights.pt"))
+
+
+class GeneratedImages(torch.utils.data.Dataset):
+    """A small stand-in for Fashion-MNIST (1×8×8 images, 10 classes), generated here."""
+
+    def __init__(self, num_samples: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.targets = torch.randint(0, 10, (num_samples,), generator=generator)
+        prototypes = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(99))
+        self.images = prototypes[self.targets] + torch.randn(num_samples, 1, 8, 8, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        return self.images[index], self.targets[index]
+
+
+class FashionNetwork(nn.Module):
+    """The example's NeuralNetwork, smaller, with dropout off (its masks would differ between runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.linear_relu_stack = nn.Sequential(nn.Linear(8 * 8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                                               nn.Linear(32, 10))
+
+    def forward(self, inputs):
+        return self.linear_relu_stack(self.flatten(inputs))
+
+
+def _twins(config: dict):
+    """Ray Train's calls, or their hetero_ray twins: the one thing a port changes."""
+    from types import SimpleNamespace
+
+    import ray.train.torch
+
+    if config["api"] == "ray":
+        return SimpleNamespace(prepare_data_loader=ray.train.torch.prepare_data_loader,
+                               prepare_model=ray.train.torch.prepare_model, report=ray.train.report,
+                               get_context=ray.train.get_context)
+    return SimpleNamespace(prepare_data_loader=hetero_ray.train.prepare_data_loader,
+                           prepare_model=hetero_ray.train.prepare_model, report=hetero_ray.train.report,
+                           get_context=hetero_ray.train.get_context)
+
+
+def fashion_mnist_loop(config: dict) -> None:
+    """Ray Train's ``torch_fashion_mnist_example.py`` training function, as its docs write
+    it (a DataLoader for training and one for testing, both through prepare_data_loader),
+    on generated images; ``train`` is Ray Train or hetero_ray. Rank 0 also appends each
+    epoch's test loss to ``losses_file``: plain Ray Train keeps no metrics reported without
+    a checkpoint."""
+    import json
+
+    from torch.utils.data import DataLoader
+
+    train = _twins(config)
+    lr, epochs, batch_size = config["lr"], config["epochs"], config["batch_size_per_worker"]
+
+    training_data, test_data = GeneratedImages(256, seed=1), GeneratedImages(64, seed=2)
+    train_dataloader = DataLoader(training_data, batch_size=batch_size, shuffle=True)
+    test_dataloader = DataLoader(test_data, batch_size=batch_size)
+    train_dataloader = train.prepare_data_loader(train_dataloader)
+    test_dataloader = train.prepare_data_loader(test_dataloader)
+
+    torch.manual_seed(3)  # the same first weights in both runs
+    model = train.prepare_model(FashionNetwork())
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    for epoch in range(epochs):
+        if train.get_context().get_world_size() > 1:
+            train_dataloader.sampler.set_epoch(epoch)
+        model.train()
+        for inputs, targets in train_dataloader:
+            loss = loss_fn(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        model.eval()
+        test_loss, num_correct, num_total = 0, 0, 0
+        with torch.no_grad():
+            for inputs, targets in test_dataloader:
+                pred = model(inputs)
+                test_loss += loss_fn(pred, targets).item()
+                num_total += targets.shape[0]
+                num_correct += (pred.argmax(1) == targets).sum().item()
+        test_loss /= len(test_dataloader)
+        accuracy = num_correct / num_total
+
+        train.report(metrics={"loss": test_loss, "accuracy": accuracy})
+        if train.get_context().get_world_rank() == 0:
+            with open(config["losses_file"], "a") as f:
+                f.write(json.dumps({"epoch": epoch, "loss": test_loss, "num_total": num_total}) + "\n")

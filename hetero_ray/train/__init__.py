@@ -47,36 +47,59 @@ def prepare_model(model: torch.nn.Module, *, sync_batchnorm: bool = True,
     return prepare(_session.current("prepare_model"), model, sync_batchnorm=sync_batchnorm, ddp_kwargs=ddp_kwargs)
 
 
-def prepare_data_loader(dataset, *, collate_fn=None, num_workers: int = 0, pin_memory: bool = False,
-                        prefetch_factor: Optional[int] = None, shuffle: bool = True, drop_last: bool = False,
-                        move_to_device: bool = True, worker_init_fn=None):
-    """This rank's piece of every global step of ``dataset`` under the plan in force.
+def prepare_data_loader(data, *, collate_fn=None, num_workers: int = 0, pin_memory: bool = False,
+                        prefetch_factor: Optional[int] = None, shuffle: Optional[bool] = None,
+                        drop_last: bool = False, move_to_device: bool = True, worker_init_fn=None,
+                        evaluation: Optional[bool] = None):
+    """This rank's piece of every global step of ``data`` under the plan in force; or, for
+    evaluation, this rank's share of every sample once.
 
-    ``dataset`` is any map-style dataset (``__len__`` and ``__getitem__``: a torchvision
-    dataset, a Hugging Face ``datasets.Dataset``, your own). Each ``iter()`` runs the rest
+    ``data`` is any map-style dataset (``__len__`` and ``__getitem__``: a torchvision
+    dataset, a Hugging Face ``datasets.Dataset``, your own), or a torch ``DataLoader`` over
+    one, as ``ray.train.torch.prepare_data_loader`` takes. Each ``iter()`` runs the rest
     of one epoch; every sample is used exactly once per epoch across all ranks, also when
     the plan changes mid-epoch or the run restarts from a checkpoint (then the first
     ``iter()`` continues the checkpoint's epoch at its step: start your epoch loop at
     ``loader.epoch``). Batches come from a torch ``DataLoader`` with ``num_workers``
-    worker processes that prefetch while the model computes.
+    worker processes that prefetch while the model computes. A batch that was only looked
+    at (``next(iter(loader))``, a ``break`` before ``backward()``) is handed out again.
+
+    A ``DataLoader`` gives its dataset, ``collate_fn``, ``num_workers``, ``pin_memory``,
+    ``prefetch_factor``, ``worker_init_fn``, ``drop_last`` and whether it shuffles (its
+    sampler must be the default one, or a ``DistributedSampler``). Its ``batch_size`` is
+    per worker, as in Ray Train: for training each rank takes its share of
+    ``HeteroConfig.global_batch_size`` instead, and rank 0 says what that means (a warning
+    when ``batch_size × num_workers`` is not the global batch).
+
+    The first call on a worker makes the training loader; every later call makes an
+    evaluation loader, as Ray Train's examples prepare a training and a test loader. An
+    evaluation loader gives rank ``r`` the samples ``r, r + n, r + 2n, …`` (torch's
+    ``DistributedSampler`` split without its padding: every sample once across ranks), in
+    batches of the DataLoader's ``batch_size`` (for a dataset, an equal share of the global
+    batch); it follows no plan, records no step and waits for no other rank.
 
     Args:
         collate_fn, num_workers, pin_memory, prefetch_factor, worker_init_fn: as for
-            ``torch.utils.data.DataLoader``.
-        shuffle: a new seeded order every epoch (``HeteroConfig.seed``).
+            ``torch.utils.data.DataLoader`` (with a DataLoader, set them on it instead).
+        shuffle: a new seeded order every epoch (``HeteroConfig.seed``); None: True for a
+            training dataset, False for an evaluation one, the DataLoader's own for one.
         drop_last: drop each epoch's last global batch when it is short.
         move_to_device: move the tensors of each batch to this rank's device.
+        evaluation: True for an evaluation loader, False for the training loader; None
+            decides by order (the first call trains).
 
     Raises:
         UserError: an iterable-style dataset, one without ``__len__``, one too small for a
-            global batch, bad arguments, or a second call on this worker.
+            global batch, bad arguments, a DataLoader with its own sampler or options given
+            beside it, or a second training loader on this worker.
     """
-    from hetero_ray.training.loader import make_loader
+    from hetero_ray.training.loader_door import prepare
 
-    return make_loader(_session.current("prepare_data_loader"), dataset, collate_fn=collate_fn,
-                       num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                       shuffle=shuffle, drop_last=drop_last, move_to_device=move_to_device,
-                       worker_init_fn=worker_init_fn)
+    options = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory,
+               "prefetch_factor": prefetch_factor, "shuffle": shuffle, "drop_last": drop_last,
+               "worker_init_fn": worker_init_fn}
+    return prepare(_session.current("prepare_data_loader"), data, options, move_to_device=move_to_device,
+                   evaluation=evaluation)
 
 
 def report(metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:

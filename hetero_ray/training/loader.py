@@ -8,12 +8,22 @@ window ``[s·B, (s+1)·B)``. A torch ``DataLoader`` does the loading; its batch 
 while the model computes, and "which samples did rank i see at step s" is still exactly
 the sampler's answer.
 
-Plans and prefetching. The DataLoader asks for step ``s + L``'s indices while step ``s``
-is being handed out (``L = num_workers × prefetch_factor`` batches in flight; 0 without
+Plans and prefetching. The DataLoader asks for step ``s + l``'s indices while step ``s``
+is being handed out (``l = num_workers × prefetch_factor`` batches in flight; 0 without
 worker processes). So the plan that takes effect at a rebalance point ``R`` is agreed on
 by all ranks at step ``R − L`` (one broadcast, entered by every rank at the same step) and
 applied from ``R`` on: every rank switches at the same step, and no index is ever cut by
-a plan that was not yet agreed.
+a plan that was not yet agreed. ``L`` is the largest ``l`` of all ranks, agreed when the
+loader is made: ranks may choose their own ``num_workers`` (natural on a mixed cluster),
+but a rank that entered the broadcast at its own ``R − l`` would meet another rank's
+gradient all-reduce there instead.
+
+Which steps are done. A step handed out counts as trained, is recorded and moves the
+position on, once the user asks for the next batch, reports, or leaves the loop after
+the prepared model's backward pass ran for it. A batch that was only looked at
+(``next(iter(loader))`` before training, a ``break`` before the backward pass) is not:
+the next ``iter()`` hands the same step out again, and enters no collective the other
+ranks would not (its plans were already agreed).
 
 Each step also runs the machinery the user never calls: the step clock (data wait here,
 forward and backward through the prepared model's hooks), the weight ``b_i / B`` of the
@@ -24,6 +34,7 @@ part of the step).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Iterator, Optional
 
@@ -39,7 +50,17 @@ from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
 from hetero_ray.training.weighting import rank_weight
 
+logger = logging.getLogger("hetero_ray.worker")
+
 DEFAULT_PREFETCH_FACTOR = 2  # torch's default: batches each DataLoader worker keeps ready
+
+
+def lookahead_steps(num_workers: int, prefetch_factor: Optional[int]) -> int:
+    """Steps whose indices a DataLoader asks for beyond the one handed out: each of its
+    ``num_workers`` processes keeps ``prefetch_factor`` batches in flight."""
+    if num_workers == 0:
+        return 0
+    return num_workers * (DEFAULT_PREFETCH_FACTOR if prefetch_factor is None else prefetch_factor)
 
 
 class PlanFollowingLoader:
@@ -52,19 +73,27 @@ class PlanFollowingLoader:
 
     def __init__(self, session: WorkerSession, dataset, *, collate_fn=None, num_workers: int = 0,
                  pin_memory: bool = False, prefetch_factor: Optional[int] = None, shuffle: bool = True,
-                 drop_last: bool = False, move_to_device: bool = True, worker_init_fn=None):
+                 drop_last: bool = False, move_to_device: bool = True, worker_init_fn=None,
+                 plan_lookahead_steps: Optional[int] = None):
         settings = session.settings
         self._session = session
-        self.sampler = GlobalSampler(len(dataset), settings.global_batch_size, settings.seed, drop_last, shuffle)
+        self.sampler = _LoaderSampler(self, len(dataset), settings.global_batch_size, settings.seed, drop_last,
+                                      shuffle)
         check_data_matches(session.restored, self.data_order())
         self.position = session.restored_position
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = DEFAULT_PREFETCH_FACTOR
-        self.lookahead_steps = num_workers * prefetch_factor if num_workers > 0 else 0
+        # The steps ahead at which plans are agreed: every rank's (see the module docstring).
+        own = lookahead_steps(num_workers, prefetch_factor)
+        self.lookahead_steps = own if plan_lookahead_steps is None else plan_lookahead_steps
+        if self.lookahead_steps < own:
+            raise RuntimeError(f"plans agreed {self.lookahead_steps} steps ahead, but this rank's DataLoader "
+                               f"asks for indices {own} steps ahead")
         self._move_to_device = move_to_device
         self._plans: list[tuple[int, Plan]] = []  # (first global step, plan), in step order
         self._next_point: int = self.position.global_step  # the first unagreed rebalance point
         self._pending: Optional[HandedOutStep] = None  # the step handed out, not yet recorded
+        self._iteration: Optional[object] = None  # the token of the iteration in progress
         self._dataloader = torch.utils.data.DataLoader(
             dataset, batch_sampler=_StepBatches(self), num_workers=num_workers, collate_fn=collate_fn,
             pin_memory=pin_memory and session.identity.device.type == "cuda", prefetch_factor=prefetch_factor,
@@ -101,7 +130,8 @@ class PlanFollowingLoader:
         return self._plans[-1][1] if self._plans else None
 
     def __iter__(self) -> Iterator[Any]:
-        self.finish_step()
+        self._iteration = token = object()  # an older iteration's generator must no longer act
+        self._leave_step()  # a step handed out by an iteration that was not closed (a held peek)
         start = self.position
         epoch_end = start.global_step - start.step + self.sampler.steps_per_epoch
         self._agree_through(start.global_step, epoch_end)
@@ -110,9 +140,14 @@ class PlanFollowingLoader:
             while self.position.epoch == start.epoch:
                 self._agree_through(self.position.global_step, epoch_end)
                 yield self._begin_step(batches)
-                self.finish_step()
+                if self._iteration is not token:
+                    raise UserError("an iteration of the hetero_ray loader was resumed after a newer one began; "
+                                    "iterate the loader once at a time (for batch in loader: ...)")
+                self.finish_step()  # the user asked for the next batch: the step ran
         finally:
-            self.finish_step()  # the user left the loop early (break, exception): the step ran
+            if self._iteration is token:
+                self._iteration = None
+                self._leave_step()  # the user left the loop (break, exception) or dropped a peek
             del batches
 
     # --- one step ------------------------------------------------------------------------
@@ -156,13 +191,33 @@ class PlanFollowingLoader:
         session.recorder.record(row, self._sample_ids(step) if session.settings.record_sample_ids else None)
         self.position = self.sampler.next_position(step.position)
 
+    def _leave_step(self) -> None:
+        """The iteration ends with a step handed out: it is done if it was trained, else it
+        is handed out again by the next ``iter()``.
+
+        Trained means the prepared model's backward pass reached the gradient hook during
+        the step (its timeline has the last bucket's mark). A batch that was only looked at
+        must not count: its samples would be recorded as used and never be trained. Without
+        a prepared model nothing can tell, and the step counts as done, as it always has."""
+        step = self._pending
+        if step is None:
+            return
+        if self._session.weight_state is None or step.timeline.has(timing.LAST_BUCKET_READY):
+            self.finish_step()
+            return
+        self._pending = None
+        self._session.current_step.end()
+        logger.info("global step %d was handed out but not trained (no backward pass through the prepared "
+                    "model); the next iteration hands it out again", step.position.global_step)
+
     def _sample_ids(self, step: HandedOutStep) -> dict:
         position, identity = step.position, self._session.identity
         start, stop = self.sampler.piece(position.step, step.plan, identity.rank)
         return sample_ids_row(identity, position, self.sampler.permutation(position.epoch)[start:stop].tolist())
 
     def close(self) -> None:
-        self.finish_step()
+        self._iteration = None
+        self._leave_step()
         self._resources.close()
 
     # --- plans ---------------------------------------------------------------------------
@@ -209,6 +264,28 @@ class PlanFollowingLoader:
             yield permutation[begin:stop].tolist()
 
 
+class _LoaderSampler(GlobalSampler):
+    """The loader's global sampler, with the ``loader.sampler.set_epoch(epoch)`` of Ray
+    Train's examples (a ``DistributedSampler`` needs it to shuffle anew each epoch).
+
+    Here the epoch is the loader's position in the run, which moves on by itself (and a
+    restart continues the checkpoint's epoch), so the call changes nothing; an epoch other
+    than the loader's is said once, since the user's loop then counts epochs differently."""
+
+    def __init__(self, loader: "PlanFollowingLoader", *args):
+        super().__init__(*args)
+        self._loader = loader
+        self._said = False
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader
+        if epoch != loader.epoch and not self._said and loader._session.identity.rank == 0:
+            self._said = True
+            logger.warning("loader.sampler.set_epoch(%s) changes nothing: the hetero_ray loader runs epoch %d "
+                           "next (each iter() runs the rest of one epoch; after a restart, the checkpoint's); "
+                           "start your epoch loop at loader.epoch", epoch, loader.epoch)
+
+
 class _StepBatches:
     """Batch sampler object for the DataLoader: each ``iter()`` starts at the loader's position."""
 
@@ -234,32 +311,33 @@ def _gauges(session: WorkerSession):
     return RankGauges(session.settings.experiment_name)
 
 
-def _check_same_length(session: WorkerSession, size: int) -> None:
-    """Collective: every rank's dataset has the same length, or the run stops here.
+def _agree_on_data(session: WorkerSession, size: int, own_lookahead_steps: int) -> int:
+    """Collective: every rank's dataset has the same length, or the run stops here; returns
+    the plan look-ahead of all ranks (the largest rank's own).
 
     Each rank cuts its piece out of a permutation of ``range(len(dataset))``; ranks that
     see different lengths (another copy of the files on one node) would draw from different
-    permutations, and exactly-once would break without any error."""
+    permutations, and exactly-once would break without any error. The look-ahead rides in
+    the same all-reduce: ranks that agreed plans at different steps would deadlock."""
     identity = session.identity
-    if identity.num_workers == 1:
-        return
-    sizes = torch.zeros(identity.num_workers, dtype=torch.int64, device=identity.collective_device)
-    sizes[identity.rank] = size
-    torch.distributed.all_reduce(sizes)
-    sizes = sizes.tolist()
+    n = identity.num_workers
+    if n == 1:
+        return own_lookahead_steps
+    values = torch.zeros(2 * n, dtype=torch.int64, device=identity.collective_device)
+    values[identity.rank] = size
+    values[n + identity.rank] = own_lookahead_steps
+    torch.distributed.all_reduce(values)
+    sizes, lookaheads = values[:n].tolist(), values[n:].tolist()
     if len(set(sizes)) > 1:
-        described = ", ".join(f"rank {rank} (node {node[:8]}): {n}"
-                              for rank, (n, node) in enumerate(zip(sizes, identity.rank_node_ids)))
+        described = ", ".join(f"rank {rank} (node {node[:8]}): {length}"
+                              for rank, (length, node) in enumerate(zip(sizes, identity.rank_node_ids)))
         raise UserError(f"the ranks' datasets differ in length ({described}); every node must see the same "
                         "data (same files at the same path), or the global sampler cannot give each sample once")
+    return max(lookaheads)
 
 
-def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_factor: Optional[int],
-                **options: Any) -> PlanFollowingLoader:
-    """Checks the arguments a person can get wrong, then makes the worker's one loader."""
-    if session.loader is not None:
-        raise UserError("hetero_ray.train.prepare_data_loader was called twice on this worker: one loader "
-                        "follows the run's plan; make it once and iterate it once per epoch")
+def check_map_style(dataset) -> None:
+    """A dataset whose samples can be picked by index, or a :class:`UserError` saying why not."""
     if isinstance(dataset, torch.utils.data.IterableDataset):
         raise UserError(f"hetero_ray.train.prepare_data_loader needs a map-style dataset (__len__ and "
                         f"__getitem__), got the iterable-style {type(dataset).__name__}: each rank's share of a "
@@ -268,17 +346,32 @@ def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_f
         missing = " and ".join(m for m in ("__len__", "__getitem__") if not hasattr(dataset, m))
         raise UserError(f"hetero_ray.train.prepare_data_loader needs a map-style dataset; "
                         f"{type(dataset).__name__} has no {missing}")
+
+
+def check_workers(num_workers, prefetch_factor) -> None:
+    """DataLoader worker settings a person can get wrong, or a :class:`UserError`."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise UserError(f"prepare_data_loader(num_workers=...) must be a non-negative integer, got {num_workers!r}")
     if prefetch_factor is not None and (num_workers == 0 or not isinstance(prefetch_factor, int)
                                         or prefetch_factor < 1):
         raise UserError(f"prepare_data_loader(prefetch_factor={prefetch_factor!r}) needs num_workers > 0 and a "
                         "positive integer")
+
+
+def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_factor: Optional[int],
+                **options: Any) -> PlanFollowingLoader:
+    """Checks the arguments a person can get wrong, then makes the worker's one training loader."""
+    if session.loader is not None:
+        raise UserError("hetero_ray.train.prepare_data_loader(evaluation=False) was called twice on this worker: "
+                        "one training loader follows the run's plan; make it once and iterate it once per epoch "
+                        "(an evaluation loader takes evaluation=True)")
+    check_map_style(dataset)
+    check_workers(num_workers, prefetch_factor)
     size, batch = len(dataset), session.settings.global_batch_size
-    _check_same_length(session, size)
+    agreed_lookahead_steps = _agree_on_data(session, size, lookahead_steps(num_workers, prefetch_factor))
     if size < 1 or (options.get("drop_last") and size < batch):
         raise UserError(f"the dataset has {size} samples, fewer than one global batch of {batch} "
                         "(HeteroConfig.global_batch_size)" + (" with drop_last" if size else ""))
-    session.loader = PlanFollowingLoader(session, dataset, num_workers=num_workers,
-                                         prefetch_factor=prefetch_factor, **options)
+    session.loader = PlanFollowingLoader(session, dataset, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                                         plan_lookahead_steps=agreed_lookahead_steps, **options)
     return session.loader
