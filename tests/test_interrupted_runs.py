@@ -205,3 +205,33 @@ def test_a_stopped_hetero_trainer_says_interrupted_and_fit_again_continues(tmp_p
     with open(os.path.join(run_dir, run_files.ATTEMPTS_FILE)) as f:
         attempts = json.load(f)
     assert len(attempts) == 2 and attempts[1]["start_global_step"] > 0, attempts
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_stop_while_the_nodes_are_profiled_before_the_first_step(tmp_path, signum):
+    """With GPUs the nodes are profiled before the first step. A stop 2 s into it writes the
+    summary ("interrupted"), leaves no actor of the run alive, and exits 128 + the signal."""
+    run_dir = tmp_path / "run"
+    driver = subprocess.Popen([sys.executable, "-m", "tests.stop_while_profiling", str(run_dir)], cwd=REPO_ROOT,
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        seen = ""
+        for line in driver.stdout:  # the profiler is being built on the node: 2 s into profiling
+            seen += line
+            if "[profile] profiling" in line:
+                time.sleep(2)
+                os.kill(driver.pid, signum)
+                break
+        output = seen + driver.stdout.read()
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 128 + signum, output[-3000:]
+    assert json.loads(output.strip().splitlines()[-1]) == {"alive": []}, output[-3000:]
+    with open(run_dir / run_files.SUMMARY_FILE) as f:
+        summary = json.load(f)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == signal.Signals(signum).name

@@ -77,13 +77,17 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id)
     planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
-    profiling = _start_profiling(spec, store, planner, emit)
     started = time.time()
     error: Optional[BaseException] = None
     result = None
+    profiling: Optional[NodeProfiling] = None
     stopped_by: Optional[int] = None  # the signal that stopped training by hand
-    signals = StopSignals().install()  # Ctrl-C and SIGTERM from here on: see runtime/interrupts.py
+    # Ctrl-C and SIGTERM from here on (runtime/interrupts.py), profiling included: with
+    # GPUs the nodes are profiled before the first step, which can take a minute, and a
+    # stop there must leave a summary and no actors like a stop in training.
+    signals = StopSignals().install()
     try:
+        profiling = _start_profiling(spec, store, planner, emit)
         trainer = make_trainer(profiling.first_plan_wait_s if profiling else 0.0)
         with ProgressPrinter(store, spec.total_steps,
                              env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):

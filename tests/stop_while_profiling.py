@@ -1,0 +1,65 @@
+"""A driver stopped while the nodes are profiled before the first step (as with GPUs), run
+as its own process by tests/test_interrupted_runs.py: ``python -m tests.stop_while_profiling RUN_DIR``.
+
+It runs the lifecycle every run shares (runtime/lifecycle.py) with profiling before the
+first step and a model whose build takes seconds, so a signal lands in profiling. It exits
+``128 + signal`` on RunInterrupted, as the CLI does, after printing which of the run's
+named actors are still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import ray
+
+from hetero_ray import ProfileModel
+from hetero_ray.constants import RAY_NAMESPACE
+from hetero_ray.errors import RunInterrupted
+from hetero_ray.metrics import run_files
+from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
+from tests.api_jobs import random_batch, slow_model
+
+NAME = "stopped-while-profiling"
+
+
+def main(run_dir: str) -> int:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="ERROR")
+    os.makedirs(run_dir)
+    run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {"name": NAME})
+    spec = RunSpec(
+        experiment_name=NAME, run_dir=run_dir,
+        planner_settings=dict(global_batch_size=8, policy="static", rebalance_interval=20),
+        summary_base={"experiment_name": NAME, "policy": "static", "num_workers": 2, "global_batch_size": 8},
+        interruption=lambda signum, summary: RunInterrupted(f"interrupted at {summary['global_steps']}", signum,
+                                                            resumable=False),
+        profiling=ProfilingSpec(ProfileModel(build=slow_model, make_batch=random_batch), [2, 4], cpus_per_worker=1.0,
+                                timeout_s=120.0, uses_gpus=True),
+    )
+
+    def no_training(first_plan_wait_s: float):
+        raise AssertionError("the stop came during profiling: training must not start")
+
+    try:
+        run_lifecycle(spec, no_training)
+    except RunInterrupted as stop:
+        print(json.dumps({"alive": _run_actors_alive()}), flush=True)
+        return 128 + stop.signum
+    return 0
+
+
+def _run_actors_alive(wait_s: float = 15.0) -> list[str]:
+    """The run's named actors (store, planner, profilers) still alive, once the kills landed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if NAME in a["name"]]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
