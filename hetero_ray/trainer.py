@@ -136,10 +136,12 @@ class HeteroTrainer:
         os.makedirs(run.run_dir, exist_ok=True)
         if not locked:
             held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
+        if resuming and storage.take_back_tables(run):
+            self._emit(f"[hetero_ray] the run's tables were taken back from {run.remote_run_uri}")
         run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
                              {"hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path})
         self._emit(f"[hetero_ray] run {self._name}: {'resuming; ' if resuming else ''}files in {run.run_dir}"
-                   + (f", copied to {run.remote_run_uri} at the end" if run.remote_run_uri else ""))
+                   + (f", copied to {run.remote_run_uri} at each checkpoint" if run.remote_run_uri else ""))
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 

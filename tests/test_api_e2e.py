@@ -201,3 +201,40 @@ def test_own_dataloader_without_prepare_data_loader_averages_like_one_device(ray
     reference = own_loader_jobs.one_device(num_samples, 2 * local_batch, epochs)
     worst = {k: (reference[k].float() - weights[k].float()).abs().max().item() for k in reference}
     assert max(worst.values()) < 1e-5, f"2 workers with their own DataLoader diverged from one device: {worst}"
+
+
+def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_crash(ray_session, tmp_path):
+    """The tables follow each checkpoint to the URI: a driver SIGKILLed mid-run, then fit()
+    under the same name on another machine (another output_dir), ends with every step of
+    the run once in the URI's tables — not just the steps after the resume."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import uri_driver
+
+    remote, uri = tmp_path / "bucket", f"file://{tmp_path / 'bucket'}"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = subprocess.Popen([sys.executable, "-m", "tests.uri_driver", uri, str(tmp_path / "first")], cwd=repo,
+                              env={**os.environ, "RAY_ADDRESS": ""}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    run_remote = remote / uri_driver.NAME
+    try:
+        deadline = time.monotonic() + 240
+        while not (list(run_remote.glob("checkpoint_*")) and (run_remote / "parts").is_dir()):
+            assert driver.poll() is None, "the first driver ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint with its tables reached the URI in 240 s"
+            time.sleep(0.2)
+        time.sleep(1.0)  # a little past the checkpoint: steps the resume will train again
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+
+    uri_driver.trainer(uri, str(tmp_path / "elsewhere")).fit()
+
+    steps = pd.read_parquet(run_remote / "steps.parquet")
+    total = uri_driver.EPOCHS * uri_driver.NUM_SAMPLES // uri_driver.BATCH
+    assert sorted(steps["global_step"].unique()) == list(range(total)), "steps before the crash were lost"
+    assert not steps.duplicated(["global_step", "rank"]).any()
+    assert steps["attempt"].nunique() == 2  # the crashed driver's attempt, and the resumed one

@@ -22,15 +22,18 @@ driver's run guard polls that and stops training, so a run never goes on unrecor
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Optional
 
-from hetero_ray.metrics import run_files
+from hetero_ray.metrics import remote_copy, run_files
 from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, REPORTS, SAMPLE_IDS, STEPS, to_table
 from hetero_ray.metrics.run_writer import RunWriter
 from hetero_ray.metrics.step_window import StepWindow
 from hetero_ray.metrics.trajectory import effective_plans
+
+logger = logging.getLogger(__name__)
 
 
 class StoreWriteFailed(Exception):
@@ -44,9 +47,11 @@ class MetricsStore:
         experiment_name: str,
         max_recent_steps: int = 200_000,
         parquet_flush_interval_s: float = 5.0,
+        remote_run_uri: Optional[str] = None,
     ):
         self.run_dir = run_dir
         self.experiment_name = experiment_name
+        self._remote_run_uri = remote_run_uri  # URI storage: the tables follow each checkpoint there
         self._window = StepWindow(max_recent_steps)
         self._workers: dict[int, dict] = {}
         self._finalized = False
@@ -257,6 +262,20 @@ class MetricsStore:
     def flush(self) -> None:
         """Pending rows become Parquet parts (see :meth:`RunWriter.flush`)."""
         self._writer.flush()
+
+    def checkpoint_reached(self) -> None:
+        """A checkpoint was registered, its step rows already here: on URI storage the
+        tables go there too, so a driver that crashes leaves them beside the checkpoint
+        (see :mod:`hetero_ray.metrics.remote_copy`). A copy that fails is said, and tried
+        again at the next checkpoint; training goes on."""
+        if self._remote_run_uri is None or self._finalized:
+            return
+        self._writer.flush()
+        try:
+            remote_copy.upload_tables(self.run_dir, self._remote_run_uri)
+        except OSError as e:
+            logger.warning("the run's tables could not be copied to %s (%s); trying again at the next checkpoint",
+                           self._remote_run_uri, e)
 
     def finalize(self) -> dict[str, Optional[str]]:
         """Writes what is pending and merges every table into its final Parquet file.

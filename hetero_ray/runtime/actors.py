@@ -89,12 +89,12 @@ def get_actor(experiment_name: str, role: str) -> "ray.actor.ActorHandle":
     return ray.get_actor(actor_name(experiment_name, role), namespace=RAY_NAMESPACE)
 
 
-def start_metrics_store(experiment_name: str, run_dir: str, node_id: str):
+def start_metrics_store(experiment_name: str, run_dir: str, node_id: str, remote_run_uri: Optional[str] = None):
     return start_actor(
         MetricsStore, experiment_name, METRICS_STORE_ROLE, run_dir, experiment_name,
         max_recent_steps=int(env_float(STORE_MAX_RECENT_STEPS_ENV_VAR, DEFAULT_STORE_MAX_RECENT_STEPS)),
         parquet_flush_interval_s=env_float(PARQUET_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_PARQUET_FLUSH_INTERVAL_S),
-        node_id=node_id,
+        remote_run_uri=remote_run_uri, node_id=node_id,
     )
 
 

@@ -53,7 +53,7 @@ class RunSpec:
     profiling: Optional[ProfilingSpec] = None
     total_steps: Optional[int] = None  # for the progress line's "of N"; None when unknown
     write_final_model: bool = False  # built-in runs only: a user's loop keeps its own checkpoint
-    remote_run_uri: Optional[str] = None  # URI storage: the finished files are copied there
+    remote_run_uri: Optional[str] = None  # URI storage: the tables are copied there (each checkpoint, the end)
 
 
 class Finished(NamedTuple):
@@ -75,7 +75,7 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
         RunInterrupted: Ctrl-C or SIGTERM stopped training (``spec.interruption`` phrases it).
     """
     node_id = ray.get_runtime_context().get_node_id()
-    store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id)
+    store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri)
     planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
     started = time.time()
     error: Optional[BaseException] = None

@@ -9,8 +9,9 @@ local folder:
 - a plain path: the same folder as Ray Train's (``<storage>/<name>``), checkpoints beside
   the tables;
 - a URI: a local folder ``<output_dir>/<name>`` during the run, copied to
-  ``<storage>/<name>`` at the end with ``pyarrow.fs`` (every URI takes this path, so a
-  ``file://`` URI tests what ``s3://`` does).
+  ``<storage>/<name>`` after every checkpoint and at the end with ``pyarrow.fs``, and
+  copied back by a resume on a machine that lacks them (:mod:`hetero_ray.metrics.remote_copy`;
+  every URI takes this path, so a ``file://`` URI tests what ``s3://`` does).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hetero_ray.errors import UserError
+from hetero_ray.metrics import remote_copy
+from hetero_ray.metrics.run_files import ATTEMPTS_FILE
 from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT
 
 RAY_DEFAULT_STORAGE = "~/ray_results"  # Ray Train's own default
@@ -46,10 +49,16 @@ class RunStorage:
 
 def upload(run_dir: str, remote_run_uri: str) -> None:
     """Copies the run's tables from ``run_dir`` next to Ray Train's files at ``remote_run_uri``."""
-    import pyarrow.fs
+    remote_copy.upload_tables(run_dir, remote_run_uri)
 
-    filesystem, path = pyarrow.fs.FileSystem.from_uri(remote_run_uri)
-    pyarrow.fs.copy_files(run_dir, path, destination_filesystem=filesystem)
+
+def take_back_tables(run: RunStorage) -> list[str]:
+    """A resume from URI storage on a machine without the run's tables (another driver's
+    machine, or one whose local folder was lost): copies them from the URI first, so the
+    run continues its tables instead of overwriting them. Returns what was copied."""
+    if run.remote_run_uri is None or os.path.exists(os.path.join(run.run_dir, ATTEMPTS_FILE)):
+        return []
+    return remote_copy.download_tables(run.remote_run_uri, run.run_dir)
 
 
 def resolve(storage_path: Optional[str], name: str, output_dir: Optional[str]) -> RunStorage:

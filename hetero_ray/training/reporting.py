@@ -66,6 +66,10 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
             "wall_time": time.time(), "metrics": _json_metrics(metrics),
         })
     ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
+    if writer is not None and session.identity.rank == 0:
+        # Past the report's barrier every rank's rows are in the store: on URI storage the
+        # tables now follow the checkpoint there (metrics/remote_copy.py).
+        session.store.checkpoint_reached.remote()
 
 
 def check_loss_is_finite(loss, global_step: int, rank: int) -> None:

@@ -1,0 +1,66 @@
+"""The run's tables beside Ray Train's files on URI storage (``s3://``, ``gs://``, ``file://``).
+
+The metrics store writes the tables to a local folder while the run goes (Parquet parts
+need a filesystem); Ray Train writes its checkpoints straight to the URI. Copied there only
+at the end, a driver that crashed left the URI with checkpoints and no tables, and a later
+``fit()`` on another machine resumed from the checkpoint with empty tables and overwrote the
+URI's at its end: every step before the crash was gone. So the tables follow each
+checkpoint (:func:`upload_tables`, from the store once the checkpoint's rows are in), and a
+resume on a machine without them first takes them back (:func:`download_tables`).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Ray Train's own entries in the run's folder (checkpoint_<…> folders, its
+# checkpoint_manager_snapshot.json) and hidden files (Ray's storage marker, one machine's
+# driver lock, which means nothing on another) are not tables.
+RAY_TRAIN_PREFIX = "checkpoint_"
+
+
+def _is_table(name: str) -> bool:
+    return not (name.startswith(RAY_TRAIN_PREFIX) or name.startswith("."))
+
+
+def upload_tables(run_dir: str, remote_run_uri: str) -> None:
+    """Copies the run's tables (everything in ``run_dir`` but hidden files) to ``remote_run_uri``."""
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(remote_run_uri)
+    filesystem.create_dir(path, recursive=True)
+    local = set()
+    for name in sorted(os.listdir(run_dir)):
+        if _is_table(name):
+            pyarrow.fs.copy_files(os.path.join(run_dir, name), f"{path}/{name}", destination_filesystem=filesystem)
+            local.update(_relative_files(os.path.join(run_dir, name), name))
+    # Then what the local folder no longer has: parts merged into their table since the
+    # last copy would otherwise be read a second time beside it. Copied first, pruned
+    # after: a copy cut short by a crash never leaves the URI with fewer rows than before.
+    for entry in filesystem.get_file_info(pyarrow.fs.FileSelector(path, recursive=True)):
+        relative = entry.path[len(path):].lstrip("/")
+        if entry.type == pyarrow.fs.FileType.File and _is_table(relative.split("/")[0]) and relative not in local:
+            filesystem.delete_file(entry.path)
+
+
+def _relative_files(path: str, name: str) -> set[str]:
+    if not os.path.isdir(path):
+        return {name}
+    return {os.path.relpath(os.path.join(folder, f), os.path.dirname(path))
+            for folder, _, files in os.walk(path) for f in files}
+
+
+def download_tables(remote_run_uri: str, run_dir: str) -> list[str]:
+    """Copies the tables at ``remote_run_uri`` (not Ray Train's checkpoints) into ``run_dir``;
+    returns the names copied (none when the URI holds no tables yet)."""
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(remote_run_uri)
+    entries = filesystem.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    copied = []
+    os.makedirs(run_dir, exist_ok=True)
+    for entry in entries:
+        if _is_table(entry.base_name):
+            pyarrow.fs.copy_files(entry.path, os.path.join(run_dir, entry.base_name), source_filesystem=filesystem)
+            copied.append(entry.base_name)
+    return sorted(copied)

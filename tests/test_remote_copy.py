@@ -1,0 +1,49 @@
+"""The run's tables on URI storage follow each checkpoint, and come back for a resume
+elsewhere (hetero_ray/metrics/remote_copy.py), on a real file:// filesystem through pyarrow.fs."""
+
+from __future__ import annotations
+
+import os
+
+from hetero_ray.metrics import remote_copy
+from hetero_ray.runtime import storage
+
+
+def _files(root) -> set[str]:
+    return {os.path.relpath(os.path.join(folder, f), root) for folder, _, files in os.walk(root) for f in files}
+
+
+def _write(path, text="x") -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_upload_mirrors_the_tables_and_leaves_ray_trains_files(tmp_path):
+    local, remote = tmp_path / "local", tmp_path / "bucket" / "run"
+    _write(local / "attempts.json")
+    _write(local / "parts" / "steps" / "part-000001.parquet")
+    _write(local / ".hetero_ray.lock")
+    _write(remote / "checkpoint_000000003" / "state.pt")  # Ray Train's, written there directly
+    _write(remote / "checkpoint_manager_snapshot.json")
+    remote_copy.upload_tables(str(local), f"file://{remote}")
+    assert _files(remote) == {"attempts.json", "parts/steps/part-000001.parquet", "checkpoint_000000003/state.pt",
+                              "checkpoint_manager_snapshot.json"}
+
+    os.remove(local / "parts" / "steps" / "part-000001.parquet")  # merged at the end
+    _write(local / "steps.parquet")
+    remote_copy.upload_tables(str(local), f"file://{remote}")
+    assert _files(remote) == {"attempts.json", "steps.parquet", "checkpoint_000000003/state.pt",
+                              "checkpoint_manager_snapshot.json"}, "a merged part stayed beside its table"
+
+
+def test_a_resume_elsewhere_takes_the_tables_back_but_not_the_checkpoints(tmp_path):
+    remote = tmp_path / "bucket"
+    _write(remote / "run" / "attempts.json", "[]")
+    _write(remote / "run" / "parts" / "steps" / "part-000001.parquet")
+    _write(remote / "run" / "checkpoint_000000003" / "state.pt")
+    _write(remote / "run" / "checkpoint_manager_snapshot.json")
+    run = storage.resolve(f"file://{remote}", "run", str(tmp_path / "elsewhere"))
+    assert storage.take_back_tables(run) == ["attempts.json", "parts"]
+    assert _files(run.run_dir) == {"attempts.json", "parts/steps/part-000001.parquet"}
+    assert storage.take_back_tables(run) == []  # this machine has them now: its own copy wins
