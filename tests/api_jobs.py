@@ -48,7 +48,7 @@ def make_model() -> nn.Module:
     )
 
 
-# Generous: a worker group starts in 17–34 s on 2 idle cores, several times that on a busy machine.
+# Generous: a worker group takes tens of seconds to start on a small idle machine, several times that on a busy one.
 WORKERS_START_WAIT_S = 300.0
 
 

@@ -154,8 +154,10 @@ def test_nodes_are_profiled_with_the_users_model_beside_the_workers_start(ray_se
         document = json.load(f)
     assert document["model"] == "pattern-bn" and document["batch_sizes"] == [4, 16]
     cpu = next(d for d in document["nodes"][0]["devices"] if d["kind"] == "cpu")
-    assert [row["batch_size"] for row in cpu.get("probe") or []] == [4, 16], \
-        f"the model was not profiled while the workers started: {cpu.get('error')}"
+    sizes = [row["batch_size"] for row in cpu.get("probe") or []]
+    assert sizes[:2] == [4, 16], f"the model was not profiled while the workers started: {cpu.get('error')}"
+    # then doublings while the busy time looks flat: how many depends on the machine's timings
+    assert all(b == 2 * a for a, b in zip(sizes[1:], sizes[2:])), sizes
     assert cpu["beta_s_per_sample"] > 0 and cpu["max_batch_size"] >= 16
     first = pd.read_parquet(os.path.join(run_dir, "plans.parquet")).iloc[0]
     assert (first["attempt"], first["first_global_step"]) == (0, 0), first
