@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hetero_ray.train
+from hetero_ray.metrics import run_files
 from hetero_ray.sampler import GlobalSampler
 
 LR, MOMENTUM = 0.1, 0.9
@@ -47,12 +48,21 @@ def make_model() -> nn.Module:
     )
 
 
-SLOW_BUILD_S = 8.0
+# Generous: a worker group takes tens of seconds to start on a small idle machine, several times that on a busy one.
+WORKERS_START_WAIT_S = 300.0
 
 
-def slow_model() -> nn.Module:
-    """make_model, built slowly: node profiling that ends after the workers have started."""
-    time.sleep(SLOW_BUILD_S)
+def model_built_once_the_workers_started(run_dir: str) -> nn.Module:
+    """make_model, built only once the run's worker group has registered its start (its
+    attempts.json exists): a node profile that is still being made while the workers start,
+    whatever the machine's speed. Profiling that came before the workers' start would wait
+    here for nothing, and fail saying so."""
+    deadline = time.monotonic() + WORKERS_START_WAIT_S
+    while not os.path.exists(os.path.join(run_dir, run_files.ATTEMPTS_FILE)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no worker group started within {WORKERS_START_WAIT_S:g} s while the node was "
+                               "profiled: profiling did not run beside the workers' start")
+        time.sleep(0.1)
     return make_model()
 
 

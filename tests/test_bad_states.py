@@ -171,7 +171,7 @@ def test_resume_from_a_bad_checkpoint_fails_before_anything_starts(trained_run, 
     if damage is not None:
         damage(latest_checkpoint_dir(run_dir))
     before = files_of(run_dir)
-    started = time.monotonic()
+    workers_before = count_train_workers()
     code, out, err = run_cli(resume_args(tmp_path, "damaged", *flags), capsys)
     assert code == 2, out + err
     assert err.startswith("hetero-ray train: error: --resume: "), err
@@ -179,7 +179,7 @@ def test_resume_from_a_bad_checkpoint_fails_before_anything_starts(trained_run, 
         assert fragment in err, err
     assert "Traceback" not in out + err  # no worker ran: nothing but the one line
     assert files_of(run_dir) == before, "the run directory changed"
-    assert time.monotonic() - started < 20  # the driver's check, not a worker's
+    assert count_train_workers() == workers_before, "a worker group started: the check was a worker's, not the driver's"
 
 
 # ---- --resume with other settings -----------------------------------------------------
@@ -433,8 +433,9 @@ def test_disk_full_where_the_metrics_store_writes(ray_session, tmp_path, capsys)
         assert len(on_disk) >= 20 and on_disk == list(range(len(on_disk))), "steps before the fill were lost"
         assert len(on_disk) < 1024, "training went on to the end"
         assert f"up to step {len(on_disk)} " in final_message(err)
+        # It stopped at the store's write, not later at the final checkpoint (the regex above);
+        # how soon is a figure, not a check.
         stopped_s = ended - seen["time"]
-        assert stopped_s < 30, f"the run took {stopped_s:.1f} s to stop"
         print(f"\nstore disk full: stopped {stopped_s:.1f} s after the disk filled; {len(on_disk)} steps on disk")
 
 
@@ -460,8 +461,7 @@ def test_disk_full_where_ray_train_uploads_a_checkpoint(tmp_path):
         assert_failed_cleanly(run_dir, out, err)
         assert "while saving a checkpoint" in final_message(err)
         assert "restarted" not in out, "Ray Train retried on a full disk"
-        stopped_s = ended - seen["time"]
-        assert stopped_s < 40, f"the run took {stopped_s:.1f} s to stop"
+        stopped_s = ended - seen["time"]  # a figure, not a check: the message and no retry are the checks
         print(f"\ncheckpoint disk full: the run ended {stopped_s:.1f} s after the disk filled")
 
 

@@ -371,15 +371,18 @@ def test_estimator_rejects_bad_options(kwargs, match):
         ClusterEstimates(**kwargs)
 
 
-def test_estimates_for_1024_ranks_take_a_few_ms():
+def test_estimates_for_1024_ranks_fit_every_rank():
     rng = np.random.default_rng(0)
     n, w = 1024, 32
     est = ClusterEstimates(n, window_steps=w)
     for step in range(w):
         est.add_arrays(np.arange(n), np.full(n, 24 if step < 12 else 32), rng.uniform(0.1, 0.2, n), np.full(n, step))
-    est.estimates()
+    snapshot = est.estimates()  # two batch sizes seen by every rank: a slope for each
+    assert len(snapshot.rank) == n and snapshot.fresh.all() and (snapshot.num_batch_sizes == 2).all()
+    assert (snapshot.beta_s_per_sample > 0).all()
     best = min(_timed(est.estimates) for _ in range(5))
-    assert best < 0.1  # ~13 ms here (shared factors included); generous for a loaded CI machine
+    # A figure, not a check: `jobs/bench_solver.py` measures it.
+    print(f"\nestimates snapshot, {n} ranks × {w} records: {best * 1e3:.1f} ms (best of 5)")
 
 
 def _timed(fn):

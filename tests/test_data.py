@@ -59,10 +59,10 @@ def test_synthetic_eval_does_not_depend_on_train_size():
     assert _same(small.eval, large.eval)
 
 
-def test_synthetic_image_shapes_and_speed():
+def test_synthetic_image_shapes():
     start = time.perf_counter()
     bundle = load_dataset("synthetic_image", num_samples=4096, eval_samples=512)
-    assert time.perf_counter() - start < 2.0  # ~0.2 s here; the bound leaves room for a busy CI
+    print(f"\nsynthetic_image, 4096 + 512 samples: {time.perf_counter() - start:.2f} s")  # a figure, not a check
     assert (len(bundle.train), len(bundle.eval)) == (4096, 512)
     assert (bundle.spec.kind, bundle.spec.num_classes, bundle.spec.input_shape) == ("image", 10, (3, 32, 32))
     inputs, targets = bundle.train.batch(torch.tensor([5, 1, 5]))

@@ -17,7 +17,7 @@ GPU_COLUMNS = ("gpu_util", "gpu_mem_used_bytes", "gpu_mem_peak_bytes", "gpu_mem_
                "gpu_power_w")
 
 
-def wait_for(predicate, timeout_s=5.0):
+def wait_for(predicate, timeout_s=60.0):  # generous: the reader thread may wait for a core on a busy machine
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -96,26 +96,30 @@ def test_reads_once_per_interval():
         sampler.close()
 
 
-class SlowReader(FakeGpuReader):
-    """NVML stuck for a while (a GPU being reset): readings take 0.5 s."""
+class StuckReader(FakeGpuReader):
+    """NVML stuck (a GPU being reset) until ``release`` is set, or for a minute at most."""
 
     def __init__(self):
         super().__init__()
         self.release = threading.Event()
+        self.entered = threading.Event()
 
     def sample(self, index):
-        self.release.wait(0.5)
+        self.entered.set()
+        if not self.release.wait(60):
+            self.release.set()  # one stuck reading is the test; the later ones need not wait
         return super().sample(index)
 
 
 def test_a_slow_reading_never_blocks_the_step():
-    reader = SlowReader()
+    reader = StuckReader()
     sampler = ResourceSampler(torch.device("cuda", 0), gpu_reader=reader, interval_steps=1)
     try:
-        started = time.perf_counter()
-        for step in range(50):
+        sampler.maybe_sample(0)
+        assert reader.entered.wait(60), "the reader thread never started a reading"
+        for step in range(1, 50):  # 49 more "steps" while that reading is stuck
             sampler.maybe_sample(step)
-        assert time.perf_counter() - started < 0.1  # 50 "steps" while one reading takes 0.5 s
+        assert sampler.samples_taken == 0, "a step waited for the stuck reading"
     finally:
         reader.release.set()
         sampler.close()
