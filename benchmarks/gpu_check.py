@@ -179,6 +179,10 @@ class Cluster:
 
     def __init__(self, log_dir: str, num_gpus: int, gpu_node_cpus: int, cpu_node_cpus: int, port: int = RAY_PORT):
         self.address = f"127.0.0.1:{port}"
+        # `ray start` turns token authentication on where a token file exists (an earlier
+        # Ray's): then the check itself and every stage it runs must present it.
+        if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+            os.environ["RAY_AUTH_MODE"] = "token"
         self._temp = tempfile.mkdtemp(prefix="gpuchk")
         self._processes = []
         common = ["start", "--block", "--include-dashboard=false", "--disable-usage-stats",
