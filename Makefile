@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
 DEMO_NAME ?= demo-$(DEMO_STAMP)
 
-.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest bench clean
+.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest bench gpu-check clean
 
 setup:
 	@scripts/setup.sh
@@ -50,6 +50,12 @@ bench: setup
 	# These two need a writable cgroup v1 cpu controller (they say so and go on without one).
 	-$(PY) benchmarks/bench_first_step.py --nodes 2 --num-workers 2 --quota 0.33
 	-$(PY) jobs/bench_cgroup_cluster.py --cold-start --steps 480
+
+## The GPU check (benchmarks/gpu_check.py): NVML, the profile's curves, GPU alone vs GPU + CPU
+## ranks, the API on CUDA, NCCL; one table, logs in one folder. Exits 2 where there is no GPU.
+## No setup step: a GPU machine may have no network (`source .gpu/setup.sh` first, TESTING.md).
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

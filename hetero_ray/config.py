@@ -17,6 +17,7 @@ anything is written.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 import time
@@ -234,6 +235,10 @@ class EmulationConfig:
     emulate_speed_changes: Optional[list[dict]] = setting(
         None, "from global STEP on, RANK runs at SPEED (repeatable)",
         name="--emulate-speed-change", type=speed_change, metavar="STEP:RANK:SPEED", repeat=True)
+    emulate_devices: Optional[list[str]] = setting(
+        None, "per-rank device curve: PROFILE.json[:NODE][:gpuN|cpuN] or curve:FLOOR_MS:ALPHA_MS:BETA_MS, "
+              "each optionally *COUNT, e.g. h100_nodes.json:gpu0,curve:0:2:0.5*3",
+        type=str_list, metavar="ENTRY,...")
 
     def __post_init__(self):
         if self.emulate_speeds is not None:
@@ -242,6 +247,64 @@ class EmulationConfig:
         if self.emulate_speed_changes is not None:
             _store(self, emulate_speed_changes=validate.speed_changes("--emulate-speed-change",
                                                                       self.emulate_speed_changes))
+        if self.emulate_devices is not None:
+            _store(self, emulate_devices=emulated_devices("--emulate-devices", self.emulate_devices))
+
+
+# --- emulated devices: the syntax of one rank's entry (training/curve_emulation.py reads the files)
+#
+# Colons inside an entry, commas between ranks: as every per-rank flag (--emulate-speeds,
+# --worker-devices) and --emulate-speed-change STEP:RANK:SPEED.
+_DEVICE_SELECTOR = re.compile(r"^(?P<kind>gpu|cpu)(?P<index>\d+)?$")
+_COUNT_SUFFIX = re.compile(r"^(?P<entry>.+)\*(?P<count>\d+)$")
+CURVE_PREFIX = "curve:"
+EMULATED_DEVICE_FORMS = ("PROFILE.json[:NODE][:gpuN|cpuN] (a device of a nodes.json written by `hetero-ray "
+                         "profile --model M --json FILE`) or curve:FLOOR_MS:ALPHA_MS:BETA_MS "
+                         "(t(b) = max(FLOOR, ALPHA + BETA·b) in ms), each optionally *COUNT for COUNT ranks")
+
+
+def emulated_devices(name: str, entries) -> list[str]:
+    """One entry per rank (``*COUNT`` expanded), each checked by :func:`parse_emulated_device`."""
+    out: list[str] = []
+    for entry in validate.sequence(name, entries):
+        if not isinstance(entry, str):
+            raise ConfigError(f"{name} entries must be text: {EMULATED_DEVICE_FORMS}; got {entry!r}")
+        entry = entry.strip()
+        match = _COUNT_SUFFIX.match(entry)
+        count = int(match["count"]) if match else 1
+        entry = match["entry"].strip() if match else entry
+        if count < 1:
+            raise ConfigError(f"{name} entry {entry}*{count}: COUNT must be ≥ 1")
+        parse_emulated_device(name, entry)
+        out += [entry] * count
+    if not out:
+        raise ConfigError(f"{name} needs one entry per rank: {EMULATED_DEVICE_FORMS}")
+    return out
+
+
+def parse_emulated_device(name: str, entry: str) -> dict:
+    """``{"floor_ms", "alpha_ms", "beta_ms"}`` for a ``curve:`` entry; ``{"profile", "node",
+    "kind", "index"}`` (None where not given) for a profile's device. ConfigError otherwise."""
+    bad = f"{name} entry {entry!r}: expected {EMULATED_DEVICE_FORMS}"
+    if entry.startswith(CURVE_PREFIX):
+        try:
+            floor_ms, alpha_ms, beta_ms = (float(v) for v in entry[len(CURVE_PREFIX):].split(":"))
+        except ValueError:
+            raise ConfigError(bad) from None
+        if not all(math.isfinite(v) for v in (floor_ms, alpha_ms, beta_ms)) or floor_ms < 0 or beta_ms < 0 \
+                or max(floor_ms, alpha_ms + beta_ms) <= 0:
+            raise ConfigError(f"{bad}; FLOOR_MS and BETA_MS must be ≥ 0 and one sample must take some time "
+                              f"(max(FLOOR, ALPHA + BETA) > 0)")
+        return {"floor_ms": floor_ms, "alpha_ms": alpha_ms, "beta_ms": beta_ms}
+    path, *rest = entry.split(":")
+    if not path.lower().endswith(".json") or len(rest) > 2:
+        raise ConfigError(bad)
+    selector = _DEVICE_SELECTOR.match(rest[-1]) if rest else None
+    node = rest[0] if rest and (selector is None or len(rest) == 2) else None
+    if (len(rest) == 2 and selector is None) or node == "":
+        raise ConfigError(bad)
+    return {"profile": path, "node": node, "kind": selector["kind"] if selector else None,
+            "index": int(selector["index"]) if selector and selector["index"] else None}
 
 
 @dataclass(frozen=True)
@@ -362,6 +425,8 @@ class TrainConfig:
             if change["rank"] >= num_workers:
                 raise ConfigError(f"--emulate-speed-change rank {change['rank']} does not exist with "
                                   f"--num-workers {num_workers}")
+        if self.emulate_devices is not None:
+            validate.per_rank("--emulate-devices", self.emulate_devices, num_workers)
 
     @classmethod
     def from_dict(cls, settings: dict) -> "TrainConfig":
@@ -423,7 +488,7 @@ RESUME_MAY_CHANGE = frozenset({
     "worker_label_selectors", "worker_devices",
     # the plan: each rank's share of the same global batch
     "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown", "plan_changes",
-    "emulate_speeds", "emulate_speed_changes",
+    "emulate_speeds", "emulate_speed_changes", "emulate_devices",
     # how each step computes: the gradient scaler's state travels in the checkpoint
     "precision",
     # measuring, recording, fault tolerance

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hetero_ray import validate
-from hetero_ray.config import POLICIES
+from hetero_ray.config import POLICIES, emulated_devices
 from hetero_ray.errors import ConfigError
 from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
 from hetero_ray.profiling.recipe import ProfileModel
@@ -49,7 +49,7 @@ class HeteroConfig:
         profile_batch_sizes: probe sizes (default around the mean share: B/n/4 … 2·B/n).
         profile_timeout_s: for the whole cluster; nodes not done by then start with typical shares.
         output_dir: where the run's tables go when ``RunConfig.storage_path`` is a URI
-            (they are copied there at the end); default ``~/hetero_ray/runs``.
+            (copied there after each checkpoint and at the end); default ``~/hetero_ray/runs``.
         worker_devices: the device kind of each worker, ``"gpu"`` or ``"cpu"`` (e.g.
             ``("gpu", "gpu", "cpu")``): GPU and CPU workers in one job, each placed on a
             node labelled ``hetero-ray.io/device=<kind>`` (see cluster_configs/), gloo
@@ -58,6 +58,11 @@ class HeteroConfig:
         allow_non_finite_loss: train on when a loss is NaN or infinite. By default such a
             loss stops the run at once with a message naming the step and the rank (every
             step after it would be noise, and the run would still end "finished").
+        emulate_devices: per-rank device curve, as ``--emulate-devices`` (e.g.
+            ``("h100_nodes.json:gpu0", "curve:0:2:0.5", "curve:0:2:0.5")``): each rank pads
+            its busy time to that device's curve times one common factor (see
+            hetero_ray/training/curve_emulation.py). Needs ``profile_model``: the ranks time
+            it before step 0 to find the factor. Only the emulator reads it.
     """
 
     global_batch_size: int
@@ -79,6 +84,7 @@ class HeteroConfig:
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S  # profiler start and the probes of every node
     worker_devices: Optional[tuple[str, ...]] = None
     allow_non_finite_loss: bool = False  # a NaN loss is almost always a bug or a divergence: stop
+    emulate_devices: Optional[tuple[str, ...]] = None
 
     def __post_init__(self):
         validate.positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
@@ -110,6 +116,13 @@ class HeteroConfig:
         if self.emulate_speed_changes is not None:
             self._store(emulate_speed_changes=validate.speed_changes("HeteroConfig.emulate_speed_changes",
                                                                      self.emulate_speed_changes))
+        if self.emulate_devices is not None:
+            self._store(emulate_devices=emulated_devices("HeteroConfig.emulate_devices", self.emulate_devices))
+            if self.profile_model is None:
+                raise ConfigError("HeteroConfig.emulate_devices needs a profile_model: every rank times its step "
+                                  "before step 0 to find how much slower than the curves this machine must run; "
+                                  "pass HeteroConfig(profile_model=hetero_ray.ProfileModel(build=..., "
+                                  "make_batch=...))")
         if self.plan_changes is not None:
             changes = validate.plan_changes("HeteroConfig.plan_changes", self.plan_changes)
             for change in changes:
@@ -137,6 +150,8 @@ class HeteroConfig:
             validate.per_rank("HeteroConfig.emulate_speeds", self.emulate_speeds, max_workers, workers)
         if self.worker_devices is not None:
             validate.per_rank("HeteroConfig.worker_devices", self.worker_devices, max_workers, workers)
+        if self.emulate_devices is not None:
+            validate.per_rank("HeteroConfig.emulate_devices", self.emulate_devices, max_workers, workers)
         for change in self.emulate_speed_changes or ():
             if change["rank"] >= max_workers:
                 raise ConfigError(f"HeteroConfig.emulate_speed_changes: rank {change['rank']} does not exist "

@@ -83,6 +83,12 @@ class HeteroTrainer:
         _check_torch_config(torch_config, scaling_config)
         self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
         hetero_config.check_workers(self._max_workers)
+        self._emulate_devices = None  # each rank's curve, read from the profiles now: bad input fails here
+        if hetero_config.emulate_devices is not None:
+            from hetero_ray.training.curve_emulation import device_curves
+
+            self._emulate_devices = [c.to_dict() for c in device_curves("HeteroConfig.emulate_devices",
+                                                                        hetero_config.emulate_devices)]
         _check_worker_devices(hetero_config, scaling_config)
         name = run_config.name or default_experiment_name()
         if not _EXPERIMENT_NAME.match(name):
@@ -162,8 +168,11 @@ class HeteroTrainer:
             record_sample_ids=hetero.record_sample_ids, profile_interval=hetero.profile_interval,
             emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
-            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py).
-            warmup_model=hetero.profile_model if hetero.emulate_speeds and hetero.profiles_nodes else None,
+            emulate_devices=self._emulate_devices,
+            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py);
+            # emulated devices always do (training/curve_emulation.py: the curves' common factor).
+            warmup_model=hetero.profile_model if (hetero.emulate_speeds and hetero.profiles_nodes)
+            or hetero.emulate_devices else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
             allow_non_finite_loss=hetero.allow_non_finite_loss,
         )

@@ -68,6 +68,7 @@ _LOCKED_ADVICE = ("Wait for that run to end, or stop it (Ctrl-C where it runs, o
 def _run_training(config: TrainConfig, held: contextlib.ExitStack, locked: bool,
                   emit: Callable[[str], None]) -> RunResult:
     run_dir = preflight.check(config)
+    emulate_devices = _emulated_devices(config)  # the profiles it names are read here, before anything starts
     connection = cluster.connect(
         config.address,
         local_num_cpus=max(os.cpu_count() or 1, int(config.num_workers * config.cpus_per_worker + 0.999)),
@@ -96,7 +97,8 @@ def _run_training(config: TrainConfig, held: contextlib.ExitStack, locked: bool,
          + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
     total_steps = _total_steps(config)
-    make_trainer = functools.partial(_make_trainer, config, run_dir, device_mode, backend, total_steps)
+    make_trainer = functools.partial(_make_trainer, config, run_dir, device_mode, backend, total_steps,
+                                     emulate_devices=emulate_devices)
     finished = run_lifecycle(_run_spec(config, run_dir, device_mode, total_steps), make_trainer, emit=emit)
     return RunResult(run_dir, finished.summary)
 
@@ -158,7 +160,7 @@ def _remove_empty_dir(path: str) -> None:
 
 
 def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: str,
-                  total_steps: int, first_plan_wait_s: float):
+                  total_steps: int, first_plan_wait_s: float, emulate_devices=None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -185,7 +187,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         rebalance_interval=config.rebalance_interval, device_mode=device_mode,
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
         emulate_speeds=config.emulate_speeds, speed_changes=config.emulate_speed_changes, end_global_step=total_steps,
-        first_plan_wait_s=first_plan_wait_s, **_warmup_settings(config),
+        emulate_devices=emulate_devices, first_plan_wait_s=first_plan_wait_s, **_warmup_settings(config),
     )
     return TorchTrainer(
         call_for(train_loop_per_worker, settings.to_dict()),
@@ -205,10 +207,21 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
     )
 
 
+def _emulated_devices(config: TrainConfig):
+    """Each rank's device curve (as dicts for the workers), None without --emulate-devices."""
+    if config.emulate_devices is None:
+        return None
+    from hetero_ray.training.curve_emulation import device_curves
+
+    return [c.to_dict() for c in device_curves("--emulate-devices", config.emulate_devices)]
+
+
 def _warmup_settings(config: TrainConfig) -> dict:
     """Under emulated speeds (with profiling on), each rank times the built-in model's step
-    before step 0: the first plan is measured under the emulation (training/warmup.py)."""
-    if not (config.emulate_speeds and config.profile):
+    before step 0: the first plan is measured under the emulation (training/warmup.py).
+    Emulated devices need it whatever --profile says: the ranks time the model to agree on
+    the curves' common factor (training/curve_emulation.py)."""
+    if not ((config.emulate_speeds and config.profile) or config.emulate_devices):
         return {}
     from hetero_ray.profiling.recipe import builtin_recipe
 

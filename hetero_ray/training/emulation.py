@@ -23,6 +23,9 @@ largest that lets the CPU ranks of every node run together on
 
 Speeds may change at given global steps (``--emulate-speed-change STEP:RANK:SPEED``), to
 test how the balancer follows a device that slows down mid-run.
+
+A speed makes every emulated device a line like this machine's; a device whose busy time
+has another shape (a GPU's floor) is emulated by :mod:`hetero_ray.training.curve_emulation`.
 """
 
 from __future__ import annotations
@@ -119,13 +122,16 @@ class SpeedEmulator:
         self._work_start = 0.0
         self.padded_s = 0.0
 
-    def begin_step(self, speed: float, step_start: float) -> None:
+    def begin_step(self, speed: float, step_start: float, local_batch_size: Optional[int] = None) -> None:
+        """``local_batch_size`` is not needed here (a speed stretches any work); it is taken
+        for the curve emulator's sake, which shares this interface."""
         self.speed = speed
         self._step_start = step_start
         self._work_start = self._work_clock()
         self.padded_s = 0.0
 
-    def pad(self) -> None:
+    def pad(self, is_last: bool = True) -> None:
+        """Before each gradient bucket (``is_last``: the step's last): every bucket leaves late."""
         if self.speed >= 1.0:
             return
         if self._synchronize is not None:

@@ -36,6 +36,7 @@ from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.sampler import Position
 from hetero_ray.training.current_step import CurrentStep
+from hetero_ray.training.curve_emulation import CurveEmulator, DeviceCurve, common_factor, rank_ratio
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
 from hetero_ray.training.identity import WorkerIdentity, register_attempt
 from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
@@ -57,6 +58,9 @@ class WorkerSettings:
     profile_interval: int = 10
     emulate_speeds: Optional[list[float]] = None
     speed_changes: Optional[list[dict]] = None
+    # Each rank's emulated device curve (DeviceCurve.to_dict), resolved by the driver from
+    # --emulate-devices; needs warmup_model (the ranks time it to find the common factor).
+    emulate_devices: Optional[list[dict]] = None
     end_global_step: Optional[int] = None  # known for built-in runs; None for user loops
     # Under emulated speeds: the model recipe (a ProfileModel) each rank times itself with
     # before step 0, and at which batch sizes (see training/warmup.py).
@@ -84,7 +88,7 @@ class WorkerSession:
     recorder: StepRecorder
     restored: Optional[dict] = None  # hetero_ray's part of the checkpoint this group resumes from
     speeds: Optional[SpeedSchedule] = None
-    emulator: Optional[SpeedEmulator] = None  # pads busy time when speeds are emulated
+    emulator: Optional[SpeedEmulator | CurveEmulator] = None  # pads busy time when speeds or devices are emulated
     rank_fits: Optional[list] = None  # each rank's warm-up line, for the group's first plan
     current_step: CurrentStep = field(default_factory=CurrentStep)  # read by the model's hooks
     # Made by the user's loop through the public API, once each (a second call is refused):
@@ -181,12 +185,16 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
         global_step=position.global_step,
     )
     speeds = _speed_schedule(settings, identity)
+    synchronize = torch.cuda.synchronize if identity.device.type == "cuda" else None
     emulator = None
     if speeds is not None:
-        emulator = SpeedEmulator(torch.cuda.synchronize if identity.device.type == "cuda" else None)
+        emulator = SpeedEmulator(synchronize)
     where = "from the start" if position.global_step == 0 else (
         f"resuming at global step {position.global_step} (epoch {position.epoch}, step {position.step})")
     _say(identity, f"attempt {identity.attempt}: {identity.num_workers} workers, {where}")
+    if settings.emulate_devices:
+        speeds = speeds or SpeedSchedule([1.0] * identity.num_workers)
+        emulator = _curve_emulator(settings, identity, synchronize)
     rank_fits = None
     if speeds is not None and settings.warmup_model is not None:
         rank_fits = _warm_up(settings, identity, emulator, speeds.speed(identity.rank, position.global_step))
@@ -194,6 +202,8 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
         settings=settings, identity=identity, store=store, planner=planner,
         recorder=recorder, restored=restored, speeds=speeds, emulator=emulator, rank_fits=rank_fits,
     )
+    if isinstance(emulator, CurveEmulator):  # the loader begins a step before it knows the share
+        emulator.local_batch_size = lambda: session.loader.local_batch_size if session.loader is not None else None
     _CURRENT = session
     return session
 
@@ -227,6 +237,8 @@ def _speed_schedule(settings: WorkerSettings, identity: WorkerIdentity) -> Optio
         return None
     changes = [SpeedChange(**c) for c in settings.speed_changes or []]
     speeds = SpeedSchedule(settings.emulate_speeds or [1.0] * identity.num_workers, changes)
+    if settings.emulate_devices:  # the pads sleep, the real steps run at full speed: the curves' factor covers it
+        return speeds
     speeds.scale = fit_to_cores(speeds, identity.rank_node_ids,
                                 [cores if kind == "cpu" else None
                                  for kind, cores in zip(identity.rank_device_kinds, identity.rank_cpu_cores)])
@@ -234,6 +246,29 @@ def _speed_schedule(settings: WorkerSettings, identity: WorkerIdentity) -> Optio
         _say(identity, f"emulated speeds × {speeds.scale:.2f}: the CPU ranks of a node share its cores, "
                        "so all speeds are scaled until they fit (the ratios between ranks stay as asked)")
     return speeds
+
+
+def _curve_emulator(settings: WorkerSettings, identity: WorkerIdentity, synchronize) -> CurveEmulator:
+    """Collective: every rank times the model's real step (no pad, all ranks at once), and
+    all agree on the one factor k that keeps every curve within this machine's speed (see
+    training/curve_emulation.py)."""
+    from hetero_ray.planning.cost_model import curve_busy_time_s
+    from hetero_ray.training.warmup import gather_fits, measure_rank
+
+    if settings.warmup_model is None:
+        raise UserError("emulated devices need a model to time before step 0 (HeteroConfig.profile_model)")
+    curves = [DeviceCurve.from_dict(c) for c in settings.emulate_devices]
+    started = time.perf_counter()
+    real = gather_fits(measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes),
+                                    SpeedEmulator(), 1.0), identity.num_workers)
+    ratios = [None if fit is None else rank_ratio(
+        lambda b, f=fit: float(curve_busy_time_s(f["alpha_s"], f["beta_s_per_sample"], f["floor_s"], b)),
+        curve, settings.global_batch_size) for fit, curve in zip(real, curves)]
+    factor = common_factor(ratios)
+    shown = ", ".join("?" if r is None else f"{r:.3g}" for r in ratios)
+    _say(identity, f"emulated devices: real ÷ curve by rank {shown} (timed in {time.perf_counter() - started:.1f} s); "
+                   f"every curve × {factor:.3g}, so no rank must run faster than this machine")
+    return CurveEmulator(curves[identity.rank], factor, synchronize=synchronize)
 
 
 def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: SpeedEmulator, speed: float) -> list:

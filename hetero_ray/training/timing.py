@@ -26,6 +26,7 @@ import torch
 
 if TYPE_CHECKING:
     from hetero_ray.training.current_step import CurrentStep
+    from hetero_ray.training.curve_emulation import CurveEmulator
     from hetero_ray.training.emulation import SpeedEmulator
 
 STEP_START = "start"
@@ -127,7 +128,7 @@ class BucketClock:
     the step it runs in, so it reads the step in progress there.
     """
 
-    def __init__(self, current: "CurrentStep", emulator: Optional["SpeedEmulator"] = None):
+    def __init__(self, current: "CurrentStep", emulator: Optional["SpeedEmulator | CurveEmulator"] = None):
         self._current = current
         self.emulator = emulator
 
@@ -136,7 +137,7 @@ class BucketClock:
         if timeline is None:  # a backward pass outside a training step (nothing to time)
             return
         if self.emulator is not None:
-            self.emulator.pad()
+            self.emulator.pad(is_last)
         if is_last:
             timeline.mark(LAST_BUCKET_READY)
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.profiling.model_probe import StepRunner, fit_probe, measure_busy_times
+from hetero_ray.training.curve_emulation import CurveEmulator
 from hetero_ray.training.emulation import SpeedEmulator
 
 logger = logging.getLogger(__name__)
@@ -30,18 +31,23 @@ WARMUP_REPEATS = 2  # blocks per size: a second round steadies the line at littl
 class _PaddedRunner(StepRunner):
     """A step runner whose every step is padded by the rank's emulator, as in training."""
 
-    def __init__(self, model, recipe, device, emulator: SpeedEmulator, speed: float):
+    def __init__(self, model, recipe, device, emulator: SpeedEmulator | CurveEmulator, speed: float):
         super().__init__(model, recipe, device)
         self._emulator = emulator
         self._speed = speed
+        self._batch_size: Optional[int] = None
+
+    def busy_time_s(self, batch_size: int) -> float:
+        self._batch_size = batch_size  # a curve's pad depends on it
+        return super().busy_time_s(batch_size)
 
     def _step(self, batch) -> None:
-        self._emulator.begin_step(self._speed, time.perf_counter())
+        self._emulator.begin_step(self._speed, time.perf_counter(), self._batch_size)
         super()._step(batch)
         self._emulator.pad()
 
 
-def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator: SpeedEmulator,
+def measure_rank(recipe, device: torch.device, batch_sizes: list[int], emulator: SpeedEmulator | CurveEmulator,
                  speed: float, time_budget_s: float = WARMUP_TIME_BUDGET_S) -> Optional[dict]:
     """This rank's fitted curve ``{"alpha_s", "beta_s_per_sample", "floor_s"}`` at its emulated
     ``speed``, or None when the recipe fails or the line is unusable (the plan then does

@@ -1,0 +1,404 @@
+"""A GPU check anyone with a GPU can run: one command, one table, every log in one folder.
+
+    python benchmarks/gpu_check.py                      # or: make gpu-check
+    source .gpu/setup.sh; python3 benchmarks/gpu_check.py --log-dir /tmp/gpu-check
+                                                        # a GPU machine without Ray or network
+                                                        # (../shared/TESTING.md: bring .gpu/ along)
+
+On this machine it starts two Ray nodes, as a mixed cluster has them: one labelled
+``hetero-ray.io/device=gpu`` holding the GPUs, one labelled ``cpu`` that sees none
+(``CUDA_VISIBLE_DEVICES=``). Then, each stage in its own process under its own time limit,
+its output in ``LOG_DIR/<stage>.log``:
+
+1. ``nvml``: the NVML inventory of every GPU, and its sampling while the GPU works;
+2. ``profile``: ``hetero-ray profile --model M`` over both nodes, and ``hetero-ray plan`` on
+   the profile: each device's curve and its largest error at the probed batch sizes;
+3. ``train-*``: the built-in job on the GPU alone, and on the GPU + CPU ranks under
+   ``optimal`` and ``static`` (steady samples/s each, and the ratio to the GPU alone);
+   the best subset of ranks as :func:`~hetero_ray.planning.subset.solve_subset_split`
+   predicts it from the profile's curves and the all-reduce measured in those runs;
+4. ``api``: ``examples/own_model.py`` (HeteroTrainer, a BatchNorm CNN) on the GPU, 2 steps;
+5. ``nccl``: two GPU ranks over NCCL, where there are two GPUs or more.
+
+A stage that fails or runs out of time is a row of the table, not the end of the check.
+Exit status: 0 when every stage passed, 1 when one did not, 2 when there is no GPU (or no
+Ray) here — with what to do about it. ``LOG_DIR.tar.gz`` packs the folder at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+NO_GPU_EXIT_CODE = 2
+FAILED_EXIT_CODE = 1
+DEVICE_LABEL = "hetero-ray.io/device"
+RAY_PORT = 6399  # the TESTING.md recipe's port
+PASSED, FAILED, SKIPPED = "ok", "FAILED", "skipped"
+HEADERS = ["stage", "check", "value", "vs GPU alone", "status"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table."""
+
+    stage: str
+    check: str
+    value: str = ""
+    ratio: Optional[float] = None  # to the GPU alone's samples/s
+    status: str = PASSED
+
+
+# ---------------------------------------------------------------------------- pure: the table
+def format_check_table(rows: Sequence[Row]) -> str:
+    """The one table the check prints."""
+    from hetero_ray.formatting import format_table
+
+    return format_table(HEADERS, [[r.stage, r.check, r.value, "" if r.ratio is None else f"{r.ratio:.2f}×", r.status]
+                                  for r in rows])
+
+
+def exit_code(rows: Sequence[Row]) -> int:
+    return FAILED_EXIT_CODE if any(r.status == FAILED for r in rows) else 0
+
+
+def curve_rows(plan: dict) -> list[Row]:
+    """Each probed device's curve and its largest error, from ``hetero-ray plan --json``."""
+    rows = []
+    for d in plan.get("devices", []):
+        name = f"{d['kind']}{d.get('index') or 0} {d.get('name') or ''}".strip()
+        curve = (f"{d['shape']}: max({d['floor_s'] * 1e3:.3g} ms, {d['alpha_s'] * 1e3:.3g} ms + "
+                 f"{d['beta_s_per_sample'] * 1e3:.3g} ms·b)")
+        error = d.get("max_rel_error")
+        sizes = ",".join(str(p["batch_size"]) for p in d.get("probe", []))
+        rows.append(Row("profile", f"curve {name} (b = {sizes})",
+                        f"{curve}; max error {error:.1%}" if error is not None else curve,
+                        status=PASSED if error is not None and error <= 0.10 else FAILED))
+    return rows
+
+
+def throughput_rows(samples_per_s: dict[str, Optional[float]], gpu_alone: str = "GPU alone") -> list[Row]:
+    """Steady samples/s of each run, and its ratio to the GPU alone (None: the run failed)."""
+    base = samples_per_s.get(gpu_alone)
+    rows = []
+    for name, value in samples_per_s.items():
+        ok = value is not None and value > 0
+        ratio = value / base if ok and base else None
+        rows.append(Row("train", name, f"{value:,.0f} samples/s" if ok else "no result", ratio,
+                        PASSED if ok else FAILED))
+    return rows
+
+
+def comm_time_s(steps) -> Optional[float]:
+    """The all-reduce a step of several ranks costs: per global step the least wait of any
+    rank (the slowest rank waits only for the communication), median over the steps."""
+    if steps is None or len(steps) == 0 or steps["rank"].nunique() < 2:
+        return None
+    per_step = steps.groupby("global_step")["wait_time_s"].min()
+    return float(per_step.median())
+
+
+def best_subset_row(plan: dict, global_batch_size: int, comm_s: Optional[float],
+                    measured: dict[str, Optional[float]], gpu_alone: str = "GPU alone") -> Row:
+    """The group of ranks ``solve_subset_split`` predicts fastest from the profile's curves,
+    with ``c(G) = comm_s`` for two ranks or more (0 alone), beside the best run measured."""
+    from hetero_ray.planning.subset import solve_subset_split
+
+    workers = plan.get("workers", [])
+    devices = {(d["node_id"], d["kind"], d.get("index") or 0): d for d in plan.get("devices", [])}
+    curves = [devices.get((w["node_id"], w["kind"], w.get("index") or 0)) for w in workers]
+    if not workers or any(c is None for c in curves) or comm_s is None:
+        return Row("subset", "best subset (predicted)", "needs the profile's curves and a measured all-reduce",
+                   status=SKIPPED)
+    split = solve_subset_split([c["alpha_s"] for c in curves], [c["beta_s_per_sample"] for c in curves],
+                               global_batch_size, lambda group: 0.0 if len(group) == 1 else comm_s,
+                               caps=[c.get("max_batch_size") for c in curves], floors=[c["floor_s"] for c in curves])
+    group = ",".join(f"{workers[r]['kind']}{r}" for r in split.group)
+    predicted = global_batch_size / split.predicted_step_time_s
+    best_name, best = max(((k, v) for k, v in measured.items() if v), key=lambda kv: kv[1], default=(None, None))
+    base = measured.get(gpu_alone)
+    value = (f"ranks {group}: {predicted:,.0f} samples/s predicted (all-reduce {comm_s * 1e3:.2f} ms); "
+             f"best measured: {best_name or 'none'}")
+    return Row("subset", "best subset vs measured", value, best / base if best and base else None,
+               PASSED if best else FAILED)
+
+
+# ---------------------------------------------------------------------------- the machine
+def no_gpu_reason() -> Optional[str]:
+    """Why this machine cannot run the check (with what to do), or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed here; install the project (make setup) or use the GPU image"
+    if not torch.cuda.is_available():
+        return ("no CUDA GPU on this machine (torch.cuda.is_available() is False); run the check on a machine "
+                "with an NVIDIA GPU and its driver")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return ("Ray is not installed here: on a GPU machine without network bring it along "
+                "(../shared/gpu/bundle.sh on your machine, then `source .gpu/setup.sh` on this one)")
+    return None
+
+
+def _python_env(address: Optional[str] = None, **extra: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+               PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
+    if address:
+        env["RAY_ADDRESS"] = address
+    env.update(extra)
+    return env
+
+
+def _ray_command(*args: str) -> list[str]:
+    """`ray …` through this Python (the GPU image's Ray is on PYTHONPATH, not on PATH)."""
+    return [sys.executable, "-c", "import sys; sys.argv[0] = 'ray'; from ray.scripts.scripts import main; "
+                                  "sys.exit(main())", *args]
+
+
+def _hetero_ray(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hetero_ray.cli.main", *args]
+
+
+class Cluster:
+    """Two `ray start --block` nodes: the GPUs (label gpu) and CPU-only ranks (label cpu)."""
+
+    def __init__(self, log_dir: str, num_gpus: int, gpu_node_cpus: int, cpu_node_cpus: int, port: int = RAY_PORT):
+        self.address = f"127.0.0.1:{port}"
+        # `ray start` turns token authentication on where a token file exists (an earlier
+        # Ray's): then the check itself and every stage it runs must present it.
+        if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+            os.environ["RAY_AUTH_MODE"] = "token"
+        self._temp = tempfile.mkdtemp(prefix="gpuchk")
+        self._processes = []
+        common = ["start", "--block", "--include-dashboard=false", "--disable-usage-stats",
+                  f"--temp-dir={self._temp}"]
+        self._start(log_dir, "ray_gpu_node", [*common, "--head", f"--port={port}", f"--num-cpus={gpu_node_cpus}",
+                                              f"--num-gpus={num_gpus}", f"--labels={DEVICE_LABEL}=gpu"], {})
+        time.sleep(5)  # the head listens before a node may join
+        # The CPU node sees no GPU, as a CPU-only machine.
+        self._start(log_dir, "ray_cpu_node", [*common, f"--address={self.address}", f"--num-cpus={cpu_node_cpus}",
+                                              "--num-gpus=0", f"--labels={DEVICE_LABEL}=cpu"],
+                    {"CUDA_VISIBLE_DEVICES": ""})
+
+    def _start(self, log_dir: str, name: str, args: list[str], env: dict) -> None:
+        with open(os.path.join(log_dir, f"{name}.log"), "w") as log:
+            self._processes.append(subprocess.Popen(_ray_command(*args), env=_python_env(**env), stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True))
+
+    def wait_for_nodes(self, timeout_s: float) -> None:
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        ray.init(address=self.address, logging_level="ERROR")
+        try:
+            while sum(n["Alive"] for n in ray.nodes()) < 2:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the two Ray nodes did not both start within {timeout_s:.0f} s")
+                time.sleep(1)
+        finally:
+            ray.shutdown()
+
+    def stop(self) -> None:
+        for process in reversed(self._processes):
+            if process.poll() is None:
+                os.killpg(process.pid, 15)
+        for process in self._processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, 9)
+        shutil.rmtree(self._temp, ignore_errors=True)
+
+
+def run_stage(name: str, command: list[str], log_dir: str, timeout_s: float, env: dict) -> Optional[str]:
+    """Runs one stage's process, its output in ``LOG_DIR/<name>.log``; None when it passed,
+    else why not (its exit status, or the time limit)."""
+    print(f"[gpu-check] {name}: {' '.join(command[1:])[:160]}", flush=True)
+    with open(os.path.join(log_dir, f"{name}.log"), "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+            return f"over its {timeout_s:.0f} s limit (see {name}.log)"
+    return None if code == 0 else f"exit status {code} (see {name}.log)"
+
+
+# ---------------------------------------------------------------------------- the stages
+def nvml_rows(sample_s: float = 3.0) -> list[Row]:
+    """NVML's inventory of every GPU, and its readings while GPU 0 multiplies matrices."""
+    import torch
+
+    from hetero_ray.profiling.gpu import NvmlGpuReader
+    from hetero_ray.profiling.inventory import gpu_inventory
+
+    reader = NvmlGpuReader()
+    if reader.device_count() == 0:
+        return [Row("nvml", "inventory", reader.unavailable_reason or "no GPU", status=FAILED)]
+    rows = []
+    for gpu in gpu_inventory(reader):
+        memory = gpu.get("memory_total_bytes")
+        rows.append(Row("nvml", f"inventory gpu{gpu['index']}",
+                        f"{gpu.get('name')}, {memory / 2**30:.0f} GiB, {gpu.get('sm_count')} SMs, "
+                        f"cc {gpu.get('compute_capability')}" if memory else str(gpu.get("error")),
+                        status=FAILED if gpu.get("error") else PASSED))
+    a = torch.randn(4096, 4096, device="cuda:0")
+    samples, deadline = [], time.monotonic() + sample_s
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+        samples.append(reader.sample(reader.index_for_torch_device(0)))
+    busiest = max((s.get("gpu_util") or 0 for s in samples), default=0)
+    power = max((s.get("gpu_power_w") or 0 for s in samples), default=0)
+    rows.append(Row("nvml", "sampling gpu0 under a matmul load",
+                    f"{len(samples)} readings, utilisation up to {busiest:.0f} %, power up to {power:.0f} W",
+                    status=PASSED if busiest > 0 else FAILED))
+    return rows
+
+
+def _read_json(path: str) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _steps(path: str):
+    import pandas as pd
+
+    return pd.read_parquet(path) if os.path.exists(path) else None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log-dir", default=os.path.join("runs", time.strftime("gpu-check-%Y%m%d-%H%M%S")),
+                   help="every stage's log and output goes here (packed into LOG_DIR.tar.gz at the end)")
+    p.add_argument("--model", default="simple_cnn", help="built-in model to profile and train (default simple_cnn)")
+    p.add_argument("--batch-size", type=int, default=512, help="global batch of the training runs (default 512)")
+    p.add_argument("--steps", type=int, default=60, help="global steps per training run (default 60)")
+    p.add_argument("--cpu-workers", type=int, default=3, help="CPU ranks beside the GPU (default 3)")
+    p.add_argument("--cpus-per-worker", type=int, default=3, help="cores per rank (default 3)")
+    p.add_argument("--stage-timeout-s", type=float, default=300, help="time limit of each stage (default 300 s)")
+    args = p.parse_args(argv)
+
+    reason = no_gpu_reason()
+    if reason is not None:
+        print(f"gpu-check: {reason}. Nothing was run.", file=sys.stderr)
+        return NO_GPU_EXIT_CODE
+    import torch
+
+    num_gpus = torch.cuda.device_count()
+    log_dir = os.path.abspath(args.log_dir)
+    os.makedirs(log_dir, exist_ok=True)
+    rows: list[Row] = []
+    try:
+        rows += nvml_rows()
+    except Exception as e:  # noqa: BLE001 - a row, not the end of the check
+        rows.append(Row("nvml", "inventory and sampling", f"{type(e).__name__}: {e}", status=FAILED))
+
+    gpu_node_cpus = args.cpus_per_worker * num_gpus + 1
+    cpu_node_cpus = max(args.cpus_per_worker * args.cpu_workers, (os.cpu_count() or 2) - gpu_node_cpus)
+    cluster = Cluster(log_dir, num_gpus, gpu_node_cpus, cpu_node_cpus)
+    try:
+        cluster.wait_for_nodes(args.stage_timeout_s)
+        rows += _cluster_stages(args, cluster.address, log_dir, num_gpus)
+    except Exception as e:  # noqa: BLE001 - say it in the table, stop the nodes
+        rows.append(Row("cluster", "two Ray nodes (gpu, cpu)", f"{type(e).__name__}: {e}", status=FAILED))
+    finally:
+        cluster.stop()
+
+    table = format_check_table(rows)
+    with open(os.path.join(log_dir, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    with tarfile.open(f"{log_dir}.tar.gz", "w:gz") as archive:
+        archive.add(log_dir, arcname=os.path.basename(log_dir))
+    print(f"\n{table}\n\nlogs: {log_dir} (packed: {log_dir}.tar.gz)")
+    return exit_code(rows)
+
+
+def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row]:
+    env = _python_env(address)
+    limit = args.stage_timeout_s
+    rows: list[Row] = []
+    nodes_json, plan_json = os.path.join(log_dir, "nodes.json"), os.path.join(log_dir, "plan.json")
+    cpu_ranks = ",".join(["cpu"] * args.cpu_workers)
+    failed = run_stage("profile", _hetero_ray("profile", "--address", address, "--model", args.model,
+                                              "--cpus-per-worker", str(args.cpus_per_worker), "--json", nodes_json),
+                       log_dir, limit, env)
+    if failed is None:
+        failed = run_stage("plan", _hetero_ray("plan", "--profile", nodes_json, "--batch-size", str(args.batch_size),
+                                               "--workers", f"gpu,cpu*{args.cpu_workers}", "--json", plan_json),
+                           log_dir, limit, env)
+    plan = _read_json(plan_json) or {}
+    rows += curve_rows(plan) if failed is None else [Row("profile", "profile and curves", failed, status=FAILED)]
+
+    runs = {"GPU alone": ("gpu", "optimal"),
+            f"GPU + {args.cpu_workers} CPU, optimal": (f"gpu,{cpu_ranks}", "optimal"),
+            f"GPU + {args.cpu_workers} CPU, static": (f"gpu,{cpu_ranks}", "static")}
+    measured: dict[str, Optional[float]] = {}
+    comm_s = None
+    for i, (name, (devices, policy)) in enumerate(runs.items()):
+        experiment = f"train-{i}-{policy}-{len(devices.split(','))}w"
+        failed = run_stage(experiment, _hetero_ray(
+            "train", "--address", address, "--model", args.model, "--dataset", "synthetic_image",
+            "--batch-size", str(args.batch_size), "--num-samples", str(args.batch_size * args.steps),
+            "--eval-samples", str(args.batch_size), "--epochs", "1", "--worker-devices", devices,
+            "--num-workers", str(len(devices.split(","))), "--cpus-per-worker", str(args.cpus_per_worker),
+            "--policy", policy, "--output-dir", os.path.join(log_dir, "runs"), "--experiment-name", experiment),
+            log_dir, limit, env)
+        run_dir = os.path.join(log_dir, "runs", experiment)
+        summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
+        measured[name] = summary.get("steady_samples_per_s") if failed is None else None
+        if comm_s is None and "," in devices and failed is None:
+            comm_s = comm_time_s(_steps(os.path.join(run_dir, "steps.parquet")))
+    rows += throughput_rows(measured)
+    rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))
+
+    api_dir = os.path.join(log_dir, "api")
+    failed = run_stage("api", [sys.executable, os.path.join(REPO_ROOT, "examples", "own_model.py"),
+                               "--worker-devices", "gpu", "--num-workers", "1", "--global-batch-size", "96",
+                               "--num-samples", "192", "--epochs", "1", "--loader-workers", "0",
+                               "--storage-path", api_dir, "--name", "gpu-check-api"], log_dir, limit, env)
+    steps = _steps(os.path.join(api_dir, "gpu-check-api", "steps.parquet")) if failed is None else None
+    on_cuda = steps is not None and len(steps) == 2 and steps["h2d_time_s"].notna().all()
+    rows.append(Row("api", "HeteroTrainer, BatchNorm CNN on cuda, 2 steps",
+                    failed or (f"{len(steps)} steps, host→device copies timed" if on_cuda else
+                               "ran, but not 2 steps on CUDA (see api.log)"),
+                    status=PASSED if on_cuda else FAILED))
+
+    if num_gpus < 2:
+        rows.append(Row("nccl", "2 GPU ranks over NCCL", f"{num_gpus} GPU here: needs 2 or more", status=SKIPPED))
+    else:
+        failed = run_stage("nccl", _hetero_ray(
+            "train", "--address", address, "--model", args.model, "--batch-size", str(args.batch_size),
+            "--num-samples", str(args.batch_size * 10), "--epochs", "1", "--use-gpu", "yes", "--backend", "nccl",
+            "--num-workers", "2", "--cpus-per-worker", "1", "--output-dir", os.path.join(log_dir, "runs"),
+            "--experiment-name", "nccl"), log_dir, limit, env)
+        summary = _read_json(os.path.join(log_dir, "runs", "nccl", "summary.json")) or {}
+        value = summary.get("steady_samples_per_s")
+        rows.append(Row("nccl", "2 GPU ranks over NCCL", failed or f"{value or 0:,.0f} samples/s",
+                        status=PASSED if failed is None else FAILED))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())
