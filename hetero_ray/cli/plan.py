@@ -31,6 +31,7 @@ import re
 from typing import Any, Optional
 
 from hetero_ray.errors import UserError
+from hetero_ray.profiling.capability import read_nodes_document
 
 HELP = "what-if planning from a saved profile (nodes.json): curves, shares, predicted step time; no Ray"
 
@@ -76,17 +77,8 @@ def run(args: argparse.Namespace) -> int:
 def load_profile(path: str, model: Optional[str] = None) -> dict:
     """The profile document, its probed devices' curves brought up to date; UserError when
     it is missing, not JSON, not a profile, without a model probe, or of another model."""
-    hint = "write one with `hetero-ray profile --model MODEL --json FILE`"
-    if not os.path.isfile(path):
-        raise UserError(f"--profile {path}: no such file; {hint}")
-    try:
-        with open(path) as f:
-            document = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"--profile {path} is not JSON ({e}); {hint}") from None
-    nodes = document.get("nodes") if isinstance(document, dict) else None
-    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
-        raise UserError(f"--profile {path} has no list of nodes: not a nodes.json; {hint}")
+    document = read_nodes_document(path, "--profile")
+    nodes = document["nodes"]
     probed_model = document.get("model")
     if model is not None and probed_model != model:
         raise UserError(f"--profile {path} probed {probed_model or 'no model'}, not {model}; profile again "

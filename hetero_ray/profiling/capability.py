@@ -177,6 +177,28 @@ def nodes_from_document(document: dict) -> list[NodeCapability]:
     return [NodeCapability.from_dict(d) for d in document.get("nodes") or []]
 
 
+NODES_JSON_HINT = "write one with `hetero-ray profile --model MODEL --json FILE`"
+
+
+def read_nodes_document(path: str, label: str) -> dict:
+    """A ``nodes.json`` document as :func:`write_nodes_json` wrote it; a UserError naming
+    ``label`` (the flag or field that gave the path) when it is missing, not JSON, or not
+    a list of nodes."""
+    from hetero_ray.errors import UserError
+
+    if not os.path.isfile(path):
+        raise UserError(f"{label} {path}: no such file; {NODES_JSON_HINT}")
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{label} {path} is not JSON ({e}); {NODES_JSON_HINT}") from None
+    nodes = document.get("nodes") if isinstance(document, dict) else None
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+        raise UserError(f"{label} {path} has no list of nodes: not a nodes.json; {NODES_JSON_HINT}")
+    return document
+
+
 def write_nodes_json(path: str, nodes: Sequence[NodeCapability], model: Optional[str] = None,
                      batch_sizes: Optional[Sequence[int]] = None) -> None:
     """Writes the document atomically (a reader never sees half a file)."""

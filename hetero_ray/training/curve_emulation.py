@@ -58,10 +58,8 @@ every policy measure the padded steps, as they would measure real devices.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
@@ -69,6 +67,7 @@ from typing import Callable, Optional, Sequence
 from hetero_ray.config import parse_emulated_device
 from hetero_ray.errors import UserError
 from hetero_ray.planning.cost_model import curve_busy_time_s, fit_curve
+from hetero_ray.profiling.capability import read_nodes_document
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,6 @@ logger = logging.getLogger(__name__)
 # of a shared 2-core machine vary by tens of percent, and a step past its target is not
 # padded (its busy time leaves the curve). Larger only slows every emulated run down.
 HEADROOM = 1.25
-_PROFILE_HINT = "write one with `hetero-ray profile --model MODEL --json FILE`"
 
 
 @dataclass(frozen=True)
@@ -205,17 +203,7 @@ def device_curves(name: str, entries: Sequence[str]) -> list[DeviceCurve]:
 
 
 def _load_profile(name: str, path: str) -> dict:
-    if not os.path.isfile(path):
-        raise UserError(f"{name}: {path}: no such file; {_PROFILE_HINT}")
-    try:
-        with open(path) as f:
-            document = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{name}: {path} is not JSON ({e}); {_PROFILE_HINT}") from None
-    nodes = document.get("nodes") if isinstance(document, dict) else None
-    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
-        raise UserError(f"{name}: {path} has no list of nodes: not a nodes.json; {_PROFILE_HINT}")
-    return document
+    return read_nodes_document(path, f"{name}:")
 
 
 def _profile_curve(name: str, entry: str, document: dict, spec: dict) -> DeviceCurve:
