@@ -185,9 +185,10 @@ class Cluster:
             os.environ["RAY_AUTH_MODE"] = "token"
         self._temp = tempfile.mkdtemp(prefix="gpuchk")
         self._processes = []
-        common = ["start", "--block", "--include-dashboard=false", "--disable-usage-stats",
-                  f"--temp-dir={self._temp}"]
-        self._start(log_dir, "ray_gpu_node", [*common, "--head", f"--port={port}", f"--num-cpus={gpu_node_cpus}",
+        common = ["start", "--block", "--disable-usage-stats", f"--temp-dir={self._temp}"]
+        # No dashboard: the GPU image does not carry its packages (TESTING.md).
+        self._start(log_dir, "ray_gpu_node", [*common, "--head", f"--port={port}", "--include-dashboard=false",
+                                              f"--num-cpus={gpu_node_cpus}",
                                               f"--num-gpus={num_gpus}", f"--labels={DEVICE_LABEL}=gpu"], {})
         time.sleep(5)  # the head listens before a node may join
         # The CPU node sees no GPU, as a CPU-only machine.
@@ -208,7 +209,8 @@ class Cluster:
         try:
             while sum(n["Alive"] for n in ray.nodes()) < 2:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the two Ray nodes did not both start within {timeout_s:.0f} s")
+                    raise TimeoutError(f"the two Ray nodes did not both start within {timeout_s:.0f} s "
+                                       "(see ray_gpu_node.log and ray_cpu_node.log)")
                 time.sleep(1)
         finally:
             ray.shutdown()
