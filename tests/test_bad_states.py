@@ -66,10 +66,16 @@ def copy_run(trained_run: str, output_dir, name: str) -> str:
 
 
 def files_of(run_dir: str) -> dict[str, tuple[int, int]]:
-    """Every file under the run directory with its size and modification time."""
+    """Every file under the run directory with its size and modification time; not the
+    driver lock, which every driver that opens the run takes (and notes its pid in)
+    before it checks anything: a run's data, not its lock, must be left unchanged."""
+    from hetero_ray.runtime.run_lock import LOCK_FILE
+
     found = {}
     for root, _, names in os.walk(run_dir):
         for name in names:
+            if name == LOCK_FILE and root == run_dir:
+                continue
             stat = os.stat(os.path.join(root, name))
             found[os.path.relpath(os.path.join(root, name), run_dir)] = (stat.st_size, stat.st_mtime_ns)
     return found
