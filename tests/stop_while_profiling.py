@@ -21,9 +21,15 @@ from hetero_ray.constants import RAY_NAMESPACE
 from hetero_ray.errors import RunInterrupted
 from hetero_ray.metrics import run_files
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
-from tests.api_jobs import random_batch, slow_model
+from tests.api_jobs import make_model, random_batch
 
 NAME = "stopped-while-profiling"
+BUILD_S = 30.0  # the profiler builds the model this long: the stop lands in profiling on any machine
+
+
+def slow_model():
+    time.sleep(BUILD_S)
+    return make_model()
 
 
 def main(run_dir: str) -> int:
