@@ -162,6 +162,13 @@ def test_planner_killed_mid_run_restores_its_estimates(reference, fast_config):
     """Killed after a checkpoint: the restarted planner takes its estimates from it, and the
     worker group it serves from its state file; it goes on deciding."""
     def kill_planner(store, seen):
+        # "After a checkpoint": Ray Train registers one a moment after its step, later on a
+        # loaded machine; wait for the registration, not for a step count.
+        run_dir = ray.get(store.info.remote(), timeout=5)["run_dir"]
+        deadline = time.monotonic() + 120
+        while latest_checkpoint_dir(run_dir) is None:
+            assert time.monotonic() < deadline, "no checkpoint was registered within 120 s"
+            time.sleep(0.2)
         ray.kill(get_actor("planner-kill", PLANNER_ROLE), no_restart=False)  # a crash: Ray restarts it
         # ray.kill returns before the actor is gone: ask until the restarted one answers.
         deadline = time.monotonic() + 60
