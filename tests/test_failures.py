@@ -122,6 +122,19 @@ def in_background(experiment: str, past_step: int, action) -> tuple[threading.Th
     return thread, seen
 
 
+def crash_planner(experiment: str) -> dict:
+    """Kills the run's planner as a crash would (Ray restarts it) and returns the restarted
+    planner's info. ray.kill returns before the actor is gone: a call made at once can still
+    reach the dying one, so ask until the restarted actor answers (or the deadline passes)."""
+    ray.kill(get_actor(experiment, PLANNER_ROLE), no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:
+        info = ray.get(get_actor(experiment, PLANNER_ROLE).info.remote(), timeout=60)
+        if info["restored_from"] or time.monotonic() > deadline:
+            return info
+        time.sleep(0.2)
+
+
 def run_in_process(fast_config, name: str, **overrides):
     from hetero_ray.runtime.driver import run_training
 
@@ -169,14 +182,7 @@ def test_planner_killed_mid_run_restores_its_estimates(reference, fast_config):
         while latest_checkpoint_dir(run_dir) is None:
             assert time.monotonic() < deadline, "no checkpoint was registered within 120 s"
             time.sleep(0.2)
-        ray.kill(get_actor("planner-kill", PLANNER_ROLE), no_restart=False)  # a crash: Ray restarts it
-        # ray.kill returns before the actor is gone: ask until the restarted one answers.
-        deadline = time.monotonic() + 60
-        while True:
-            seen["info"] = ray.get(get_actor("planner-kill", PLANNER_ROLE).info.remote(), timeout=60)
-            if seen["info"]["restored_from"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        seen["info"] = crash_planner("planner-kill")
         # Every step the old planner decided on reached the store with it (one batch to both).
         seen["back_after_step"] = ray.get(store.progress.remote(), timeout=30)["global_step"]
 
@@ -207,15 +213,7 @@ def test_planner_killed_once_balanced_serves_the_plan_in_force(reference, fast_c
             time.sleep(0.2)
         seen["in_force"] = max(plans, key=lambda p: p["plan_version"])
         seen["killed_after_step"] = ray.get(store.progress.remote(), timeout=5)["global_step"]
-        ray.kill(get_actor("planner-balanced-kill", PLANNER_ROLE), no_restart=False)  # a crash: Ray restarts it
-        # ray.kill returns before the actor is gone: a call made at once can still reach the
-        # dying one, so ask until the restarted actor answers (or the deadline passes).
-        deadline = time.monotonic() + 60
-        while True:
-            seen["info"] = ray.get(get_actor("planner-balanced-kill", PLANNER_ROLE).info.remote(), timeout=60)
-            if seen["info"]["restored_from"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        seen["info"] = crash_planner("planner-balanced-kill")
 
     watcher, seen = in_background("planner-balanced-kill", 5, kill_planner_once_balanced)
     result = run_in_process(fast_config, "planner-balanced-kill", policy="optimal", batch_split=[20, 20],
