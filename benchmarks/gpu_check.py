@@ -17,8 +17,11 @@ its output in ``LOG_DIR/<stage>.log``:
    ``optimal`` and ``static`` (steady samples/s each, and the ratio to the GPU alone);
    the best subset of ranks as :func:`~hetero_ray.planning.subset.solve_subset_split`
    predicts it from the profile's curves and the all-reduce measured in those runs;
-4. ``api``: ``examples/own_model.py`` (HeteroTrainer, a BatchNorm CNN) on the GPU, 2 steps;
-5. ``nccl``: two GPU ranks over NCCL, where there are two GPUs or more.
+4. ``precision-*``: the built-in job on the GPU + 2 CPU ranks with uneven shares and a plan
+   change, in fp32, bf16 and fp16 (GradScaler): each step's loss over the global batch in
+   bf16 and fp16 against fp32; and the GPU alone in bf16 (samples/s against fp32);
+5. ``api``: ``examples/own_model.py`` (HeteroTrainer, a BatchNorm CNN) on the GPU, 2 steps;
+6. ``nccl``: two GPU ranks over NCCL, where there are two GPUs or more.
 
 A stage that fails or runs out of time is a row of the table, not the end of the check.
 Exit status: 0 when every stage passed, 1 when one did not, 2 when there is no GPU (or no
@@ -49,6 +52,7 @@ FAILED_EXIT_CODE = 1
 DEVICE_LABEL = "hetero-ray.io/device"
 RAY_PORT = 6399  # the TESTING.md recipe's port
 PASSED, FAILED, SKIPPED = "ok", "FAILED", "skipped"
+PRECISION_STEPS = 50
 HEADERS = ["stage", "check", "value", "vs GPU alone", "status"]
 
 
@@ -135,6 +139,38 @@ def best_subset_row(plan: dict, global_batch_size: int, comm_s: Optional[float],
              f"best measured: {best_name or 'none'}")
     return Row("subset", "best subset vs measured", value, best / base if best and base else None,
                PASSED if best else FAILED)
+
+
+# bf16 keeps 8 bits of mantissa (relative rounding 2^-8 ≈ 0.4 %): a loss of ~1 drifting
+# through 50 steps of rounded forward passes stays within a few hundredths (tests/test_precision.py).
+LOSS_TOLERANCE = 0.05
+
+
+def step_losses(steps):
+    """The loss of each global step over the whole global batch: Σ b_i·loss_i / B."""
+    if steps is None or len(steps) == 0:
+        return None
+    steps = steps[steps["local_batch_size"] > 0]
+    weighted = (steps["loss"] * steps["local_batch_size"]).groupby(steps["global_step"]).sum()
+    return (weighted / steps.groupby("global_step")["local_batch_size"].sum()).sort_index()
+
+
+def precision_rows(losses: dict) -> list[Row]:
+    """bf16 and fp16 against fp32, step by step (same seed, same shares, same plan change)."""
+    fp32 = losses.get("fp32")
+    rows = []
+    for name in ("bf16", "fp16"):
+        other = losses.get(name)
+        if fp32 is None or other is None or len(other) != len(fp32):
+            rows.append(Row("precision", f"{name} vs fp32 loss, GPU + 2 CPU", "no comparable run", status=FAILED))
+            continue
+        gap = float((other - fp32).abs().max())
+        moved = float(fp32.iloc[0] - fp32.iloc[-1])
+        ok = gap < LOSS_TOLERANCE and moved > 0 and not other.equals(fp32)
+        rows.append(Row("precision", f"{name} vs fp32 loss, GPU + 2 CPU, {len(fp32)} steps",
+                        f"max |Δloss| {gap:.4f} (tolerance {LOSS_TOLERANCE}); fp32 loss fell by {moved:.3f}",
+                        status=PASSED if ok else FAILED))
+    return rows
 
 
 # ---------------------------------------------------------------------------- the machine
@@ -300,6 +336,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cpu-workers", type=int, default=3, help="CPU ranks beside the GPU (default 3)")
     p.add_argument("--cpus-per-worker", type=int, default=3, help="cores per rank (default 3)")
     p.add_argument("--stage-timeout-s", type=float, default=300, help="time limit of each stage (default 300 s)")
+    p.add_argument("--skip-api", action="store_true", help="leave out the api and nccl stages")
     args = p.parse_args(argv)
 
     reason = no_gpu_reason()
@@ -353,20 +390,21 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
     plan = _read_json(plan_json) or {}
     rows += curve_rows(plan) if failed is None else [Row("profile", "profile and curves", failed, status=FAILED)]
 
-    runs = {"GPU alone": ("gpu", "optimal"),
-            f"GPU + {args.cpu_workers} CPU, optimal": (f"gpu,{cpu_ranks}", "optimal"),
-            f"GPU + {args.cpu_workers} CPU, static": (f"gpu,{cpu_ranks}", "static")}
+    runs = {"GPU alone": ("gpu", "optimal", "fp32"),
+            f"GPU + {args.cpu_workers} CPU, optimal": (f"gpu,{cpu_ranks}", "optimal", "fp32"),
+            f"GPU + {args.cpu_workers} CPU, static": (f"gpu,{cpu_ranks}", "static", "fp32"),
+            "GPU alone, bf16": ("gpu", "optimal", "bf16")}
     measured: dict[str, Optional[float]] = {}
     comm_s = None
-    for i, (name, (devices, policy)) in enumerate(runs.items()):
-        experiment = f"train-{i}-{policy}-{len(devices.split(','))}w"
+    for i, (name, (devices, policy, precision)) in enumerate(runs.items()):
+        experiment = f"train-{i}-{policy}-{len(devices.split(','))}w-{precision}"
         failed = run_stage(experiment, _hetero_ray(
             "train", "--address", address, "--model", args.model, "--dataset", "synthetic_image",
             "--batch-size", str(args.batch_size), "--num-samples", str(args.batch_size * args.steps),
             "--eval-samples", str(args.batch_size), "--epochs", "1", "--worker-devices", devices,
             "--num-workers", str(len(devices.split(","))), "--cpus-per-worker", str(args.cpus_per_worker),
-            "--policy", policy, "--output-dir", os.path.join(log_dir, "runs"), "--experiment-name", experiment),
-            log_dir, limit, env)
+            "--policy", policy, "--precision", precision, "--output-dir", os.path.join(log_dir, "runs"),
+            "--experiment-name", experiment), log_dir, limit, env)
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
         measured[name] = summary.get("steady_samples_per_s") if failed is None else None
@@ -374,7 +412,10 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
             comm_s = comm_time_s(_steps(os.path.join(run_dir, "steps.parquet")))
     rows += throughput_rows(measured)
     rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))
+    rows += precision_rows(_precision_losses(args, env, log_dir, limit))
 
+    if args.skip_api:
+        return rows
     api_dir = os.path.join(log_dir, "api")
     failed = run_stage("api", [sys.executable, os.path.join(REPO_ROOT, "examples", "own_model.py"),
                                "--worker-devices", "gpu", "--num-workers", "1", "--global-batch-size", "96",
@@ -400,6 +441,24 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         rows.append(Row("nccl", "2 GPU ranks over NCCL", failed or f"{value or 0:,.0f} samples/s",
                         status=PASSED if failed is None else FAILED))
     return rows
+
+
+def _precision_losses(args, env: dict, log_dir: str, limit: float) -> dict:
+    """Each precision's per-step loss on the GPU + 2 CPU ranks: uneven shares and a plan change
+    at step 20, the same seed, so the runs differ only in precision."""
+    losses = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        experiment = f"precision-{precision}"
+        failed = run_stage(experiment, _hetero_ray(
+            "train", "--model", "mlp", "--num-samples", "960", "--eval-samples", "48", "--batch-size", "48",
+            "--epochs", "3", "--max-steps", str(PRECISION_STEPS), "--seed", "5", "--lr", "0.05",
+            "--worker-devices", "gpu,cpu,cpu", "--num-workers", "3", "--cpus-per-worker", "2",
+            "--policy", "static", "--batch-split", "26,14,8", "--plan-change", "20:8,16,24", "--no-profile",
+            "--precision", precision, "--output-dir", os.path.join(log_dir, "runs"), "--experiment-name", experiment),
+            log_dir, limit, env)
+        if failed is None:
+            losses[precision] = step_losses(_steps(os.path.join(log_dir, "runs", experiment, "steps.parquet")))
+    return losses
 
 
 if __name__ == "__main__":
