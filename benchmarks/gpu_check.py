@@ -53,6 +53,10 @@ DEVICE_LABEL = "hetero-ray.io/device"
 RAY_PORT = 6399  # the TESTING.md recipe's port
 PASSED, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 PRECISION_STEPS = 50
+STAGES = ("profile", "train", "precision", "api", "nccl")
+# When the whole check must end (time.monotonic()), from --deadline-s: a GPU machine is often
+# lent for minutes, and a table of what ran beats a killed check with none.
+_deadline: Optional[float] = None
 HEADERS = ["stage", "check", "value", "vs GPU alone", "status"]
 
 
@@ -266,6 +270,12 @@ class Cluster:
 def run_stage(name: str, command: list[str], log_dir: str, timeout_s: float, env: dict) -> Optional[str]:
     """Runs one stage's process, its output in ``LOG_DIR/<name>.log``; None when it passed,
     else why not (its exit status, or the time limit)."""
+    if _deadline is not None:
+        left = _deadline - time.monotonic()
+        if left < 5:
+            print(f"[gpu-check] {name}: not run, --deadline-s reached", flush=True)
+            return "not run: the check's --deadline-s was reached"
+        timeout_s = min(timeout_s, left)
     print(f"[gpu-check] {name}: {' '.join(command[1:])[:160]}", flush=True)
     with open(os.path.join(log_dir, f"{name}.log"), "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
@@ -336,8 +346,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cpu-workers", type=int, default=3, help="CPU ranks beside the GPU (default 3)")
     p.add_argument("--cpus-per-worker", type=int, default=3, help="cores per rank (default 3)")
     p.add_argument("--stage-timeout-s", type=float, default=300, help="time limit of each stage (default 300 s)")
-    p.add_argument("--skip-api", action="store_true", help="leave out the api and nccl stages")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help=f"which stages to run, of {','.join(STAGES)} (default all; nvml always runs)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="end the whole check after this many seconds: later stages become 'not run' rows "
+                        "and the table is still written (default: no deadline)")
+    p.add_argument("--profile-each-run", action="store_true",
+                   help="let each training run profile the nodes again before its first step (default: the "
+                        "profile stage measured them; the runs compare steady throughput)")
     args = p.parse_args(argv)
+    args.stages = set(args.stages.split(","))
+    if args.stages - set(STAGES):
+        p.error(f"--stages: unknown {', '.join(sorted(args.stages - set(STAGES)))}; choose from {', '.join(STAGES)}")
+    global _deadline
+    _deadline = None if args.deadline_s is None else time.monotonic() + args.deadline_s
 
     reason = no_gpu_reason()
     if reason is not None:
@@ -380,15 +402,17 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
     rows: list[Row] = []
     nodes_json, plan_json = os.path.join(log_dir, "nodes.json"), os.path.join(log_dir, "plan.json")
     cpu_ranks = ",".join(["cpu"] * args.cpu_workers)
-    failed = run_stage("profile", _hetero_ray("profile", "--address", address, "--model", args.model,
-                                              "--cpus-per-worker", str(args.cpus_per_worker), "--json", nodes_json),
-                       log_dir, limit, env)
-    if failed is None:
-        failed = run_stage("plan", _hetero_ray("plan", "--profile", nodes_json, "--batch-size", str(args.batch_size),
-                                               "--workers", f"gpu,cpu*{args.cpu_workers}", "--json", plan_json),
-                           log_dir, limit, env)
+    if "profile" in args.stages:
+        failed = run_stage("profile", _hetero_ray("profile", "--address", address, "--model", args.model,
+                                                  "--cpus-per-worker", str(args.cpus_per_worker), "--json",
+                                                  nodes_json), log_dir, limit, env)
+        if failed is None:
+            failed = run_stage("plan", _hetero_ray(
+                "plan", "--profile", nodes_json, "--batch-size", str(args.batch_size),
+                "--workers", f"gpu,cpu*{args.cpu_workers}", "--json", plan_json), log_dir, limit, env)
+        rows += curve_rows(_read_json(plan_json) or {}) if failed is None else [
+            Row("profile", "profile and curves", failed, status=FAILED)]
     plan = _read_json(plan_json) or {}
-    rows += curve_rows(plan) if failed is None else [Row("profile", "profile and curves", failed, status=FAILED)]
 
     runs = {"GPU alone": ("gpu", "optimal", "fp32"),
             f"GPU + {args.cpu_workers} CPU, optimal": (f"gpu,{cpu_ranks}", "optimal", "fp32"),
@@ -396,25 +420,27 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
             "GPU alone, bf16": ("gpu", "optimal", "bf16")}
     measured: dict[str, Optional[float]] = {}
     comm_s = None
-    for i, (name, (devices, policy, precision)) in enumerate(runs.items()):
+    profile_flag = [] if args.profile_each_run else ["--no-profile"]
+    for i, (name, (devices, policy, precision)) in enumerate(runs.items() if "train" in args.stages else ()):
         experiment = f"train-{i}-{policy}-{len(devices.split(','))}w-{precision}"
         failed = run_stage(experiment, _hetero_ray(
             "train", "--address", address, "--model", args.model, "--dataset", "synthetic_image",
             "--batch-size", str(args.batch_size), "--num-samples", str(args.batch_size * args.steps),
             "--eval-samples", str(args.batch_size), "--epochs", "1", "--worker-devices", devices,
             "--num-workers", str(len(devices.split(","))), "--cpus-per-worker", str(args.cpus_per_worker),
-            "--policy", policy, "--precision", precision, "--output-dir", os.path.join(log_dir, "runs"),
+            "--policy", policy, "--precision", precision, *profile_flag, "--output-dir", os.path.join(log_dir, "runs"),
             "--experiment-name", experiment), log_dir, limit, env)
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
         measured[name] = summary.get("steady_samples_per_s") if failed is None else None
         if comm_s is None and "," in devices and failed is None:
             comm_s = comm_time_s(_steps(os.path.join(run_dir, "steps.parquet")))
-    rows += throughput_rows(measured)
-    rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))
-    rows += precision_rows(_precision_losses(args, env, log_dir, limit))
-
-    if args.skip_api:
+    if "train" in args.stages:
+        rows += throughput_rows(measured)
+        rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))
+    if "precision" in args.stages:
+        rows += precision_rows(_precision_losses(args, env, log_dir, limit))
+    if "api" not in args.stages:
         return rows
     api_dir = os.path.join(log_dir, "api")
     failed = run_stage("api", [sys.executable, os.path.join(REPO_ROOT, "examples", "own_model.py"),
@@ -428,6 +454,8 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
                                "ran, but not 2 steps on CUDA (see api.log)"),
                     status=PASSED if on_cuda else FAILED))
 
+    if "nccl" not in args.stages:
+        return rows
     if num_gpus < 2:
         rows.append(Row("nccl", "2 GPU ranks over NCCL", f"{num_gpus} GPU here: needs 2 or more", status=SKIPPED))
     else:

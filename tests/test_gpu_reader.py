@@ -121,3 +121,20 @@ def test_node_profiler_fails_a_node_whose_declared_gpus_cannot_be_read():
     assert capability.status == "failed"
     assert "declares 1 GPU" in capability.error and "DriverNotLoaded" in capability.error
     assert capability.device("cpu").memory_bandwidth_gbps > 0
+
+
+def test_a_cpu_only_node_on_a_gpu_machine_is_profiled_as_cpu_only():
+    """`ray start --num-gpus=0` with `CUDA_VISIBLE_DEVICES=` beside a GPU node on one machine:
+    NVML still lists the machine's GPU, torch sees none and Ray gives the node none. The node
+    is CPU-only — not failed, and its CPU carries the model probe the planner needs (on a real
+    H100 machine this node was reported failed and `hetero-ray plan` found no CPU curve)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the fake's GPUs would be confused with the real ones")
+    node = {"node_id": "c" * 56, "ip": "10.0.0.7", "resources": {"CPU": 2.0}, "labels": {}}
+    config = ProfileConfig(microbench_s=0.05, model="mlp", batch_sizes=(4, 8))
+    capability = NodeProfiler(config, gpu_reader=FakeGpuReader(count=1), node=node).run()
+    assert capability.ok, capability.error
+    assert [d.kind for d in capability.devices] == ["cpu"]
+    assert capability.device("cpu").probe, "the CPU of a CPU-only node is probed with the model"

@@ -149,11 +149,12 @@ class NodeProfiler:
             problems.append(f"Ray declares {declared} GPU(s) but {len(gpus)} could be read "
                             f"({getattr(reader, 'unavailable_reason', None) or 'no reason given'})")
 
+        torch_index = self._torch_indices(reader, len(gpus))
+        gpus = node_gpus(gpus, torch_index, declared)
         cpu_device = DeviceCapability(kind=CPU, name=cpu.model or "CPU", index=0,
                                       memory_total_bytes=cpu.ram_bytes)
         capability.devices.append(cpu_device)
         self._benchmark(cpu_device, "cpu", timed, probe=not gpus or self.config.probe_cpu_on_gpu_nodes)
-        torch_index = self._torch_indices(reader, len(gpus))
         for gpu in gpus:
             device = DeviceCapability(kind=GPU, **_gpu_fields(gpu))
             capability.devices.append(device)
@@ -226,6 +227,17 @@ class NodeProfiler:
     def _set_stage(self, stage: str) -> None:
         with self._lock:
             self._stage = stage
+
+
+def node_gpus(gpus: list[dict], torch_index: dict[int, int], declared: int) -> list[dict]:
+    """The GPUs that belong to this Ray node: NVML lists every GPU of the machine, but a node
+    started with ``--num-gpus=0`` and ``CUDA_VISIBLE_DEVICES=`` (a CPU-only node beside a GPU
+    node on one machine, or a GPU machine lent to CPU work) owns none of them. A GPU torch
+    cannot see is the node's only when Ray gives the node as many GPUs as NVML lists;
+    otherwise it is another node's, and this node is profiled as CPU-only."""
+    if declared >= len(gpus):
+        return gpus
+    return [g for g in gpus if g.get("error") or g["index"] in torch_index]
 
 
 def profile_cluster(
