@@ -97,3 +97,27 @@ def node(node_id, devices, **kw) -> NodeCapability:
     return NodeCapability(node_id=node_id, ip="10.0.0.1", hostname="h", resources={"CPU": 2.0},
                           labels={"zone": "a"}, cpu=CpuInfo("Intel Xeon", 2, 4, 24 * 1024**3), devices=devices,
                           profile_time_s=4.2, **kw)
+
+
+class FakeClocks:
+    """Wall and work clocks a test advances by hand, in place of the ``time`` module of the
+    emulators; ``sleep`` moves the wall clock only."""
+
+    def __init__(self, wall: float = 100.0, work: float = 7.0):
+        self.wall = wall
+        self.work = work
+        self.slept: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.wall += seconds
+
+    def compute(self, seconds: float) -> None:
+        self.wall += seconds
+        self.work += seconds
+
+    def preempted(self, seconds: float) -> None:
+        self.wall += seconds  # another process had the core: time passes, no work is done

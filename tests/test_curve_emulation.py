@@ -15,6 +15,7 @@ from hetero_ray.training import curve_emulation
 from hetero_ray.training.curve_emulation import (
     CurveEmulator, DeviceCurve, common_factor, curve_pad_s, device_curves, rank_ratio,
 )
+from tests.helpers import FakeClocks
 
 H100 = os.path.join(os.path.dirname(__file__), "data", "h100_resnet18_nodes.json")
 FLAT = DeviceCurve(floor_s=0.007, alpha_s=0.0, beta_s_per_sample=0.0001, source="flat")  # flat up to b = 70
@@ -44,21 +45,8 @@ def test_a_rank_holding_no_sample_costs_one_sample():
     assert curve_pad_s(0.0, LINE, 1.0, 0) == pytest.approx(LINE.busy_time_s(1))
 
 
-class FakeClock:
-    def __init__(self):
-        self.wall = 50.0
-        self.slept: list[float] = []
-
-    def perf_counter(self) -> float:
-        return self.wall
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.wall += seconds
-
-
 def test_the_emulator_sleeps_once_before_the_last_bucket(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClocks(wall=50.0)
     monkeypatch.setattr(curve_emulation, "time", clock)
     share = {"b": 16}
     emulator = CurveEmulator(LINE, factor=2.0, local_batch_size=lambda: share["b"])
@@ -78,7 +66,7 @@ def test_the_emulator_sleeps_once_before_the_last_bucket(monkeypatch):
 
 
 def test_an_overrun_is_counted_not_padded(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClocks(wall=50.0)
     monkeypatch.setattr(curve_emulation, "time", clock)
     emulator = CurveEmulator(FLAT, factor=1.0, local_batch_size=lambda: 8)
     emulator.begin_step(1.0, clock.wall)
@@ -88,7 +76,7 @@ def test_an_overrun_is_counted_not_padded(monkeypatch):
 
 
 def test_outside_a_step_nothing_is_padded(monkeypatch):
-    clock = FakeClock()
+    clock = FakeClocks(wall=50.0)
     monkeypatch.setattr(curve_emulation, "time", clock)
     emulator = CurveEmulator(LINE, factor=1.0)  # no share known: a backward pass outside a step
     emulator.begin_step(1.0, clock.wall)

@@ -8,30 +8,8 @@ import pytest
 import torch
 
 from hetero_ray.training import emulation
+from tests.helpers import FakeClocks
 from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock, fit_to_cores
-
-
-class FakeClocks:
-    """Wall and work clocks a test advances by hand; ``sleep`` moves the wall clock only."""
-
-    def __init__(self):
-        self.wall = 100.0
-        self.work = 7.0
-        self.slept: list[float] = []
-
-    def perf_counter(self) -> float:
-        return self.wall
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.wall += seconds
-
-    def compute(self, seconds: float) -> None:
-        self.wall += seconds
-        self.work += seconds
-
-    def preempted(self, seconds: float) -> None:
-        self.wall += seconds  # another process had the core: time passes, no work is done
 
 
 @pytest.fixture
