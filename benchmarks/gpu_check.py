@@ -159,11 +159,11 @@ def step_losses(steps):
     return (weighted / steps.groupby("global_step")["local_batch_size"].sum()).sort_index()
 
 
-def precision_rows(losses: dict) -> list[Row]:
+def precision_rows(losses: dict, compared: Sequence[str] = ("bf16", "fp16")) -> list[Row]:
     """bf16 and fp16 against fp32, step by step (same seed, same shares, same plan change)."""
     fp32 = losses.get("fp32")
     rows = []
-    for name in ("bf16", "fp16"):
+    for name in compared:
         other = losses.get(name)
         if fp32 is None or other is None or len(other) != len(fp32):
             rows.append(Row("precision", f"{name} vs fp32 loss, GPU + 2 CPU", "no comparable run", status=FAILED))
@@ -351,6 +351,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--deadline-s", type=float, default=None,
                    help="end the whole check after this many seconds: later stages become 'not run' rows "
                         "and the table is still written (default: no deadline)")
+    p.add_argument("--quick", action="store_true",
+                   help="for a short loan: no bf16 run of the GPU alone, precision in fp32 and bf16 only")
     p.add_argument("--profile-each-run", action="store_true",
                    help="let each training run profile the nodes again before its first step (default: the "
                         "profile stage measured them; the runs compare steady throughput)")
@@ -418,6 +420,8 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
             f"GPU + {args.cpu_workers} CPU, optimal": (f"gpu,{cpu_ranks}", "optimal", "fp32"),
             f"GPU + {args.cpu_workers} CPU, static": (f"gpu,{cpu_ranks}", "static", "fp32"),
             "GPU alone, bf16": ("gpu", "optimal", "bf16")}
+    if args.quick:
+        del runs["GPU alone, bf16"]
     measured: dict[str, Optional[float]] = {}
     comm_s = None
     profile_flag = [] if args.profile_each_run else ["--no-profile"]
@@ -439,7 +443,7 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         rows += throughput_rows(measured)
         rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))
     if "precision" in args.stages:
-        rows += precision_rows(_precision_losses(args, env, log_dir, limit))
+        rows += precision_rows(_precision_losses(args, env, log_dir, limit), _precisions(args)[1:])
     if "api" not in args.stages:
         return rows
     api_dir = os.path.join(log_dir, "api")
@@ -471,11 +475,15 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
     return rows
 
 
+def _precisions(args) -> tuple[str, ...]:
+    return ("fp32", "bf16") if args.quick else ("fp32", "bf16", "fp16")
+
+
 def _precision_losses(args, env: dict, log_dir: str, limit: float) -> dict:
     """Each precision's per-step loss on the GPU + 2 CPU ranks: uneven shares and a plan change
     at step 20, the same seed, so the runs differ only in precision."""
     losses = {}
-    for precision in ("fp32", "bf16", "fp16"):
+    for precision in _precisions(args):
         experiment = f"precision-{precision}"
         failed = run_stage(experiment, _hetero_ray(
             "train", "--model", "mlp", "--num-samples", "960", "--eval-samples", "48", "--batch-size", "48",
