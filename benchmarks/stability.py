@@ -143,6 +143,14 @@ def _first_plan(steps: pd.DataFrame) -> list[int]:
 
 
 def _capped_run(args, index: int, output_dir: str) -> dict:
+    try:
+        return _capped_run_once(args, index, output_dir)
+    except Exception as e:  # one failed run must not cost the others' figures
+        print(f"[stability] capped run {index + 1} failed: {e!r}", flush=True)
+        return {"error": repr(e)[-300:]}
+
+
+def _capped_run_once(args, index: int, output_dir: str) -> dict:
     """One run of jobs/bench_cgroup_cluster.py (static and optimal), in its own process."""
     from hetero_ray.metrics import run_files
 
