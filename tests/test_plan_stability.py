@@ -10,6 +10,7 @@ decisions (planning/forecast.py).
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -79,9 +80,10 @@ def test_a_rank_that_really_slows_down_is_still_acted_on():
         assert after[0][1][1] < 24 and sizes[1] < 24, (seed, history)
 
 
-def _estimates(step: int, sizes, levels) -> Estimates:
+def _estimates(step: int, sizes, levels, stale=()) -> Estimates:
     rows = [RankEstimate(rank=r, alpha_s=0.0, beta_s_per_sample=t / b, samples_per_s=b / t, num_points=20,
-                         last_step=step, fresh=True, local_batch_size=b, busy_time_s=t, busy_time_rel_se=0.01)
+                         last_step=step, fresh=r not in stale, local_batch_size=b, busy_time_s=t,
+                         busy_time_rel_se=0.01)
             for r, (b, t) in enumerate(zip(sizes, levels))]
     return Estimates.from_rank_estimates(rows, global_step=step)
 
@@ -106,5 +108,16 @@ def test_the_forecast_noise_is_robust_to_one_real_change_and_answers_once_per_st
     assert 0.005 < se < 0.04, se
     assert noise.observe(_estimates(160, sizes, np.ones(8) * 5)) == se  # the same decision, asked again
     restored = LevelForecastNoise()
-    restored.load_state_dict(noise.state_dict())
+    restored.load_state_dict(json.loads(json.dumps(noise.state_dict(), allow_nan=False)))
     assert restored.observe(_estimates(160, sizes, np.ones(8) * 5)) == se
+
+
+def test_a_stale_rank_counts_for_nothing_and_the_state_stays_plain_json():
+    noise = LevelForecastNoise()
+    noise.observe(_estimates(0, [8] * 4, [1.0] * 4, stale=(3,)))
+    se = noise.observe(_estimates(40, [8] * 4, [1.0, 1.02, 0.98, 5.0]))
+    assert 0 < se < 0.05  # rank 3's level before was not fresh: no change counted for it
+    state = json.loads(json.dumps(noise.state_dict(), allow_nan=False))
+    restored = LevelForecastNoise()
+    restored.load_state_dict(state)
+    assert restored.observe(_estimates(80, [8] * 4, [1.0] * 4)) > 0

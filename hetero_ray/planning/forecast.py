@@ -84,14 +84,19 @@ class LevelForecastNoise:
         return answer
 
     def state_dict(self) -> dict:
-        return {"history": [list(c) for c in self._history],
-                "before": None if self._before is None else list(self._before)}
+        """Plain JSON (no NaN: a stale rank's level is None)."""
+        before = None
+        if self._before is not None:
+            step, sizes, levels = self._before
+            before = [step, sizes, [None if math.isnan(x) else x for x in levels]]
+        return {"history": [list(c) for c in self._history], "before": before}
 
     def load_state_dict(self, state: Optional[dict]) -> None:
         state = state or {}
         self._history = collections.deque((list(c) for c in state.get("history") or ()), maxlen=HISTORY_DECISIONS)
         before = state.get("before")
-        self._before = None if before is None else (int(before[0]), list(before[1]), list(before[2]))
+        self._before = None if before is None else (
+            int(before[0]), [int(b) for b in before[1]], [math.nan if x is None else float(x) for x in before[2]])
         self._last = None
 
 
