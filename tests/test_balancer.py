@@ -327,3 +327,55 @@ def test_a_decision_due_before_the_check_judges_the_outcome_first():
     assert history[1][2].startswith("rollback: plan v1 made the step slower"), history
     assert history[1][0] - history[0][0] == balancer.rebalance_interval  # the worse plan ran one interval
     assert all(h[1][0] <= 24 + (history[0][1][0] - 24) // 2 for h in history[2:]), history  # the cap holds
+
+
+def _turns_worse_run(slow_ranks_too: bool = False, steps: int = 60):
+    """Rank 0 takes 1 ms a sample, the others 2 ms. Beyond 24 samples rank 0 runs within a
+    quota's burst for the first 6 steps of a plan, then 10 ms a sample beyond 24: the
+    plan passes its first check (5 steps) and turns worse after it. With
+    ``slow_ranks_too`` every rank slows 1.5× from that step on instead (the machine).
+
+    The policy may not move for 15 steps after its move (a cooldown): what undoes the plan
+    at the next point is the balancer's judgement of the outcome, not a new prediction."""
+    balancer = Balancer(make_policy("optimal", PolicyConfig(cooldown_steps=15)), rebalance_interval=10)
+    balancer.begin_attempt(attempt=0, num_workers=4, start_global_step=0)
+    sizes, version, since, rows_out, history = [24, 24, 24, 24], 0, 0, [], []
+    for step in range(steps):
+        turned = step - since >= 6
+        def busy(rank: int, b: int) -> float:
+            if slow_ranks_too:
+                return (0.001 if rank == 0 else 0.002) * b * (1.5 if turned and version == 1 else 1.0)
+            if rank == 0:
+                return 0.001 * min(b, 24) + (0.010 if turned else 0.001) * max(0, b - 24)
+            return 0.002 * b
+        rows = [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": busy(r, b),
+                 "plan_version": version, "attempt": 0} for r, b in enumerate(sizes)]
+        out = balancer.add_steps(rows)
+        rows_out += out.decision_rows
+        for proposal in out.new_plans:  # in force from the next step
+            plan = proposal.numbered(version + 1)
+            sizes, version, since = list(plan.local_batch_sizes), plan.version, step + 1
+            history.append((step + 1, tuple(sizes), plan.reason))
+    return balancer, rows_out, history
+
+
+def test_a_plan_that_turns_worse_after_its_first_check_is_reverted_at_the_next_point():
+    balancer, rows, history = _turns_worse_run()
+    first_move = history[0]
+    assert first_move[1][0] > 24, history
+    assert len(history) > 1, f"the plan that turned worse stayed in force: {history}"
+    revert = history[1]
+    assert revert[2].startswith("revert: plan v1 runs"), revert[2]
+    assert "slower than the" in revert[2] and "back to the shares before it" in revert[2]
+    assert revert[1] == (24, 24, 24, 24)
+    assert revert[0] - first_move[0] <= balancer.rebalance_interval, "the worse plan ran more than one interval"
+    row = next(r for r in rows if r["reason"].startswith("revert:"))
+    assert row["adopted"] and row["local_batch_sizes"] == [24, 24, 24, 24]
+    # not proposed again: rank 0 is not given the worse plan's share again
+    assert all(h[1][0] < first_move[1][0] for h in history[2:]), history
+
+
+def test_a_plan_is_not_reverted_when_the_whole_machine_slowed_down():
+    _, _, history = _turns_worse_run(slow_ranks_too=True)
+    assert history and history[0][1][0] > 24, history
+    assert not [h for h in history if h[2].startswith(("revert", "rollback"))], history

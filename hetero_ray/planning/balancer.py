@@ -43,6 +43,15 @@ but a cliff — a CPU quota the rank's step already fills, so every sample more 
 into the next period, and halving would only bisect towards the cliff, a costly interval
 per try — so those ranks may not grow at all.
 
+A plan can also pass that check and turn worse later (its first steps ran within a CPU
+quota's burst, or the check's few steps were lucky): as long as it is in force, every
+later decision judges it again, over its newest ``rollback_check_steps`` steps, against
+the same measurement of its predecessor. Worse by more than :data:`REVERT_MARGIN`, it is
+*reverted* — the same as a rollback (the old shares at the next point, a hold, the caps
+that stop the policy from proposing it again) under its own name in the decision row —
+unless the ranks it gave no more samples slowed down as much: then the machine or a
+device changed, not the plan, and the old shares would be no faster.
+
 Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
 cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
 the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
@@ -71,6 +80,10 @@ _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the 
 # 10 % a user would call "worse", with room for the measurements' own noise.
 ROLLBACK_MARGIN = 0.07
 _MIN_ROLLBACK_STEPS = 3  # a decision due before the check: judge on at least this many steps
+# A plan in force judged again at later decisions is reverted when its step is this much
+# slower than its predecessor's: the 10 % a user calls "worse" (the first check, on fewer
+# steps, acts earlier at ROLLBACK_MARGIN).
+REVERT_MARGIN = 0.10
 # A worse plan whose step came out this many times its prediction found a cliff, not a
 # wrong slope (see the module docstring). Slopes fitted under noise miss by tens of
 # percent; a quota that binds, by 2-3×.
@@ -83,6 +96,17 @@ class _Predecessor:
 
     local_batch_sizes: tuple[int, ...]
     version: int
+
+
+@dataclass(frozen=True)
+class _InForce:
+    """A plan that passed its first check, judged again at every decision while in force."""
+
+    version: int
+    predecessor: _Predecessor
+    before_s: float  # the predecessor's step time, as the first check measured it
+    before_busy_s: tuple[float, ...]  # … and each rank's mean busy time over the same steps
+    predicted_s: Optional[float]  # the plan's predicted step time (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -146,6 +170,7 @@ class _StepInfo:
     wall_time: float = -math.inf  # when the step ended (the latest rank's clock)
     plan_version: int = -1
     local_batch_sizes: dict = field(default_factory=dict)
+    busy_time_s: dict = field(default_factory=dict)  # per rank
 
 
 class Balancer:
@@ -172,6 +197,7 @@ class Balancer:
         self._achieved: list[float] = []
         self._predecessor: Optional[_Predecessor] = None  # of the adoption awaiting its check
         self._holds_left = 0  # decisions to skip after a rollback
+        self._in_force: Optional[_InForce] = None  # the adopted plan judged again (module docstring)
         self._learned_caps: list[Optional[int]] = []  # per rank, from rollbacks (see module docstring)
         self._quota_caps = QuotaCaps(0)  # per rank, from CPU quotas and use (planning/quota.py)
 
@@ -194,6 +220,7 @@ class Balancer:
         self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
         self._gaps_s.clear()
         self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
+        self._in_force = None
         self._quota_caps = QuotaCaps(num_workers)
 
     @property
@@ -224,6 +251,7 @@ class Balancer:
             busy = row.get("busy_time_s")
             if busy is not None and busy == busy:  # not NaN
                 info.max_busy_time_s = max(info.max_busy_time_s, busy)
+                info.busy_time_s[row["rank"]] = busy
             for key in ("step_time_s", "wall_time"):
                 value = row.get(key)
                 if value is not None and math.isfinite(value):
@@ -295,6 +323,8 @@ class Balancer:
                 return False  # too few steps of the new plan to judge it, or to decide on
             if self._rolled_back(global_step, info, out):
                 return True
+        elif self._in_force is not None and self._reverted(global_step, info, out):
+            return True
         if self._holds_left > 0:
             self._holds_left -= 1
             decision = Decision(False, current, "hold: the shares were just restored by a rollback; measuring "
@@ -309,6 +339,7 @@ class Balancer:
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []
             self._predecessor = _Predecessor(sizes, current.version)
+            self._in_force = None
         else:
             out.decision_rows.append(row)
         return True
@@ -376,21 +407,62 @@ class Balancer:
         predecessor, self._predecessor = self._predecessor, None
         achieved = kept_mean_s(self._achieved)
         before = self._step_time_of(predecessor.version, len(self._achieved))
-        if before is None or not achieved > before * (1 + ROLLBACK_MARGIN):
+        if before is None:
             return False
-        self._roll_back(global_step, info, predecessor, before, achieved, out)
+        if not achieved > before * (1 + ROLLBACK_MARGIN):
+            predicted = self._awaiting_outcome[0].get("predicted_step_time_s")
+            self._in_force = _InForce(info.plan_version, predecessor, before,
+                                      self._busy_times_of(predecessor.version, len(self._achieved)), predicted)
+            return False
+        reason = (f"rollback: plan v{info.plan_version} made the step slower ({before * 1e3:.1f} ms → "
+                  f"{achieved * 1e3:.1f} ms, over {len(self._achieved)} steps); back to the shares before it")
+        self._roll_back(global_step, info, predecessor, before, achieved, reason, out)
         return True
 
+    def _reverted(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> bool:
+        """Judges the plan in force again (see the module docstring); True when it was reverted."""
+        judged = self._in_force
+        if info.plan_version != judged.version:
+            self._in_force = None  # another plan is in force: nothing left to judge
+            return False
+        # its newest steps, as many as the first check's: a plan that turned worse half an
+        # interval before a point is reverted there
+        num_steps = self.rollback_check_steps
+        achieved = self._step_time_of(judged.version, num_steps)
+        if achieved is None or not achieved > judged.before_s * (1 + REVERT_MARGIN):
+            return False
+        busy_now = self._busy_times_of(judged.version, num_steps)
+        sizes = [info.local_batch_sizes[r] for r in range(self.num_workers)]
+        if outside_slowdown(judged.predecessor.local_batch_sizes, sizes, judged.before_busy_s, busy_now,
+                            REVERT_MARGIN):
+            return False
+        self._in_force = None
+        reason = (f"revert: plan v{judged.version} runs {achieved * 1e3:.1f} ms a step over its last {num_steps} "
+                  f"steps, {achieved / judged.before_s - 1:.0%} slower than the {judged.before_s * 1e3:.1f} ms of "
+                  f"the plan before it (v{judged.predecessor.version}; more than {REVERT_MARGIN:.0%}); back to "
+                  "the shares before it")
+        self._roll_back(global_step, info, judged.predecessor, judged.before_s, achieved, reason, out,
+                        predicted_s=judged.predicted_s)
+        return True
+
+    def _busy_times_of(self, version: int, num_steps: int) -> tuple[float, ...]:
+        """Each rank's mean busy time over the newest ``num_steps`` complete steps of ``version``."""
+        infos = [i for i in self._steps.values()
+                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
+        infos = infos[-num_steps:]
+        return tuple(statistics.fmean(i.busy_time_s.get(r, 0.0) for i in infos) if infos else math.nan
+                     for r in range(self.num_workers))
+
     def _roll_back(self, global_step: int, info: _StepInfo, predecessor: _Predecessor, before_s: float,
-                   achieved_s: float, out: BalancerOutput) -> None:
+                   achieved_s: float, reason: str, out: BalancerOutput, predicted_s: Optional[float] = None) -> None:
         """The plan in force made the step slower: its shares go back to its predecessor's."""
-        row, _ = self._awaiting_outcome
-        row["achieved_step_time_s"] = achieved_s  # the worse plan's outcome, as far as it ran
-        out.decision_rows.append(row)
+        predicted = predicted_s
+        if self._awaiting_outcome is not None:
+            row, _ = self._awaiting_outcome
+            row["achieved_step_time_s"] = achieved_s  # the worse plan's outcome, as far as it ran
+            out.decision_rows.append(row)
+            predicted = row.get("predicted_step_time_s")
         worse = Plan(info.plan_version, tuple(info.local_batch_sizes[r] for r in range(self.num_workers)))
-        reason = (f"rollback: plan v{worse.version} made the step slower ({before_s * 1e3:.1f} ms → "
-                  f"{achieved_s * 1e3:.1f} ms, over {len(self._achieved)} steps); back to the shares before it")
-        predicted = row.get("predicted_step_time_s")
         cliff = predicted is not None and predicted > 0 and achieved_s > CLIFF_FACTOR * predicted
         for rank, (before, after) in enumerate(zip(predecessor.local_batch_sizes, worse.local_batch_sizes)):
             if after > before:  # its line was trusted too far: half the way at most next time, or no further
@@ -454,6 +526,14 @@ class Balancer:
             self.estimates = ClusterEstimates(self.num_workers, window_steps=self.window_steps)
             self.estimates.load_state_dict(state["estimates"])
         self.policy.load_state_dict(state.get("policy") or {})
+
+
+def outside_slowdown(sizes_before, sizes_now, busy_before_s, busy_now_s, margin: float) -> bool:
+    """True when a rank the new plan gave no more samples got slower by more than
+    ``margin``: the step slowed for a reason outside the plan (the machine, a device), and
+    the old shares would be no faster. Ranks whose busy time is unknown (NaN) say nothing."""
+    return any(now <= before and t_now > t_before * (1 + margin)
+               for before, now, t_before, t_now in zip(sizes_before, sizes_now, busy_before_s, busy_now_s))
 
 
 def _tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:

@@ -30,8 +30,12 @@ within :data:`CONTENDER_SIGMAS` standard errors of the slowest one's). When the 
 busy times themselves show one rank clearly slower than the rest — the step is unbalanced
 beyond noise, as after a first move from equal shares that fell short — there is one
 contender and no margin, and the move the imbalance calls for is not blocked by noise it
-does not have. Stale ranks (no recent records) keep their size; the rest is balanced
-around them. A plan with a rank over its cap (a CPU quota its node fills: see
+does not have. Where the levels drift — a rank's speed on a shared machine wanders for
+tens of steps, which no window's i.i.d. error shows — each rank's standard error is at
+least ``se_forecast``, how far the levels measurably moved between decisions
+(:mod:`hetero_ray.planning.forecast`), and so is the margin, one contender or many: the
+plan meets the next interval's levels, not this window's. Stale ranks (no recent records)
+keep their size; the rest is balanced around them. A plan with a rank over its cap (a CPU quota its node fills: see
 planning/quota.py) is moved whatever the gain: the cap says what the fitted curve cannot.
 """
 
@@ -48,6 +52,7 @@ from hetero_ray.errors import ConfigError
 from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.estimates import Estimates
+from hetero_ray.planning.forecast import LevelForecastNoise
 from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.planning.solver import proportional_split, solve_split
 
@@ -232,6 +237,32 @@ class ProportionalPolicy(_BasePolicy):
 class _AdaptivePolicy(_BasePolicy):
     """Proposes the split that minimises the predicted step time under its cost model."""
 
+    def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
+        super().__init__(config, caps)
+        self._level_forecast = LevelForecastNoise()
+
+    def _noise_margin(self, est: Estimates, usable: np.ndarray, level_forecast_se: float) -> float:
+        """``k·se·sqrt(2 ln n)`` over the contenders (module docstring); each rank's relative
+        standard error is its window's, or the levels' measured drift between decisions
+        where that is larger (planning/forecast.py)."""
+        rel_se = est.busy_time_rel_se[usable]
+        se = float(np.median(rel_se[np.isfinite(rel_se)])) if np.isfinite(rel_se).any() else 0.0
+        drift = level_forecast_se if level_forecast_se > se else 0.0  # NaN (not measured yet): none
+        if drift:
+            rel_se, se = np.fmax(rel_se, drift), max(se, drift)
+        contenders = _contenders(est.busy_time_s[usable], rel_se)
+        selection = se * math.sqrt(2.0 * math.log(contenders)) if contenders > 1 else 0.0
+        # Where the levels drift, however clear the slowest rank's lead, the plan meets its
+        # level at the next decision, ± drift from today's: a gain within that is no gain.
+        return self.config.noise_margin * max(selection, drift)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "level_forecast": self._level_forecast.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._level_forecast.load_state_dict(state.get("level_forecast"))
+
     def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
         """Shares by profiled throughput when there are capacities, else equal (within the caps)."""
         self._check_room(global_batch_size, num_workers)
@@ -264,6 +295,7 @@ class _AdaptivePolicy(_BasePolicy):
         if not usable.any():
             return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
         b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
+        level_forecast_se = self._level_forecast.observe(est)  # every decision's levels count
 
         def predicted(sizes: np.ndarray) -> float:
             # P = max over fresh ranks of t_i(b_i) (stale ranks: unknown, left out)
@@ -294,10 +326,7 @@ class _AdaptivePolicy(_BasePolicy):
         proposed_pred = predicted(proposal_arr)
         gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
 
-        se = est.busy_time_rel_se[usable]
-        se = float(np.median(se[np.isfinite(se)])) if np.isfinite(se).any() else 0.0
-        contenders = _contenders(est.busy_time_s[usable], est.busy_time_rel_se[usable])
-        margin = cfg.noise_margin * se * math.sqrt(2.0 * math.log(contenders)) if contenders > 1 else 0.0
+        margin = self._noise_margin(est, usable, level_forecast_se)
         required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
 
         stale = np.flatnonzero(~usable)
