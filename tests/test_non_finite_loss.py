@@ -89,3 +89,20 @@ def test_registering_a_start_with_a_store_that_never_answers_times_out_saying_wh
             _begin_attempt(store, 40, 3)
     finally:
         ray.kill(store)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("allowed", [False, True], ids=["stops", "allowed"])
+def test_the_built_in_job_stops_on_a_nan_loss_unless_told_to_train_on(ray_session, fast_config, allowed):
+    """`hetero-ray train --allow-non-finite-loss` reaches the built-in loop (an absurd
+    learning rate makes the weights, and so the loss, overflow within a few steps)."""
+    from hetero_ray.runtime.driver import run_training
+
+    config = fast_config(lr=1e30, allow_non_finite_loss=allowed, experiment_name=f"nan-builtin-{allowed}")
+    if allowed:
+        assert run_training(config).summary["status"] == "finished"
+        return
+    with pytest.raises(UserError, match=r"the loss is (nan|inf) at global step \d+ on rank \d.*"
+                                        r"--allow-non-finite-loss"):
+        run_training(config)
