@@ -435,7 +435,7 @@ def test_both_clusters_meet_hetero_rays_needs(kind, check):
     (placement_problems, "headGroupSpec.rayStartParams.num-cpus", _GONE, "the head trains nothing"),
     (image_problems, "workerGroupSpecs.1.template.spec.containers.0.image", "rayproject/ray:2.60.0", "none of"),
     (image_problems, "workerGroupSpecs.0.template.spec.containers.0.image", "ghcr.io/your-org/hetero-ray:0.1.0-cpu",
-     "is built on rayproject/ray:2.60.0-py311"),
+     "is built on rayproject/ray:"),
     (network_problems, "workerGroupSpecs.1.template.spec.containers.0.env", [], "pod network"),
     (network_problems, "headGroupSpec.serviceType", "LoadBalancer", "ClusterIP"),
 ])
