@@ -1,5 +1,6 @@
 """A NaN or infinite loss stops the run with a message naming the step and the rank
-(unless HeteroConfig(allow_non_finite_loss=True)); a user's loop reports it through
+(unless HeteroConfig(allow_non_finite_loss=True), or `hetero-ray train
+--allow-non-finite-loss` for the built-in job); a user's loop reports it through
 hetero_ray.train.report's "loss", the built-in loop through its step. The rank-0
 registration of a worker-group start waits for the store with a timeout that says what
 it awaited."""
