@@ -336,10 +336,14 @@ class FaultToleranceConfig:
     checkpoint_every: int = setting(100, "steps between checkpoints (and every epoch end)", type=int)
     max_failures: int = setting(3, "worker-group restarts allowed, each from the last checkpoint", type=int)
     resume: bool = setting(False, "continue the run of the same --experiment-name")
+    # A NaN loss is almost always a bug or a divergence, and every later step trains on it.
+    allow_non_finite_loss: bool = setting(
+        False, "train on when a loss is NaN or infinite (by default the run stops at that step, naming it)")
 
     def __post_init__(self):
         validate.positive_int("--checkpoint-every", self.checkpoint_every)
         validate.non_negative_int("--max-failures", self.max_failures)
+        validate.switch("--allow-non-finite-loss", self.allow_non_finite_loss)
 
 
 @dataclass(frozen=True)
@@ -493,7 +497,7 @@ RESUME_MAY_CHANGE = frozenset({
     "precision",
     # measuring, recording, fault tolerance
     "profile", "profile_batch_sizes", "profile_interval", "profile_timeout_s", "record_sample_ids",
-    "checkpoint_every", "max_failures",
+    "checkpoint_every", "max_failures", "allow_non_finite_loss",  # a run a NaN stopped may go on past it
     # where the data files are read from and how they are checked (the same files)
     "data_dir", "download", "verify_checksums",
 })

@@ -281,7 +281,7 @@ def test_every_setting_is_compared_or_may_change_on_resume():
     recorded = config.to_dict()
     may_change = dict(epochs=5, max_steps=3, num_workers=4, min_workers=2, policy="static", batch_split=[16] * 4,
                       verify_checksums=False, profile=False, checkpoint_every=7, max_failures=0,
-                      experiment_name="b", output_dir="elsewhere", resume=True)
+                      allow_non_finite_loss=True, experiment_name="b", output_dir="elsewhere", resume=True)
     assert changed_on_resume(recorded, TrainConfig(**may_change)) == []
     assert changed_on_resume(recorded, TrainConfig(experiment_name="a", drop_last=True, lr=0.5)) == [
         "--lr was 0.05, now 0.5", "--drop-last was off, now on"]

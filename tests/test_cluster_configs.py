@@ -1,11 +1,12 @@
-"""cluster_configs/: the start scripts, the cluster-launcher YAML and the KubeRay manifest.
+"""cluster_configs/: the start scripts and the cluster-launcher YAML (the KubeRay
+manifests: tests/test_cluster_configs_kuberay.py).
 
 The scripts run for real, with a stand-in `ray` that records how it was called, a
 stand-in `nvidia-smi` (a GPU machine or a machine without a driver) and a stand-in `ip`
 (a machine with two networks), so every check here is fast and needs no cluster;
 tests/test_ray_job_submit.py starts a real one with them.
-The YAMLs are checked against what the code reads (the label names in
-hetero_ray.constants) and against Ray's own validation where Ray has one.
+The YAML is checked against what the code reads (the label names in
+hetero_ray.constants) and against Ray's own validation.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ START_HEAD = os.path.join(CONFIGS, "start_head.sh")
 START_WORKER = os.path.join(CONFIGS, "start_worker.sh")
 SCRIPTS = [os.path.join(CONFIGS, name) for name in ("common.sh", "start_head.sh", "start_worker.sh")]
 LAUNCHER_YAML = os.path.join(CONFIGS, "onprem-cluster.yaml")
-KUBERAY_YAML = os.path.join(CONFIGS, "kuberay-raycluster.yaml")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 FAKE_RAY = """#!/bin/sh
@@ -450,106 +450,3 @@ def test_launcher_yaml_ships_the_token_and_keeps_the_dashboard_on_loopback():
     assert hosts and all(h in LOOPBACK for h in hosts)
     assert "0.0.0.0" not in open(LAUNCHER_YAML).read()
     assert "RAY_AUTH_MODE=disabled" not in commands
-
-
-# --- the KubeRay manifest
-
-
-def _kuberay() -> tuple[dict, list[dict]]:
-    with open(KUBERAY_YAML) as f:
-        documents = [d for d in yaml.safe_load_all(f) if d]
-    (cluster,) = [d for d in documents if d["kind"] == "RayCluster"]
-    return cluster, documents
-
-
-def _groups(cluster: dict) -> dict[str, dict]:
-    groups = {"head": cluster["spec"]["headGroupSpec"]}
-    groups.update({g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]})
-    return groups
-
-
-def _containers(group: dict) -> list[dict]:
-    return group["template"]["spec"]["containers"]
-
-
-def test_kuberay_cluster_has_a_gpu_and_a_cpu_worker_group_labelled_for_the_code():
-    from ray._private.label_utils import validate_node_label_syntax
-
-    cluster, _ = _kuberay()
-    assert cluster["apiVersion"] == "ray.io/v1"
-    groups = _groups(cluster)
-    assert set(groups) == {"head", "gpu-workers", "cpu-workers"}
-    assert groups["gpu-workers"]["labels"][DEVICE_LABEL] == "gpu"
-    assert groups["gpu-workers"]["labels"][GPU_MODEL_LABEL]
-    assert groups["cpu-workers"]["labels"] == {DEVICE_LABEL: "cpu"}
-    assert groups["head"]["labels"][DEVICE_LABEL] == "cpu"  # the head trains nothing (num-cpus 0): a CPU image
-    for name, group in groups.items():
-        validate_node_label_syntax(group["labels"])  # what Ray accepts as node labels
-        assert {k for k in group["labels"] if k.startswith("hetero-ray.io/")} <= {DEVICE_LABEL, GPU_MODEL_LABEL}
-        # KubeRay >= 1.5 rejects labels in rayStartParams ("use the top-level Labels field").
-        assert "labels" not in group.get("rayStartParams", {}), name
-        # KubeRay's rayStartParams is map[string]string.
-        assert all(isinstance(v, str) for v in group.get("rayStartParams", {}).values()), name
-
-
-def test_kuberay_gpu_group_requests_gpus_and_cpu_group_none():
-    cluster, _ = _kuberay()
-    groups = _groups(cluster)
-    for container in _containers(groups["gpu-workers"]):
-        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
-    for name in ("cpu-workers", "head"):
-        for container in _containers(groups[name]):
-            assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
-            assert "nvidia.com/gpu" not in container["resources"].get("requests", {})
-    assert groups["cpu-workers"]["rayStartParams"]["num-gpus"] == "0"
-
-
-def test_kuberay_every_ray_container_reads_the_token_from_the_secret_mounted_as_a_file():
-    """The token reaches Ray as a read-only file (RAY_AUTH_TOKEN_PATH, which Ray 2.60 reads),
-    never as an environment variable every process in the container would inherit."""
-    cluster, documents = _kuberay()
-    secrets = set()
-    for name, group in _groups(cluster).items():
-        pod = group["template"]["spec"]
-        volumes = {v["name"]: v for v in pod.get("volumes", [])}
-        for container in _containers(group):
-            env = {e["name"]: e for e in container.get("env", [])}
-            assert env["RAY_AUTH_MODE"]["value"] == "token", name
-            assert "RAY_AUTH_TOKEN" not in env, name  # no token in any container's environment
-            token_path = env["RAY_AUTH_TOKEN_PATH"]["value"]
-            (mount,) = [m for m in container.get("volumeMounts", [])
-                        if token_path.startswith(m["mountPath"].rstrip("/") + "/")]
-            assert mount.get("readOnly") is True, name
-            secret = volumes[mount["name"]]["secret"]
-            (item,) = [i for i in secret["items"] if i["path"] == token_path[len(mount["mountPath"].rstrip("/")) + 1:]]
-            assert secret["defaultMode"] & 0o007 == 0, name  # not readable by other users
-            secrets.add((secret["secretName"], item["key"]))
-    assert len(secrets) == 1  # one cluster, one token
-    assert not [d for d in documents if d["kind"] == "Secret"]  # created with kubectl, not checked in
-
-
-def test_kuberay_dashboard_and_ports_are_not_exposed():
-    cluster, documents = _kuberay()
-    head = cluster["spec"]["headGroupSpec"]
-    assert head["rayStartParams"]["dashboard-host"] in LOOPBACK
-    assert head.get("serviceType", "ClusterIP") == "ClusterIP"
-    assert not [d for d in documents if d["kind"] in ("Service", "Ingress")]
-    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
-    own_pods = {"ray.io/cluster": cluster["metadata"]["name"]}
-    assert policy["spec"]["podSelector"]["matchLabels"] == own_pods
-    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [[{"podSelector": {"matchLabels": own_pods}}]]
-
-
-def test_kuberay_gloo_and_nccl_use_the_pod_network_in_every_ray_container():
-    cluster, _ = _kuberay()
-    for name, group in _groups(cluster).items():
-        for container in _containers(group):
-            env = {e["name"]: e.get("value") for e in container.get("env", [])}
-            assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "=eth0"), name
-
-
-def test_kuberay_ray_version_is_the_one_the_project_pins():
-    import ray
-
-    cluster, _ = _kuberay()
-    assert cluster["spec"]["rayVersion"] == ray.__version__

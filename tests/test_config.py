@@ -172,13 +172,14 @@ def test_flags_become_settings():
         "--model", "mlp", "--batch-size", "48", "--num-workers", "2-3", "--batch-split", "16,16,16",
         "--emulate-speeds", "1,1,0.5", "--emulate-speed-change", "10:2:0.25", "--emulate-speed-change", "20:2:1",
         "--plan-change", "5:8,16,24", "--no-profile", "--no-verify-checksums", "--profile-timeout", "30",
-        "--worker-labels", "a=1;a=1;b=2", "--drop-last", "--experiment-name", "flags"))
+        "--worker-labels", "a=1;a=1;b=2", "--drop-last", "--allow-non-finite-loss", "--experiment-name", "flags"))
     assert (config.model, config.batch_size, config.min_workers, config.num_workers) == ("mlp", 48, 2, 3)
     assert config.cluster.elastic and config.batch_split == [16, 16, 16]
     assert config.emulate_speed_changes == [{"global_step": 10, "rank": 2, "speed": 0.25},
                                             {"global_step": 20, "rank": 2, "speed": 1.0}]
     assert config.plan_changes == [{"global_step": 5, "local_batch_sizes": [8, 16, 24]}]
     assert (config.profile, config.verify_checksums, config.drop_last) == (False, False, True)
+    assert config.allow_non_finite_loss and not TrainConfig().allow_non_finite_loss
     assert config.profile_timeout_s == 30 and config.worker_label_selectors == [{"a": "1"}, {"a": "1"}, {"b": "2"}]
 
 

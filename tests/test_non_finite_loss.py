@@ -1,5 +1,6 @@
 """A NaN or infinite loss stops the run with a message naming the step and the rank
-(unless HeteroConfig(allow_non_finite_loss=True)); a user's loop reports it through
+(unless HeteroConfig(allow_non_finite_loss=True), or `hetero-ray train
+--allow-non-finite-loss` for the built-in job); a user's loop reports it through
 hetero_ray.train.report's "loss", the built-in loop through its step. The rank-0
 registration of a worker-group start waits for the store with a timeout that says what
 it awaited."""
@@ -89,3 +90,40 @@ def test_registering_a_start_with_a_store_that_never_answers_times_out_saying_wh
             _begin_attempt(store, 40, 3)
     finally:
         ray.kill(store)
+
+
+@pytest.mark.parametrize("flags, allowed", [([], False), (["--allow-non-finite-loss"], True)])
+def test_the_cli_flag_reaches_every_worker_of_the_built_in_job(monkeypatch, tmp_path, flags, allowed):
+    """The flag is in the settings each worker of `hetero-ray train`'s job gets (built as
+    the driver builds them; no Ray needed: the trainer is only made, not run)."""
+    import hetero_ray.training.entry
+    from hetero_ray.cli.main import build_parser
+    from hetero_ray.cli.train import config_from_args
+    from hetero_ray.runtime.driver import _make_trainer
+
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # the driver sets it
+    worker_settings = {}
+    real_call_for = hetero_ray.training.entry.call_for
+    monkeypatch.setattr(hetero_ray.training.entry, "call_for",
+                        lambda loop, settings: worker_settings.update(settings) or real_call_for(loop, settings))
+    config = config_from_args(build_parser().parse_args(
+        ["train", "--model", "mlp", "--output-dir", str(tmp_path), "--experiment-name", "nan", *flags]))
+    _make_trainer(config, str(tmp_path / "nan"), "cpu", "gloo", total_steps=10, first_plan_wait_s=0.0)
+    assert worker_settings["allow_non_finite_loss"] is allowed
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("allowed", [False, True], ids=["stops", "allowed"])
+def test_the_built_in_job_stops_on_a_nan_loss_unless_told_to_train_on(ray_session, fast_config, allowed):
+    """`hetero-ray train --allow-non-finite-loss` reaches the built-in loop (an absurd
+    learning rate makes the weights, and so the loss, overflow within a few steps)."""
+    from hetero_ray.runtime.driver import run_training
+
+    config = fast_config(lr=1e30, allow_non_finite_loss=allowed, experiment_name=f"nan-builtin-{allowed}")
+    if allowed:
+        assert run_training(config).summary["status"] == "finished"
+        return
+    with pytest.raises(UserError, match=r"the loss is (nan|inf) at global step \d+ on rank \d.*"
+                                        r"--allow-non-finite-loss"):
+        run_training(config)

@@ -191,3 +191,28 @@ def test_finish_run_survives_a_summary_that_cannot_be_built(tmp_path, monkeypatc
         on_disk = json.load(f)
     assert on_disk["status"] == "interrupted" and on_disk["global_steps"] == 1 and failure is None
     assert any("summarising the run failed" in line for line in lines)
+
+
+def test_the_dashboards_table_cache_skips_a_torn_part_and_reads_the_rest(tmp_path, caplog):
+    """A part torn by a crash, before a metrics store set it aside, and one set aside as .torn:
+    the app reads every other part (the old cache raised on the torn part)."""
+    from hetero_ray.reporting.table_cache import TableCache
+
+    run_dir = str(tmp_path)
+    for sequence, step in ((1, 0), (3, 2)):
+        run_files.write_part(run_dir, "steps", pa.Table.from_pylist([step_row(step, 0)], schema=SCHEMAS["steps"]),
+                             sequence)
+    parts = run_files.parts_dir(run_dir, "steps")
+    open(os.path.join(parts, "part-00000002.parquet"), "wb").close()
+    with open(os.path.join(parts, "part-00000000.parquet" + run_files.TORN_SUFFIX), "wb") as f:
+        f.write(b"PAR1 cut short")
+    cache = TableCache()
+    with caplog.at_level(logging.WARNING):
+        df, _ = cache.read(run_dir, "steps")
+    assert _pairs(df) == [(0, 0), (2, 0)]
+    assert "part-00000002.parquet" in caplog.text
+    # A store on the run sets the part aside and writes its rows again from the log.
+    os.replace(os.path.join(parts, "part-00000002.parquet"), os.path.join(parts, "part-00000002.parquet.torn"))
+    run_files.write_part(run_dir, "steps", pa.Table.from_pylist([step_row(1, 0)], schema=SCHEMAS["steps"]), 4)
+    df, _ = cache.read(run_dir, "steps")
+    assert _pairs(df) == [(0, 0), (1, 0), (2, 0)]

@@ -181,7 +181,7 @@ def _read_raw(run_dir: str, table: str) -> tuple[pd.DataFrame, list[str], list[s
                                 "is lost; rename or remove it to read the rest of the run") from None
     read, torn = [], []
     for path in part_files(run_dir, table):
-        frame = _read_part(path)
+        frame = read_part(path)
         (read if frame is not None else torn).append(path)
         if frame is not None:
             frames.append(frame)
@@ -203,7 +203,10 @@ def part_files(run_dir: str, table: str) -> list[str]:
     return sorted(glob.glob(os.path.join(parts_dir(run_dir, table), "part-*.parquet")))
 
 
-def _read_part(path: str) -> Optional[pd.DataFrame]:
+def read_part(path: str) -> Optional[pd.DataFrame]:
+    """One part's rows; an empty frame if it was merged away since it was listed (its rows
+    are in the merged file now); None, with a warning naming it, if a crash tore it (every
+    reader skips it; a metrics store sets it aside as ``.torn`` and replays its rows)."""
     try:
         return pq.read_table(path).to_pandas()
     except FileNotFoundError:
@@ -222,7 +225,7 @@ def set_aside_unreadable_parts(run_dir: str) -> list[str]:
     torn by a crash are still in the log.
     """
     torn = [path for path in sorted(glob.glob(os.path.join(run_dir, PARTS_DIR, "*", "part-*.parquet")))
-            if _read_part(path) is None]
+            if read_part(path) is None]
     _set_aside(torn)
     return torn
 

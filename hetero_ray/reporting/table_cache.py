@@ -2,7 +2,8 @@
 
 :class:`TableCache` reads a run directory's tables through :mod:`hetero_ray.metrics.run_files`
 (merged Parquet files, or the parts of a run that is still being written); new parts of a
-running run are read incrementally. Only Parquet is read; nothing is ever unpickled.
+running run are read incrementally; a part a crash tore is skipped, as every reader of
+run_files skips it. Only Parquet is read; nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -61,12 +62,9 @@ class TableCache:
             new_parts = parts
             if merged_sig is not None:
                 frames.append(_read_parquet(merged))
-        for path in new_parts:
-            try:
-                frames.append(_read_parquet(os.path.realpath(path)))
-            except (FileNotFoundError, OSError):  # merged away meanwhile: read again next time
-                parts = parts[: parts.index(path)]
-                break
+        # A part merged away meanwhile reads empty (the merged file's new signature brings
+        # its rows next time); a torn one is skipped until a metrics store sets it aside.
+        frames += [run_files.read_part(os.path.realpath(path)) for path in new_parts]
         frames = [f for f in ([raw] if raw is not None else []) + frames if f is not None and not f.empty]
         raw = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (
             frames[0] if frames else SCHEMAS[table].empty_table().to_pandas())

@@ -187,7 +187,8 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         rebalance_interval=config.rebalance_interval, device_mode=device_mode,
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
         emulate_speeds=config.emulate_speeds, speed_changes=config.emulate_speed_changes, end_global_step=total_steps,
-        emulate_devices=emulate_devices, first_plan_wait_s=first_plan_wait_s, **_warmup_settings(config),
+        emulate_devices=emulate_devices, first_plan_wait_s=first_plan_wait_s,
+        allow_non_finite_loss=config.allow_non_finite_loss, **_warmup_settings(config),
     )
     return TorchTrainer(
         call_for(train_loop_per_worker, settings.to_dict()),

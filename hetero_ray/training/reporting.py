@@ -77,7 +77,8 @@ def check_loss_is_finite(loss, global_step: int, rank: int) -> None:
     restart from the last checkpoint would meet it again); None and non-numbers pass.
 
     Every step after such a loss trains on garbage while the run still ends "finished";
-    ``HeteroConfig(allow_non_finite_loss=True)`` is the way to train on regardless.
+    ``HeteroConfig(allow_non_finite_loss=True)`` (``hetero-ray train --allow-non-finite-loss``)
+    is the way to train on regardless.
     """
     if isinstance(loss, torch.Tensor):
         if loss.numel() != 1:
@@ -87,7 +88,8 @@ def check_loss_is_finite(loss, global_step: int, rank: int) -> None:
         return
     raise UserError(f"the loss is {loss} at global step {global_step} on rank {rank}, so training stopped: every "
                     "later step would train on it. Lower the learning rate or check the data for NaN or infinite "
-                    "values; HeteroConfig(allow_non_finite_loss=True) lets a run train on regardless")
+                    "values; HeteroConfig(allow_non_finite_loss=True) or hetero-ray train --allow-non-finite-loss "
+                    "lets a run train on regardless")
 
 
 def read_state(checkpoint: ray.train.Checkpoint) -> dict:
