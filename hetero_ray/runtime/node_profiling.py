@@ -55,8 +55,9 @@ FIRST_PLAN_POLL_S = 1.0  # the CPU-only nodes of a GPU cluster: asking whether t
 
 
 class NodeProfiling:
-    """One run's node profiling: :meth:`start` (now, or beside the workers' start: the
-    module docstring says which), then :meth:`nodes` for the summary's verdicts."""
+    """One run's node profiling: :meth:`start` (now, beside the workers' start, or after
+    the first plan: the module docstring says which), then :meth:`nodes` for the summary's
+    verdicts."""
 
     def __init__(self, run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
