@@ -123,7 +123,7 @@ def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None
     plans = pd.read_parquet(os.path.join(run_dir, "plans.parquet")).sort_values("plan_version")
     return {"first_step_s": first - started, "run_dir_s": at("config.json"), "profiled_s": at("nodes.json"),
             "group_registered_s": None if attempt_started is None else attempt_started - started,
-            "first_plan": f"{list(plans['local_batch_sizes'].iloc[0])} ({plans['reason'].iloc[0]})"}
+            "first_plan": f"{[int(b) for b in plans['local_batch_sizes'].iloc[0]]} ({plans['reason'].iloc[0]})"}
 
 
 def _s(seconds) -> str:

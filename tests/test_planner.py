@@ -317,6 +317,12 @@ def test_on_a_gpu_cluster_cpu_ranks_plan_from_their_warm_up_and_their_late_profi
     assert mixed.caps == [2048, 300]
     assert mixed.plan_for(2, 0, **placement)["version"] == plan["version"]  # no new first plan for it
 
+    restarted_group = planner()  # e.g. an elastic restart: its CPU rank's node has a profile by now
+    restarted_group.set_capabilities([node("g", [cpu_device(), gpu_device(0)]).to_dict(),
+                                      node("c", [cpu_device(beta=0.1, cap=300)]).to_dict()])
+    again = restarted_group.plan_for(2, 0, **placement, rank_fits=fits)
+    assert again["local_batch_sizes"] == plan["local_batch_sizes"] and "rank(s) 1 measured by" in again["reason"]
+
     without_warm_up = planner()
     without_warm_up.set_capabilities([node("g", [cpu_device(), gpu_device(0)]).to_dict()])
     assert without_warm_up.plan_for(2, 0, **placement)["local_batch_sizes"] == [20, 20]  # no line for rank 1

@@ -195,10 +195,14 @@ class Planner:
         capacities = self._capacities(num_workers, rank_node_ids, rank_device_kinds)
         fits = list(rank_fits) if rank_fits is not None and len(rank_fits) == num_workers else [None] * num_workers
         warmed_up = all(fits)
-        # Under emulated speeds every rank's own line (the profiles know no emulation); else
-        # a rank's own line only where its node's profile has none for its device (the CPU
-        # ranks of a GPU cluster, whose nodes are profiled after the first plan).
-        own = [bool(f) and (warmed_up or capacities is None or capacities[r] is None) for r, f in enumerate(fits)]
+        # Under emulated speeds every rank's own line (the profiles know no emulation). Beside
+        # GPU ranks, a CPU rank's own line: its node is profiled after the first plan, beside
+        # training, which makes it look slower than it is. Else a rank's own line only where
+        # its node's profile has none for its device.
+        beside_gpus = [rank_device_kinds is not None and "gpu" in rank_device_kinds and kind == "cpu"
+                       for kind in (rank_device_kinds or [None] * num_workers)]
+        own = [bool(f) and (warmed_up or beside_gpus[r] or capacities is None or capacities[r] is None)
+               for r, f in enumerate(fits)]
         if any(own):
             capacities = _from_warm_up([f if o else None for f, o in zip(fits, own)], capacities)
         measured = capacities if capacities is not None and all(c is not None for c in capacities) else None
