@@ -11,11 +11,21 @@ it is started until its first training step has finished:
 
 Rounds alternate which side goes first. For hetero_ray the run's files also say where
 the time went: the run directory made (``config.json``), the nodes profiled
-(``nodes.json``), the worker group registered (``attempts.json``), the first step.
+(``nodes.json``, written again when a later profile comes in: its last write), the worker
+group registered (``attempts.json``), the first step.
 Target: hetero_ray's first step no more than 5 s after plain's.
+
+With ``--gpu-node`` the first node is labelled as a GPU machine (``hetero-ray.io/device=gpu``;
+no GPU is needed: its worker trains on the CPU, as on any machine without CUDA) and the
+others as CPU-only, and hetero_ray places its workers by those labels
+(``--worker-devices gpu,…,cpu,…``): a cluster with GPUs, where the nodes with GPUs are
+profiled before the first step and the CPU-only ones after the first plan. Plain Ray Train
+runs the same workers on the same cluster. With ``--quota`` the last (CPU-only) node is
+also short of CPU: its profile is the slow one.
 
     python benchmarks/bench_first_step.py [--rounds 2] [--num-workers 4] [--emulate-speeds 1,1,0.5,0.25]
     python benchmarks/bench_first_step.py --nodes 2 --num-workers 2 [--quota 0.33]   # on a two-node cluster
+    python benchmarks/bench_first_step.py --nodes 2 --num-workers 2 --gpu-node [--quota 0.33]
 """
 
 from __future__ import annotations
@@ -85,7 +95,7 @@ def plain(workdir: str, num_workers: int, address: str | None = None) -> float:
 
 
 def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None,
-           address: str | None = None) -> dict:
+           address: str | None = None, worker_devices: list[str] | None = None) -> dict:
     import pandas as pd
 
     cli = os.path.join(os.path.dirname(sys.executable), "hetero-ray")
@@ -96,6 +106,8 @@ def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None
         argv += ["--emulate-speeds", emulate_speeds]
     if address:
         argv += ["--address", address]
+    if worker_devices:
+        argv += ["--worker-devices", ",".join(worker_devices)]
     started = time.time()
     subprocess.run(argv, env=_env(started, address), check=True, capture_output=True, timeout=600)
     run_dir = os.path.join(workdir, name)
@@ -108,8 +120,10 @@ def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None
 
     with open(os.path.join(run_dir, "attempts.json")) as f:
         attempt_started = json.load(f)[0].get("wall_time")
+    plans = pd.read_parquet(os.path.join(run_dir, "plans.parquet")).sort_values("plan_version")
     return {"first_step_s": first - started, "run_dir_s": at("config.json"), "profiled_s": at("nodes.json"),
-            "group_registered_s": None if attempt_started is None else attempt_started - started}
+            "group_registered_s": None if attempt_started is None else attempt_started - started,
+            "first_plan": f"{[int(b) for b in plans['local_batch_sizes'].iloc[0]]} ({plans['reason'].iloc[0]})"}
 
 
 def _s(seconds) -> str:
@@ -127,6 +141,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quota", type=float,
                         help="with --nodes: cap the last node at this many cores (cgroup v1; the cgroup bench's "
                              "straggler)")
+    parser.add_argument("--gpu-node", action="store_true",
+                        help="with --nodes: label the first node a GPU machine and the others CPU-only, and place "
+                             "hetero_ray's workers by those labels (no GPU needed)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.num_workers < 1 or args.nodes < 1:
         parser.error("--rounds, --num-workers and --nodes must be ≥ 1")
@@ -134,31 +151,60 @@ def main(argv=None) -> int:
         parser.error("--num-workers must be a multiple of --nodes (the same workers on every node)")
     if args.quota is not None and args.nodes < 2:
         parser.error("--quota caps one node of several: give --nodes 2 or more")
+    if args.gpu_node and args.nodes < 2:
+        parser.error("--gpu-node labels one node of several: give --nodes 2 or more")
     with contextlib.ExitStack() as stack:
         address = None
         if args.nodes > 1:
-            address = stack.enter_context(_cluster(args.nodes, args.num_workers // args.nodes, args.quota))
+            address = stack.enter_context(_cluster(args.nodes, args.num_workers // args.nodes, args.quota,
+                                                   args.gpu_node))
         return _rounds(args, address)
 
 
 @contextlib.contextmanager
-def _cluster(nodes: int, cpus: int, quota: float | None):
+def _cluster(nodes: int, cpus: int, quota: float | None, gpu_node: bool = False):
     sys.path.insert(0, REPO)
     from benchmarks.local_cluster import cgroup_unusable_reason, local_cluster, set_cpu_quota
 
     if quota is not None and cgroup_unusable_reason():
         raise SystemExit(f"--quota: cannot cap a node here: {cgroup_unusable_reason()}")
     with tempfile.TemporaryDirectory(prefix="bench_first_step_nodes_") as log_dir, \
-            local_cluster(log_dir, [cpus] * (nodes - 1), head_cpus=cpus, cpu_quota_last=quota) as (address, ray_nodes):
+            (_labelled_cluster(log_dir, nodes, cpus, quota) if gpu_node else
+             local_cluster(log_dir, [cpus] * (nodes - 1), head_cpus=cpus, cpu_quota_last=quota)) as (address, ray_nodes):
         if quota is not None:
             set_cpu_quota(ray_nodes[-1], quota)
         print(f"cluster at {address}: {nodes} Ray nodes of {cpus} CPU(s)"
+              + (", the first labelled a GPU machine, the others CPU-only" if gpu_node else "")
               + (f", the last capped at {quota} core" if quota is not None else ""), flush=True)
         yield address
 
 
+@contextlib.contextmanager
+def _labelled_cluster(log_dir: str, nodes: int, cpus: int, quota: float | None):
+    """As local_cluster, with the head labelled a GPU machine and the others CPU-only."""
+    from benchmarks.local_cluster import free_port, start_node, wait_for_nodes
+    from hetero_ray.constants import DEVICE_LABEL
+
+    address = f"127.0.0.1:{free_port()}"
+    ray_nodes = []
+    try:
+        ray_nodes.append(start_node(port=int(address.split(":")[1]), num_cpus=cpus, log_dir=log_dir,
+                                    labels={DEVICE_LABEL: "gpu"}))
+        time.sleep(3)  # the GCS must listen before workers join
+        for i in range(nodes - 1):
+            ray_nodes.append(start_node(address=address, num_cpus=cpus, log_dir=log_dir, labels={DEVICE_LABEL: "cpu"},
+                                        cpu_quota=quota if i == nodes - 2 else None))
+        wait_for_nodes(address, len(ray_nodes), ray_nodes)
+        yield address, ray_nodes
+    finally:
+        for node in reversed(ray_nodes):
+            node.stop()
+
+
 def _rounds(args, address: str | None) -> int:
     plain_s, hetero_runs = [], []
+    per_node = args.num_workers // args.nodes
+    devices = ["gpu"] * per_node + ["cpu"] * (args.num_workers - per_node) if args.gpu_node else None
     with tempfile.TemporaryDirectory(prefix="bench_first_step_") as workdir:
         for round_ in range(args.rounds):
             order = ("plain", "hetero") if round_ % 2 == 0 else ("hetero", "plain")
@@ -167,14 +213,17 @@ def _rounds(args, address: str | None) -> int:
                     plain_s.append(plain(workdir, args.num_workers, address))
                     print(f"round {round_}: plain Ray Train first step after {plain_s[-1]:5.1f} s", flush=True)
                 else:
-                    run = hetero(workdir, args.num_workers, f"first-step-{round_}", args.emulate_speeds, address)
+                    run = hetero(workdir, args.num_workers, f"first-step-{round_}", args.emulate_speeds, address,
+                                 devices)
                     hetero_runs.append(run)
                     print(f"round {round_}: hetero-ray train first step after {run['first_step_s']:5.1f} s "
                           f"(run dir {_s(run['run_dir_s'])}, nodes profiled {_s(run['profiled_s'])}, "
-                          f"worker group registered {_s(run['group_registered_s'])})",
+                          f"worker group registered {_s(run['group_registered_s'])}; first plan {run['first_plan']})",
                           flush=True)
     gaps = [h["first_step_s"] - p for h, p in zip(hetero_runs, plain_s)]
     where = f"{args.nodes} nodes" if args.nodes > 1 else "local Ray"
+    if args.gpu_node:
+        where += ", the first labelled GPU"
     print(f"first step, {args.num_workers} workers ({where}), batch {BATCH}: plain median {statistics.median(plain_s):.1f} s, "
           f"hetero-ray train median {statistics.median(h['first_step_s'] for h in hetero_runs):.1f} s; "
           f"hetero − plain per round {', '.join(f'{g:+.1f}' for g in gaps)} s (target ≤ +5 s)")

@@ -21,20 +21,7 @@ from torchvision.models import resnet18
 
 import hetero_ray.train
 from hetero_ray import HeteroConfig, HeteroTrainer
-from hetero_ray.training.data import check_data_dir, load_dataset
-
-
-class Cifar10(torch.utils.data.Dataset):
-    """CIFAR-10's training images, uint8 in memory, normalised per channel as they are read (no augmentation)."""
-
-    def __init__(self, data_dir: str, verify_checksums: bool = True):
-        self.split = load_dataset("cifar10", data_dir=data_dir, verify_checksums=verify_checksums).train
-
-    def __len__(self): return len(self.split)
-
-    def __getitem__(self, i):
-        images, labels = self.split.batch([i])  # (x/255 − mean) / std with CIFAR-10's channel statistics
-        return images[0], labels[0]
+from hetero_ray.datasets import CIFAR10  # training images normalised per channel as they are read (no augmentation)
 
 
 def train_loop(config: dict) -> None:
@@ -45,7 +32,7 @@ def train_loop(config: dict) -> None:
             state = torch.load(os.path.join(directory, "state.pt"), weights_only=True)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    dataset = Cifar10(config["data_dir"], config["verify_checksums"])
+    dataset = CIFAR10(config["data_dir"], verify_checksums=config["verify_checksums"])
     loader = hetero_ray.train.prepare_data_loader(dataset, num_workers=config["loader_workers"])
     for epoch in range(loader.epoch, config["epochs"]):  # loader.epoch: where a checkpoint left off
         for images, labels in loader:  # this rank's share of each global step
@@ -82,7 +69,7 @@ def main(argv=None) -> ray.train.Result:
                                             "(nodes labelled hetero-ray.io/device=gpu|cpu, see cluster_configs/)")
     args = p.parse_args(argv)
     devices = tuple(args.worker_devices.split(",")) if args.worker_devices else None
-    check_data_dir("cifar10", args.data_dir, verify_checksums=args.verify_checksums)  # fail here, not in N workers
+    CIFAR10.check(args.data_dir, verify_checksums=args.verify_checksums)  # fail here, not in N workers
     speeds = tuple(map(float, args.emulate_speeds.split(","))) if args.emulate_speeds else None
     trainer = HeteroTrainer(
         train_loop, train_loop_config={"data_dir": args.data_dir, "verify_checksums": args.verify_checksums,

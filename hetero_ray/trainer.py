@@ -169,10 +169,11 @@ class HeteroTrainer:
             emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
             emulate_devices=self._emulate_devices,
-            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py);
-            # emulated devices always do (training/curve_emulation.py: the curves' common factor).
-            warmup_model=hetero.profile_model if (hetero.emulate_speeds and hetero.profiles_nodes)
-            or hetero.emulate_devices else None,
+            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py),
+            # and so do the CPU ranks where there are GPUs (runtime/node_profiling.py); emulated
+            # devices always do (training/curve_emulation.py: the curves' common factor).
+            warmup_model=hetero.profile_model if ((hetero.emulate_speeds or device_mode != "cpu")
+                                                  and hetero.profiles_nodes) or hetero.emulate_devices else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
             allow_non_finite_loss=hetero.allow_non_finite_loss,
         )

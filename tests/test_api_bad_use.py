@@ -212,6 +212,89 @@ def test_an_error_every_restart_would_meet_again_is_not_retried(ray_session, tmp
     assert summary["status"] == "failed" and "TypeError" in summary["error"] and "type_error_loop" in summary["error"]
 
 
+def step_three_error_loop(config):
+    """Trains steps 0-2, then raises at global step 3 on the ranks ``config["ranks"]``."""
+    import hetero_ray.train
+
+    rank = hetero_ray.train.get_context().get_world_rank()
+    model = hetero_ray.train.prepare_model(torch.nn.Linear(4, 2))
+    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(64, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for (inputs,) in loader:
+        if loader.position.global_step == 3 and rank in config["ranks"]:
+            raise ValueError("no step 3 today")
+        model(inputs).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _fit_failing_at_step_three(tmp_path, name: str, ranks: list[int]) -> tuple[UserError, int, dict]:
+    """fit() of step_three_error_loop on 2 workers with 3 retries allowed: the UserError, how
+    many worker groups started, and summary.json."""
+    import json
+
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+    trainer = HeteroTrainer(step_three_error_loop, train_loop_config={"ranks": ranks},
+                            scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name=name, storage_path=str(tmp_path),
+                                                 failure_config=FailureConfig(max_failures=3)),
+                            hetero_config=HeteroConfig(global_batch_size=8, policy="static"))
+    with pytest.raises(UserError, match=r"raised ValueError: no step 3 today at global step 3") as raised:
+        trainer.fit()
+    with open(tmp_path / name / "attempts.json") as f:
+        attempts = len(json.load(f))
+    with open(tmp_path / name / "summary.json") as f:
+        return raised.value, attempts, json.load(f)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_same_error_at_the_same_step_on_every_rank_is_not_retried(ray_session, tmp_path):
+    """Past the first step: every rank raises the same ValueError at global step 3. The run
+    stops with the loop's traceback instead of three restarts that meet it again (at most
+    one, where Ray Train saw one rank's error before the other's)."""
+    error, attempts, summary = _fit_failing_at_step_three(tmp_path, "every-rank", ranks=[0, 1])
+    message = str(error)
+    assert "without retrying" in message and "in step_three_error_loop" in message, message
+    assert attempts <= 2, f"{attempts} worker groups: an error every restart meets again was retried"
+    assert summary["status"] == "failed" and "no step 3 today" in summary["error"]
+    assert "in step_three_error_loop" in summary["error"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_error_that_comes_again_at_the_same_step_after_a_restart_ends_the_run(ray_session, tmp_path):
+    """One rank raises at global step 3 (from one rank, a bug and a lost peer look alike:
+    it is retried once); the restart meets it at the same step again, and the run stops."""
+    error, attempts, _ = _fit_failing_at_step_three(tmp_path, "again", ranks=[0])
+    assert "again after a restart" in str(error) and "in step_three_error_loop" in str(error), str(error)
+    assert attempts == 2
+
+
+def test_repeated_failures_tell_a_bug_from_what_a_restart_cures():
+    from hetero_ray.runtime.failures import LoopFailure, LoopFailsEveryTime, RepeatedFailures, loop_failure
+    from hetero_ray.training.entry import FAILED_AT_STEP_ATTR
+
+    boom = LoopFailure("ValueError", "boom", 5, "Traceback ...\n  in my_loop")
+    judge = RepeatedFailures()
+    judge.new_worker_group()
+    assert judge.judge({0: boom}, 2) is None  # one rank: a bug or a lost peer, retried
+    assert judge.judge({0: boom}, 2) is None  # the same group polled again is no repeat
+    stop = judge.judge({0: boom, 1: boom}, 2)
+    assert isinstance(stop, LoopFailsEveryTime) and "on every rank (2)" in str(stop) and "in my_loop" in str(stop)
+    assert judge.judge({0: boom, 1: LoopFailure("ValueError", "boom", 6)}, 2) is None  # not the same step
+    assert judge.judge({0: boom, 1: None}, 2) is None  # rank 1 lost a peer
+    judge.new_worker_group()
+    assert judge.judge({1: LoopFailure("ValueError", "boom", 6)}, 2) is not None  # met again after the restart
+    assert judge.judge({1: LoopFailure("ValueError", "other", 6)}, 2) is None
+
+    marked = ValueError("boom")
+    setattr(marked, FAILED_AT_STEP_ATTR, 5)
+    assert loop_failure(marked).key == ("ValueError", "boom", 5)
+    assert loop_failure(ValueError("not marked")) is None and loop_failure(None) is None
+
+
 def test_errors_a_restart_can_cure_are_told_apart_from_the_loops_own():
     import ray.exceptions
 

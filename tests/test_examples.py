@@ -12,6 +12,7 @@ standalone, as ``python examples/X.py``, its imports and argparse work.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -128,3 +129,41 @@ def test_example_runs_standalone_with_help(script):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "--global-batch-size" in done.stdout and "ray job submit --working-dir ." in done.stdout
+    assert "--use-gpu" in done.stdout and "--worker-devices" in done.stdout  # every example can ask for GPUs
+
+
+# What a user may import: the package's top level and its public modules.
+PUBLIC_MODULES = {"hetero_ray", "hetero_ray.train", "hetero_ray.datasets"}
+
+
+def _hetero_ray_imports(path: str) -> set[str]:
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            # `from hetero_ray import train` names a module too
+            found.update(f"{node.module}.{alias.name}" for alias in node.names
+                         if importlib.util.find_spec(node.module) and _is_module(f"{node.module}.{alias.name}"))
+    return {name for name in found if name == "hetero_ray" or name.startswith("hetero_ray.")}
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_examples_import_only_the_public_api():
+    examples = sorted(f for f in os.listdir(os.path.join(REPO_ROOT, "examples")) if f.endswith(".py"))
+    assert {f[:-3] for f in examples} >= set(SCRIPTS)
+    for name in examples:
+        private = _hetero_ray_imports(os.path.join(REPO_ROOT, "examples", name)) - PUBLIC_MODULES
+        assert not private, f"examples/{name} imports {sorted(private)}: use {sorted(PUBLIC_MODULES)} only"
+

@@ -294,3 +294,35 @@ def test_without_profiles_to_come_the_first_plan_follows_the_ranks_cores(tmp_pat
     os.makedirs(tmp_path / "other", exist_ok=True)
     assert told_nothing.plan_for(2, 0, rank_node_ids=["head", "capped"], rank_device_kinds=["cpu", "cpu"],
                                  rank_cpus=cpus)["local_batch_sizes"] == [20, 20]
+
+
+def test_on_a_gpu_cluster_cpu_ranks_plan_from_their_warm_up_and_their_late_profile_gives_caps():
+    """The CPU-only node is profiled after the first plan: the GPU rank's line is its GPU's
+    profile, the CPU rank's its own warm-up; the CPU node's profile, once in, joins the GPU
+    node's and gives the CPU rank the memory cap it lacked."""
+    from tests.helpers import gpu_device
+
+    mixed = planner()
+    mixed.set_capabilities([node("g", [cpu_device(), gpu_device(0, alpha=0.001, beta=0.0001, cap=2048)]).to_dict()])
+    placement = dict(rank_node_ids=["g", "c"], rank_device_kinds=["gpu", "cpu"])
+    fits = [None, {"alpha_s": 0.0, "beta_s_per_sample": 0.001, "floor_s": 0.0}]
+
+    plan = mixed.plan_for(2, 0, **placement, rank_fits=fits)
+    assert plan["local_batch_sizes"][0] > plan["local_batch_sizes"][1] > 0  # the GPU is ~10x faster
+    assert "rank(s) 1 measured by their own warm-up, the others by their node profiles" in plan["reason"]
+    assert mixed.caps == [2048, None]
+
+    mixed.set_capabilities([node("c", [cpu_device(cap=300)]).to_dict()])
+    assert mixed.info()["num_nodes"] == 2  # joined, not replaced
+    assert mixed.caps == [2048, 300]
+    assert mixed.plan_for(2, 0, **placement)["version"] == plan["version"]  # no new first plan for it
+
+    restarted_group = planner()  # e.g. an elastic restart: its CPU rank's node has a profile by now
+    restarted_group.set_capabilities([node("g", [cpu_device(), gpu_device(0)]).to_dict(),
+                                      node("c", [cpu_device(beta=0.1, cap=300)]).to_dict()])
+    again = restarted_group.plan_for(2, 0, **placement, rank_fits=fits)
+    assert again["local_batch_sizes"] == plan["local_batch_sizes"] and "rank(s) 1 measured by" in again["reason"]
+
+    without_warm_up = planner()
+    without_warm_up.set_capabilities([node("g", [cpu_device(), gpu_device(0)]).to_dict()])
+    assert without_warm_up.plan_for(2, 0, **placement)["local_batch_sizes"] == [20, 20]  # no line for rank 1

@@ -9,7 +9,9 @@ the actor that holds it (:mod:`hetero_ray.runtime.planner_actor`) keeps its stat
 
 The first plan of a worker group comes from measurements when there are any: the ranks'
 own warm-up lines (under emulated speeds, which only the ranks' emulators know: see
-training/warmup.py) with the memory caps of the node profiles; else the profiles alone,
+training/warmup.py) with the memory caps of the node profiles; on clusters with GPUs, each
+CPU rank's warm-up line beside each GPU rank's profiled one (the CPU-only nodes are profiled
+after the first plan: runtime/node_profiling.py); else the profiles alone,
 which give each rank the busy-time line of the device it runs on
 (:mod:`hetero_ray.planning.capacity`); else, where no profiles will come (several
 CPU-only nodes: :meth:`Planner.first_plan_from_cores`), the CPU cores each rank can use
@@ -19,7 +21,9 @@ seen too, which is what happens after an elastic restart: a fresh first plan for
 number of workers, with the same global batch. While profiles are on their way
 (:meth:`Planner.await_capabilities`: the nodes are profiled beside the workers' start), a
 first plan that would use them is not made: ``plan_for`` answers ``{"awaiting": ...}`` and
-rank 0 asks again. Emulated speeds never reach this module.
+rank 0 asks again. Profiles that come after the group's first plan are kept for the next
+first plan, and give the ranks that had no memory cap theirs from the next rebalance point.
+Emulated speeds never reach this module.
 
 Later plans are the balancer's (:mod:`hetero_ray.planning.balancer`), made with the same
 policy and within the same caps as the first; an adopted one is in force from rank 0's
@@ -36,7 +40,7 @@ import logging
 from typing import Optional, Sequence
 
 from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
-from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities
+from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities, rank_memory_caps
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 
@@ -63,6 +67,7 @@ class Planner:
         self.balancer = Balancer(self.policy, rebalance_interval)
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._nodes: list[dict] = []
+        self._placement: Optional[tuple[list[str], Optional[list[str]]]] = None  # the first plan's ranks: nodes, kinds
         self._awaiting_capabilities = False
         self._first_plan_from_cores = False
         self._plan: Optional[Plan] = None
@@ -86,9 +91,14 @@ class Planner:
         self._first_plan_from_cores = True
 
     def set_capabilities(self, nodes: list[dict]) -> None:
-        """The profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed)."""
-        self._nodes = list(nodes)
+        """Profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed): they
+        join those profiled before (a node profiled again replaces its earlier profile). A
+        rank of the group in force with no memory cap gets its device's, if one came."""
+        fresh = {n.get("node_id") for n in nodes}
+        self._nodes = [n for n in self._nodes if n.get("node_id") not in fresh] + list(nodes)
         self._awaiting_capabilities = False
+        if nodes:
+            self._caps_from_late_profiles()
 
     # ------------------------------------------------------------------ rank 0
     def plan_for(self, num_workers: int, global_step: int = 0,
@@ -121,6 +131,8 @@ class Planner:
             logger.warning("node profiles still awaited: the first plan for %d workers does without them",
                            num_workers)
         if first_plan:
+            self._placement = (None if rank_node_ids is None or len(rank_node_ids) != num_workers else
+                               (list(rank_node_ids), None if rank_device_kinds is None else list(rank_device_kinds)))
             self._plan = self._first_plan(num_workers, rank_node_ids, rank_device_kinds, rank_fits, rank_cpus)
             self._next_version = self._plan.version + 1
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
@@ -181,9 +193,18 @@ class Planner:
             self.policy.caps = None
             return Plan(version, tuple(self.batch_split), "explicit --batch-split")
         capacities = self._capacities(num_workers, rank_node_ids, rank_device_kinds)
-        warmed_up = rank_fits is not None and len(rank_fits) == num_workers and all(rank_fits)
-        if warmed_up:
-            capacities = _from_warm_up(rank_fits, capacities)
+        fits = list(rank_fits) if rank_fits is not None and len(rank_fits) == num_workers else [None] * num_workers
+        warmed_up = all(fits)
+        # Under emulated speeds every rank's own line (the profiles know no emulation). Beside
+        # GPU ranks, a CPU rank's own line: its node is profiled after the first plan, beside
+        # training, which makes it look slower than it is. Else a rank's own line only where
+        # its node's profile has none for its device.
+        beside_gpus = [rank_device_kinds is not None and "gpu" in rank_device_kinds and kind == "cpu"
+                       for kind in (rank_device_kinds or [None] * num_workers)]
+        own = [bool(f) and (warmed_up or beside_gpus[r] or capacities is None or capacities[r] is None)
+               for r, f in enumerate(fits)]
+        if any(own):
+            capacities = _from_warm_up([f if o else None for f, o in zip(fits, own)], capacities)
         measured = capacities if capacities is not None and all(c is not None for c in capacities) else None
         if measured is None and self._first_plan_from_cores and rank_cpus is not None and rank_device_kinds:
             by_cores = core_capacities(rank_node_ids, rank_device_kinds, rank_cpus)
@@ -199,8 +220,33 @@ class Planner:
             caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
         self.policy.caps = caps
         first = self.policy.initial_plan(self.global_batch_size, num_workers, measured)
-        reason = f"{first.reason}, measured by each rank's warm-up" if warmed_up else first.reason
+        reason = first.reason
+        if measured is not None and warmed_up:
+            reason = f"{reason}, measured by each rank's warm-up"
+        elif measured is not None and any(own):
+            ranks = ", ".join(str(rank) for rank, o in enumerate(own) if o)
+            reason = f"{reason}, rank(s) {ranks} measured by their own warm-up, the others by their node profiles"
         return Plan(version, first.local_batch_sizes, reason)
+
+    def _caps_from_late_profiles(self) -> None:
+        """Profiles that came after the first plan of the group in force (the CPU-only nodes
+        of a GPU cluster): a rank without a memory cap gets its device's, where the caps can
+        still hold the global batch. An explicit split and ``static`` use no caps."""
+        if self._plan is None or self._placement is None or self.policy.name == "static":
+            return
+        node_ids, kinds = self._placement
+        if len(node_ids) != self._plan.num_workers or (
+                self.batch_split is not None and len(self.batch_split) == self._plan.num_workers):
+            return
+        try:
+            profiled = rank_memory_caps(self._nodes, node_ids, kinds)
+        except ValueError:
+            return
+        caps = [c if c is not None else p for c, p in zip(self.caps or [None] * len(node_ids), profiled)]
+        if caps != (self.caps or [None] * len(node_ids)) and sum(c or self.global_batch_size for c in caps) \
+                >= self.global_batch_size:
+            logger.info("memory caps from profiles that came after the first plan: %s", caps)
+            self.policy.caps = caps
 
     def _first_plan_uses_capabilities(self, num_workers: int) -> bool:
         """An explicit split and ``static``'s equal one use no profiles (nor caps)."""
@@ -235,6 +281,7 @@ class Planner:
             "plan_changes": self._plan_changes,
             "awaiting_capabilities": self._awaiting_capabilities,
             "first_plan_from_cores": self._first_plan_from_cores,
+            "placement": None if self._placement is None else list(self._placement),
             "attempt": self._attempt,
             "decision": self.balancer.decision_state(),
         }
@@ -255,10 +302,14 @@ class Planner:
                        "end_global_step": attempt.get("end_global_step")}
         decision = None if attempt is None else DecisionState.from_dict(state.get("decision") or {},
                                                                         attempt["num_workers"])
+        placement = state.get("placement")
+        placement = None if not placement else (
+            [str(n) for n in placement[0]], None if placement[1] is None else [str(k) for k in placement[1]])
         self._plan, self._next_version, self.policy.caps = plan, next_version, caps
         self._nodes, self._plan_changes = nodes, plan_changes
         self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
         self._first_plan_from_cores = bool(state.get("first_plan_from_cores"))
+        self._placement = placement
         if attempt is not None:
             self.begin_attempt(**attempt)
             self.balancer.load_decision_state(decision)
@@ -271,8 +322,10 @@ class Planner:
         self.balancer.load_state_dict(state)
 
 
-def _from_warm_up(rank_fits: Sequence[dict], profiled: Optional[Sequence]) -> list[RankCapacity]:
-    """Each rank's warm-up line, with the memory cap its device's profile measured (if any)."""
-    caps = [c.max_batch_size if c is not None else None for c in profiled] if profiled else [None] * len(rank_fits)
-    return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), cap, float(f.get("floor_s") or 0.0))
-            for f, cap in zip(rank_fits, caps)]
+def _from_warm_up(rank_fits: Sequence[Optional[dict]], profiled: Optional[Sequence]) -> list[Optional[RankCapacity]]:
+    """Each rank's warm-up line where it has one (with the memory cap its device's profile
+    measured, if any), else its profiled line (None: neither)."""
+    profiled = list(profiled) if profiled else [None] * len(rank_fits)
+    return [RankCapacity(float(f["alpha_s"]), float(f["beta_s_per_sample"]), None if p is None else p.max_batch_size,
+                         float(f.get("floor_s") or 0.0)) if f else p
+            for f, p in zip(rank_fits, profiled)]

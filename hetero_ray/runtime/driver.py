@@ -188,7 +188,7 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
         record_sample_ids=config.record_sample_ids, profile_interval=config.profile_interval,
         emulate_speeds=config.emulate_speeds, speed_changes=config.emulate_speed_changes, end_global_step=total_steps,
         emulate_devices=emulate_devices, first_plan_wait_s=first_plan_wait_s,
-        allow_non_finite_loss=config.allow_non_finite_loss, **_warmup_settings(config),
+        allow_non_finite_loss=config.allow_non_finite_loss, **_warmup_settings(config, device_mode),
     )
     return TorchTrainer(
         call_for(train_loop_per_worker, settings.to_dict()),
@@ -217,12 +217,13 @@ def _emulated_devices(config: TrainConfig):
     return [c.to_dict() for c in device_curves("--emulate-devices", config.emulate_devices)]
 
 
-def _warmup_settings(config: TrainConfig) -> dict:
+def _warmup_settings(config: TrainConfig, device_mode: str) -> dict:
     """Under emulated speeds (with profiling on), each rank times the built-in model's step
-    before step 0: the first plan is measured under the emulation (training/warmup.py).
-    Emulated devices need it whatever --profile says: the ranks time the model to agree on
-    the curves' common factor (training/curve_emulation.py)."""
-    if not ((config.emulate_speeds and config.profile) or config.emulate_devices):
+    before step 0: the first plan is measured under the emulation (training/warmup.py); so
+    do the CPU ranks where there are GPUs (their nodes are profiled after the first plan:
+    runtime/node_profiling.py). Emulated devices need it whatever --profile says: the ranks
+    time the model to agree on the curves' common factor (training/curve_emulation.py)."""
+    if not (((config.emulate_speeds or device_mode != "cpu") and config.profile) or config.emulate_devices):
         return {}
     from hetero_ray.profiling.recipe import builtin_recipe
 

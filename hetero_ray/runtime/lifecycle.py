@@ -37,7 +37,7 @@ class ProfilingSpec:
     batch_sizes: list[int]
     cpus_per_worker: float
     timeout_s: float
-    uses_gpus: bool  # profiling then comes before the workers' start, never beside it
+    uses_gpus: bool  # the nodes with GPUs are then profiled before the workers' start, the others after the first plan
     dataset: Optional[str] = None  # a built-in model's input shape comes from its dataset
 
 
@@ -83,7 +83,7 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
     profiling: Optional[NodeProfiling] = None
     stopped_by: Optional[int] = None  # the signal that stopped training by hand
     # Ctrl-C and SIGTERM from here on (runtime/interrupts.py), profiling included: with
-    # GPUs the nodes are profiled before the first step, which can take a minute, and a
+    # GPUs their nodes are profiled before the first step, which can take a minute, and a
     # stop there must leave a summary and no actors like a stop in training.
     signals = StopSignals().install()
     try:

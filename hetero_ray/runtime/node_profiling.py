@@ -24,27 +24,40 @@ ranks know at once: the CPU cores each can use within its node's cgroup quota (t
 sample on each rank is measured by the first steps, which the balancer plans from.
 ``hetero-ray profile`` still profiles such a cluster on demand.
 
-With GPUs profiling comes first: its out-of-memory search fills the very GPUs the
-workers are about to take, and the largest batch it finds is a cap no count can tell.
+With GPUs, the nodes with GPUs are profiled first: the out-of-memory search fills the
+very GPUs the workers are about to take, and the largest batch it finds is a cap no count
+can tell. That is all that runs before the workers start, and no longer than the
+profiling's timeout (a node not done by then counts as failed). The CPU-only nodes are
+not profiled before the first step: a CPU node's probe is the slow one (resnet18's kept an
+H100's first step waiting more than 100 s), and it would say nothing the ranks cannot
+measure themselves. Their ranks time the model's step in a short warm-up instead
+(training/warmup.py, within its own time budget), and the first plan takes each CPU rank's
+line from there and each GPU rank's from its GPU's profile. The CPU-only nodes are
+profiled once the first plan is made, beside training: their profiles reach the planner
+when they are done (the memory caps of their ranks from the next rebalance point, and the
+first plan of any later worker group), and nodes.json and the summary's verdicts.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import ray
 
+from hetero_ray.constants import DEVICE_LABEL
 from hetero_ray.metrics import run_files
 
 # Beyond the profiling's own timeout: the profilers' start, and handing the result over.
 JOIN_SLACK_S = 30.0
+FIRST_PLAN_POLL_S = 1.0  # the CPU-only nodes of a GPU cluster: asking whether the first plan is made
 
 
 class NodeProfiling:
-    """One run's node profiling: :meth:`start` (now, or beside the workers' start: the
-    module docstring says which), then :meth:`nodes` for the summary's verdicts."""
+    """One run's node profiling: :meth:`start` (now, beside the workers' start, or after
+    the first plan: the module docstring says which), then :meth:`nodes` for the summary's
+    verdicts."""
 
     def __init__(self, run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
@@ -54,6 +67,7 @@ class NodeProfiling:
         self._planner, self._emit, self.timeout_s = planner, emit, timeout_s
         self._nodes: Optional[list[dict]] = None
         self._thread: Optional[threading.Thread] = None
+        self._finishing = threading.Event()  # the run ended: a profiling still to start does not
 
     @property
     def first_plan_wait_s(self) -> float:
@@ -62,24 +76,56 @@ class NodeProfiling:
 
     def start(self, uses_gpus: bool) -> None:
         """Profiles beside the workers' start where that costs the first plan nothing, not
-        at all on several CPU-only nodes, else now (see the module docstring)."""
+        at all on several CPU-only nodes, the GPU nodes now and the others after the first
+        plan where there are GPUs (see the module docstring)."""
         from hetero_ray.runtime.cluster import alive_nodes
 
-        num_nodes = len(alive_nodes())
-        if not uses_gpus and num_nodes > 1:
+        nodes = alive_nodes()
+        if not uses_gpus and len(nodes) > 1:
             ray.get(self._planner.first_plan_from_cores.remote(), timeout=30)
-            self._emit(f"[hetero_ray] {num_nodes} CPU-only nodes: no node profiles before the first step; the ranks "
+            self._emit(f"[hetero_ray] {len(nodes)} CPU-only nodes: no node profiles before the first step; the ranks "
                        "measure themselves (first plan by the CPU cores each can use, then by their step times)")
         elif not uses_gpus:
             self._start_beside_workers()
         else:
-            self._nodes = profile_nodes(*self._args, **self._kwargs)  # the planner has them on return
+            gpu_nodes, cpu_only = split_by_gpus(nodes)
+            if not gpu_nodes:  # GPUs asked for where no node declares one: every node is profiled first
+                self._nodes = profile_nodes(*self._args, **self._kwargs)
+                return
+            self._nodes = profile_nodes(*self._args, node_ids=gpu_nodes, **self._kwargs)  # the planner has them
+            if cpu_only:
+                self._emit(f"[hetero_ray] {len(cpu_only)} CPU-only node(s) are profiled after the first plan, not "
+                           "before the first step: their ranks time the model themselves before step 0")
+                self._thread = threading.Thread(target=self._run_after_first_plan, args=(cpu_only,),
+                                                name="hetero_ray-node-profiling", daemon=True)
+                self._thread.start()
 
     def _start_beside_workers(self) -> None:
         """Profiles in a thread; the planner holds the first plan until the profiles are in."""
         ray.get(self._planner.await_capabilities.remote(), timeout=30)
         self._thread = threading.Thread(target=self._run_beside, name="hetero_ray-node-profiling", daemon=True)
         self._thread.start()
+
+    def _run_after_first_plan(self, node_ids: list[str]) -> None:
+        """The CPU-only nodes of a GPU cluster, once the first plan is made: until then
+        their probes would compete with the ranks' warm-up for the nodes' CPUs."""
+        while not self._finishing.is_set():
+            try:
+                if ray.get(self._planner.info.remote(), timeout=30).get("plan") is not None:
+                    break
+            except Exception:  # noqa: BLE001 - a planner restarting: ask again
+                pass
+            self._finishing.wait(FIRST_PLAN_POLL_S)
+        else:
+            return  # the run ended before its first plan: nothing waits for these profiles
+        try:
+            self._nodes = profile_nodes(*self._args, reserve_cpus=False, node_ids=node_ids, known=self._nodes or (),
+                                        **self._kwargs)
+            self._emit(f"[hetero_ray] the {len(node_ids)} CPU-only node(s) are profiled; the planner uses their "
+                       "profiles from here on")
+        except Exception as e:  # noqa: BLE001 - training goes on without them
+            self._emit(f"[hetero_ray] warning: profiling the CPU-only nodes failed ({type(e).__name__}: {e}); "
+                       "training goes on without their profiles")
 
     def _run_beside(self) -> None:
         try:
@@ -95,27 +141,40 @@ class NodeProfiling:
     def nodes(self, wait: bool = True) -> Optional[list[dict]]:
         """The node profiles (node dicts of ``nodes.json``), or None: no profiles, or (with
         ``wait=False``, e.g. after Ctrl-C) not finished yet."""
+        self._finishing.set()
         if self._thread is not None and self._thread.is_alive() and wait:
             self._emit("[hetero_ray] waiting for the node profiling to finish…")
             self._thread.join(timeout=self.first_plan_wait_s)
         return self._nodes
 
 
+def split_by_gpus(nodes: Sequence) -> tuple[list[str], list[str]]:
+    """The ids of the nodes with GPUs (declared to Ray, or labelled as GPU machines) and of
+    the others (``nodes``: :class:`~hetero_ray.runtime.cluster.NodeResources` each)."""
+    with_gpus = [n.node_id for n in nodes if n.gpus > 0 or n.labels.get(DEVICE_LABEL) == "gpu"]
+    return with_gpus, [n.node_id for n in nodes if n.node_id not in with_gpus]
+
+
 def profile_nodes(run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
                   cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
                   emit: Callable[[str], None] = print,
-                  reserve_cpus: bool = True) -> list[dict]:
-    """Profiles every node (hardware and ``model``: a built-in name or a ProfileModel) for
-    the first plan; hands the profiles to the planner and the store; writes nodes.json.
+                  reserve_cpus: bool = True, node_ids: Optional[Sequence[str]] = None,
+                  known: Sequence[dict] = ()) -> list[dict]:
+    """Profiles every node (or the nodes ``node_ids``) for the planner (hardware and
+    ``model``: a built-in name or a ProfileModel); hands the profiles to the planner, and
+    them with the ``known`` ones (node dicts profiled before) to the store and nodes.json.
 
-    Returns the node profiles (the node dicts of ``nodes.json``), for the bottleneck analysis.
+    Returns the node profiles, known ones first (the node dicts of ``nodes.json``), for the
+    bottleneck analysis.
     """
-    from hetero_ray.profiling.capability import capabilities_document, write_nodes_json
+    from hetero_ray.profiling.capability import NodeCapability, capabilities_document, write_nodes_json
     from hetero_ray.profiling.node_profiler import model_name, profile_cluster
 
-    nodes = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
-                            timeout_s=timeout_s, emit=emit, planner=planner, experiment_name=experiment_name,
-                            reserve_cpus=reserve_cpus)
+    profiled = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
+                               timeout_s=timeout_s, emit=emit, planner=planner, experiment_name=experiment_name,
+                               reserve_cpus=reserve_cpus, node_ids=node_ids)
+    again = {n.node_id for n in profiled}
+    nodes = [NodeCapability.from_dict(n) for n in known if n.get("node_id") not in again] + profiled
     name = model_name(model)
     document = capabilities_document(nodes, name, batch_sizes)
     try:
@@ -123,10 +182,10 @@ def profile_nodes(run_dir: str, store, planner, experiment_name: str, model, bat
     except Exception as e:  # noqa: BLE001 - the file below is the durable copy
         emit(f"[hetero_ray] warning: metrics store did not take the node profiles ({e})")
     write_nodes_json(os.path.join(run_dir, run_files.NODES_FILE), nodes, name, batch_sizes)
-    failed = [n for n in nodes if not n.ok]
+    failed = [n for n in profiled if not n.ok]
     if failed:
         emit(f"[hetero_ray] {len(failed)} node(s) could not be profiled; their ranks start with typical shares")
-    unprobed = [n for n in nodes if n.ok and not any(d.has_probe for d in n.devices)]
+    unprobed = [n for n in profiled if n.ok and not any(d.has_probe for d in n.devices)]
     if unprobed:  # e.g. the user's ProfileModel raised: say so, not just train unbalanced
         errors = sorted({d.error for n in unprobed for d in n.devices if d.error})
         emit(f"[hetero_ray] warning: {name} could not be probed on {len(unprobed)} node(s) "

@@ -11,8 +11,13 @@ So does any exception the user's loop raises before this rank completed a step i
 worker group (a TypeError in the model, a bad config key): a restart runs the same code
 on the same data from the same checkpoint and meets it again, so Ray Train's retries
 would only make the person wait for the same traceback. Errors a restart can cure — a
-peer lost mid-collective, a Ray actor or node gone — are still retried; so is anything
-after the first completed step, where a lost node and a bug look alike from one rank.
+peer lost mid-collective, a Ray actor or node gone — are still retried.
+
+After the first completed step a lost node and a bug look alike from one rank, so the
+rank only marks its error with the global step it was at (:func:`failed_at_step`); the
+driver's :class:`~hetero_ray.runtime.failures.RunGuard` sees every rank's error and stops
+the run when the same error came at the same step from every rank, or again after a
+restart.
 """
 
 from __future__ import annotations
@@ -92,8 +97,25 @@ def completed_a_step(session: worker_session.WorkerSession) -> bool:
     return session.loader is not None and session.loader.position.global_step > session.restored_position.global_step
 
 
+# The attribute that carries the global step a rank's loop failed at to the driver.
+FAILED_AT_STEP_ATTR = "hetero_ray_failed_at_global_step"
+
+
+def failed_at_step(error: BaseException):
+    """The global step the user's loop raised ``error`` at (None: not marked, e.g. an
+    error a restart can cure)."""
+    return getattr(error, FAILED_AT_STEP_ATTR, None)
+
+
 def _stop_if_it_will_happen_again(session: worker_session.WorkerSession, error: Exception) -> None:
-    if completed_a_step(session) or restart_can_cure(error):
+    if restart_can_cure(error):
+        return
+    if completed_a_step(session):
+        if session.loader is not None:  # for RunGuard: the same error at the same step will happen again
+            try:
+                setattr(error, FAILED_AT_STEP_ATTR, session.loader.position.global_step)
+            except AttributeError:  # an exception that takes no attributes: retried as before
+                pass
         return
     rank = session.identity.rank
     where = "traceback (most recent call last):\n" + "".join(traceback.format_tb(error.__traceback__))

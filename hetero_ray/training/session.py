@@ -198,6 +198,8 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     rank_fits = None
     if speeds is not None and settings.warmup_model is not None:
         rank_fits = _warm_up(settings, identity, emulator, speeds.speed(identity.rank, position.global_step))
+    elif settings.device_mode != "cpu" and settings.warmup_model is not None and "cpu" in identity.rank_device_kinds:
+        rank_fits = _warm_up_cpu_ranks(settings, identity)
     session = WorkerSession(
         settings=settings, identity=identity, store=store, planner=planner,
         recorder=recorder, restored=restored, speeds=speeds, emulator=emulator, rank_fits=rank_fits,
@@ -282,6 +284,24 @@ def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: Speed
     lines = ", ".join("?" if f is None else f"{f['beta_s_per_sample'] * 1e3:.3g}" for f in rank_fits)
     _say(identity, f"warm-up: each rank timed its own step in {time.perf_counter() - started:.1f} s; "
                    f"ms per sample by rank: {lines}")
+    return rank_fits
+
+
+def _warm_up_cpu_ranks(settings: WorkerSettings, identity: WorkerIdentity) -> list:
+    """Collective, on a cluster with GPUs: the ranks that train on a CPU time the model's
+    step themselves (their nodes are profiled only after the first plan: see
+    runtime/node_profiling.py); the GPU ranks' lines come from their GPUs' profiles."""
+    from hetero_ray.training.warmup import gather_fits, measure_rank
+
+    started = time.perf_counter()
+    fit = None
+    if identity.device.type != "cuda":
+        fit = measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes),
+                           SpeedEmulator(), 1.0)
+    rank_fits = gather_fits(fit, identity.num_workers)
+    lines = ", ".join(f"rank {r} {f['beta_s_per_sample'] * 1e3:.3g}" for r, f in enumerate(rank_fits) if f)
+    _say(identity, f"warm-up: the CPU ranks timed their own step in {time.perf_counter() - started:.1f} s; "
+                   f"ms per sample: {lines or 'none measured'}")
     return rank_fits
 
 
