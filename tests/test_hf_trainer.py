@@ -1,14 +1,17 @@
 """Hugging Face ``transformers.Trainer`` on hetero_ray shares (``hetero_ray.train.prepare_trainer``),
 on a real local Ray with real gloo groups.
 
-- same math: a tiny GPT-2 (built from a config, nothing downloaded) on token sequences of
-  different lengths, 3 workers with an uneven split and a mid-run plan change, ends with
-  the weights of one ``Trainer`` on one device on the same global batches, and logs its loss;
+- same math, for both kinds of loss a Trainer computes: a tiny GPT-2 (built from a config,
+  nothing downloaded) whose loss the Trainer counts in tokens across ranks, and a plain
+  torch model whose loss is the mean over the local batch. On token sequences of different
+  lengths, 3 workers with an uneven split and a mid-run plan change end with the weights of
+  one ``Trainer`` on one device on the same global batches, and log its loss;
 - the Trainer's logs and checkpoint reach Ray Train's ``Result``;
 - every sample once per epoch;
 - without hetero_ray's weighting (the Trainer's own DDP over the same unequal shares, as
-  Ray Train's ``prepare_trainer`` would leave it) the same comparison fails;
-- mistakes a porter makes are refused with what to do.
+  Ray Train's ``prepare_trainer`` would leave it) the mean-loss model no longer matches;
+- the example runs (in bf16, under emulated speeds), and mistakes a porter makes are
+  refused with what to do.
 """
 
 from __future__ import annotations
@@ -54,7 +57,26 @@ class TokenSequences(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def make_model():
+class MeanLossClassifier(torch.nn.Module):
+    """A plain torch model in a Trainer: its ``forward`` takes no ``**kwargs``, so the
+    Trainer counts no items and the loss is the mean over the local batch (the class of a
+    sequence is its first token mod 4)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, input_ids, attention_mask, labels):
+        mask = attention_mask.unsqueeze(-1).float()
+        logits = self.head((self.embed(input_ids) * mask).sum(1) / mask.sum(1))
+        return {"loss": torch.nn.functional.cross_entropy(logits, input_ids[:, 0] % 4), "logits": logits}
+
+
+def make_model(kind: str = "token_loss"):
+    if kind == "mean_loss":
+        return MeanLossClassifier()
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
@@ -77,6 +99,7 @@ def trainer_loop(config: dict) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     args = training_args(config["output_dir"])
     dataset = TokenSequences(NUM_SAMPLES)
+    model = make_model(config["kind"])
     if config.get("plain_ddp"):
         # What Ray Train's prepare_trainer leaves: the Trainer's own DDP (equal weights 1/n)
         # over hetero_ray's unequal shares.
@@ -86,15 +109,15 @@ def trainer_loop(config: dict) -> None:
                     torch.utils.data.DataLoader(dataset, batch_size=BATCH // 3, shuffle=True,
                                                 collate_fn=transformers.default_data_collator))
 
-        trainer = PlainTrainer(model=make_model(), args=args, train_dataset=dataset,
+        trainer = PlainTrainer(model=model, args=args, train_dataset=dataset,
                                callbacks=[RayTrainReportCallback()])
     else:
         trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
-            model=make_model(), args=args, train_dataset=dataset, callbacks=[RayTrainReportCallback()]))
+            model=model, args=args, train_dataset=dataset, callbacks=[RayTrainReportCallback()]))
     trainer.train()
 
 
-def one_device():
+def one_device(kind: str):
     """One Trainer in this process on the whole global batch of every step, in the order
     of hetero_ray's global sampler: the reference."""
     sampler = GlobalSampler(NUM_SAMPLES, BATCH, SEED, False, True)
@@ -123,21 +146,21 @@ def one_device():
     import tempfile
 
     with tempfile.TemporaryDirectory() as directory:
-        trainer = OneDeviceTrainer(model=make_model(), args=training_args(directory, save_strategy="no"),
+        trainer = OneDeviceTrainer(model=make_model(kind), args=training_args(directory, save_strategy="no"),
                                    train_dataset=dataset)
         trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, losses
 
 
-def _fit(tmp_path, name: str, **config):
+def _fit(tmp_path, name: str, kind: str, **config):
     from ray.train import RunConfig, ScalingConfig
 
     hetero = HeteroConfig(global_batch_size=BATCH, policy="static", batch_split=(12, 8, 4), rebalance_interval=1,
                           record_sample_ids=True, seed=SEED,
                           plan_changes=({"global_step": 4, "local_batch_sizes": [4, 8, 12]},))
     trainer = HeteroTrainer(
-        trainer_loop, train_loop_config={"output_dir": str(tmp_path / f"{name}-hf"), **config},
+        trainer_loop, train_loop_config={"output_dir": str(tmp_path / f"{name}-hf"), "kind": kind, **config},
         scaling_config=ScalingConfig(num_workers=3),
         run_config=RunConfig(name=name, storage_path=str(tmp_path)),
         hetero_config=hetero,
@@ -157,24 +180,30 @@ def _worst_difference(weights: dict, reference: dict) -> float:
     return max((reference[k].float() - weights[k].float()).abs().max().item() for k in weights)
 
 
-@pytest.fixture(scope="module")
-def reference():
-    weights, losses = one_device()
-    initial = make_model().state_dict()
-    moved = max((weights[k] - initial[k]).abs().max().item() for k in weights)
-    assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
-    assert len(losses) == STEPS
-    return weights, losses
+_REFERENCES: dict = {}
+
+
+def reference(kind: str):
+    """The one-device weights and logged losses of ``kind`` (computed once per session)."""
+    if kind not in _REFERENCES:
+        weights, losses = one_device(kind)
+        initial = make_model(kind).state_dict()
+        moved = max((weights[k] - initial[k]).abs().max().item() for k in weights)
+        assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
+        assert len(losses) == STEPS
+        _REFERENCES[kind] = weights, losses
+    return _REFERENCES[kind]
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_trainer_on_three_uneven_workers_matches_one_device(ray_session, tmp_path, reference):
-    weights, losses = reference
-    result = _fit(tmp_path, "hf-uneven")
+@pytest.mark.parametrize("kind", ["token_loss", "mean_loss"])
+def test_trainer_on_three_uneven_workers_matches_one_device(ray_session, tmp_path, kind):
+    weights, losses = reference(kind)
+    result = _fit(tmp_path, "hf-uneven", kind)
 
     worst = _worst_difference(_final_weights(result), weights)
-    print(f"3 uneven workers vs one device: largest weight difference {worst:.2e}")
+    print(f"{kind}: 3 uneven workers vs one device: largest weight difference {worst:.2e}")
     assert worst < TOLERANCE, f"3 uneven workers diverged from one device by {worst:g}"
     # The Trainer's logged loss is the global batch's, as one device logs it.
     assert result.metrics["loss"] == pytest.approx(losses[-1], rel=1e-4)
@@ -193,9 +222,12 @@ def test_trainer_on_three_uneven_workers_matches_one_device(ray_session, tmp_pat
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_without_the_weighting_the_same_run_does_not_match(ray_session, tmp_path, reference):
-    weights, _ = reference
-    result = _fit(tmp_path, "hf-plain", plain_ddp=True)
+def test_without_the_weighting_the_same_run_does_not_match(ray_session, tmp_path):
+    """The Trainer's own DDP averages the ranks' local means with equal weights. (A loss
+    the Trainer counts in tokens across ranks would come out right that way: the Trainer
+    scales it for DDP's equal average itself, which is why hetero_ray rescales it.)"""
+    weights, _ = reference("mean_loss")
+    result = _fit(tmp_path, "hf-plain", "mean_loss", plain_ddp=True)
 
     worst = _worst_difference(_final_weights(result), weights)
     print(f"equal-weight DDP over the same shares vs one device: largest weight difference {worst:.2e}")
@@ -267,3 +299,11 @@ def test_without_transformers_the_error_says_what_to_install(monkeypatch):
         huggingface.prepare_trainer(object())
     with pytest.raises(UserError, match=r"pip install 'hetero-ray\[hf\]'"):
         huggingface.RayTrainReportCallback()
+
+
+def test_a_trainer_on_another_device_than_the_rank_is_refused():
+    from hetero_ray.train.huggingface import _check_device
+
+    _check_device(torch.device("cuda"), torch.device("cuda", 0))  # the same device, spelled two ways
+    with pytest.raises(UserError, match=r"placed this rank on cpu.*TrainingArguments\(use_cpu=True\)"):
+        _check_device(torch.device("cuda", 0), torch.device("cpu"))

@@ -191,9 +191,10 @@ def _check_device(trainer_device: torch.device, rank_device: torch.device) -> No
         return a.type == b.type and (a.index or 0) == (b.index or 0)
 
     if not same(torch.device(trainer_device), rank_device):
-        raise UserError(f"the Trainer runs on {trainer_device} but this rank trains on {rank_device}; make the "
-                        "TrainingArguments inside train_loop_per_worker (where Ray Train set up this rank's device), "
-                        "and on a CPU-only rank pass TrainingArguments(use_cpu=True)")
+        raise UserError(f"the Trainer runs on {trainer_device} (its TrainingArguments' device) but hetero_ray placed "
+                        f"this rank on {rank_device}; make the TrainingArguments inside train_loop_per_worker, and on "
+                        "the CPU ranks of a mixed job pass TrainingArguments(use_cpu=True) (e.g. use_cpu="
+                        "hetero_ray.train.get_device().type == 'cpu')")
 
 
 def _ddp_kwargs(trainer) -> dict[str, Any]:
