@@ -307,3 +307,10 @@ def test_a_trainer_on_another_device_than_the_rank_is_refused():
     _check_device(torch.device("cuda"), torch.device("cuda", 0))  # the same device, spelled two ways
     with pytest.raises(UserError, match=r"placed this rank on cpu.*TrainingArguments\(use_cpu=True\)"):
         _check_device(torch.device("cuda", 0), torch.device("cpu"))
+
+
+def test_prepare_trainer_outside_a_run_says_where_it_belongs(tmp_path):
+    from hetero_ray.train import prepare_trainer
+
+    with pytest.raises(UserError, match="inside the train_loop_per_worker"):
+        prepare_trainer(_trainer(tmp_path))
