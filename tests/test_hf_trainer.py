@@ -17,6 +17,7 @@ on a real local Ray with real gloo groups.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -92,12 +93,26 @@ def training_args(output_dir: str, **overrides):
     return transformers.TrainingArguments(**values)
 
 
+class CrashAfterCheckpoint(transformers.TrainerCallback):
+    """Rank 1 SIGKILLs itself once, after the step ``config["crash"]["at_step"]``, as soon
+    as Ray Train registered the checkpoint before it (see tests/api_jobs.py)."""
+
+    def __init__(self, config: dict):
+        self.config = config
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from tests.api_jobs import _maybe_crash
+
+        _maybe_crash(self.config, state.global_step)
+
+
 def trainer_loop(config: dict) -> None:
     import hetero_ray.train
     from hetero_ray.train.huggingface import RayTrainReportCallback
 
     os.environ["HF_HUB_OFFLINE"] = "1"
-    args = training_args(config["output_dir"])
+    args = training_args(config["output_dir"], save_steps=config.get("save_steps", 3))
+    callbacks = [RayTrainReportCallback()] + ([CrashAfterCheckpoint(config)] if config.get("crash") else [])
     dataset = TokenSequences(NUM_SAMPLES)
     model = make_model(config["kind"])
     if config.get("plain_ddp"):
@@ -113,8 +128,13 @@ def trainer_loop(config: dict) -> None:
                                callbacks=[RayTrainReportCallback()])
     else:
         trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
-            model=model, args=args, train_dataset=dataset, callbacks=[RayTrainReportCallback()]))
-    trainer.train()
+            model=model, args=args, train_dataset=dataset, callbacks=callbacks))
+    checkpoint = hetero_ray.train.get_checkpoint()
+    if checkpoint is None:
+        trainer.train()
+        return
+    with checkpoint.as_directory() as directory:
+        trainer.train(resume_from_checkpoint=os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME))
 
 
 def one_device(kind: str):
@@ -154,7 +174,7 @@ def one_device(kind: str):
 
 
 def _fit(tmp_path, name: str, kind: str, **config):
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
 
     hetero = HeteroConfig(global_batch_size=BATCH, policy="static", batch_split=(12, 8, 4), rebalance_interval=1,
                           record_sample_ids=True, seed=SEED,
@@ -162,7 +182,7 @@ def _fit(tmp_path, name: str, kind: str, **config):
     trainer = HeteroTrainer(
         trainer_loop, train_loop_config={"output_dir": str(tmp_path / f"{name}-hf"), "kind": kind, **config},
         scaling_config=ScalingConfig(num_workers=3),
-        run_config=RunConfig(name=name, storage_path=str(tmp_path)),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)),
         hetero_config=hetero,
     )
     return trainer.fit()
@@ -218,6 +238,27 @@ def test_trainer_on_three_uneven_workers_matches_one_device(ray_session, tmp_pat
     assert shares[0] == [12, 8, 4] and shares[4] == [4, 8, 12] and shares[5] == [3, 6, 9]  # short window, same rule
     reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet"))
     assert len(reports) >= STEPS  # every log of the Trainer reached the run's table
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_worker_resumes_the_trainer_mid_epoch_exactly_once(ray_session, tmp_path):
+    """Checkpoints every 2 steps (3 an epoch): rank 1 dies after step 3, the group restarts
+    from step 2's checkpoint in the middle of epoch 0, and the Trainer resumes from it."""
+    weights, losses = reference("token_loss")
+    run_dir = str(tmp_path / "hf-kill")
+    result = _fit(tmp_path, "hf-kill", "token_loss", save_steps=2,
+                  crash={"at_step": 3, "after_checkpoint": "checkpoint_000000002", "run_dir": run_dir})
+
+    with open(os.path.join(run_dir, "attempts.json")) as f:
+        assert [a["start_global_step"] for a in json.load(f)] == [0, 2]
+    worst = _worst_difference(_final_weights(result), weights)
+    print(f"restarted mid-epoch vs one device: largest weight difference {worst:.2e}")
+    assert worst < TOLERANCE, f"the resumed run diverged from one device by {worst:g}"
+    assert result.metrics["step"] == STEPS and result.metrics["loss"] == pytest.approx(losses[-1], rel=1e-4)
+    ids = pd.read_parquet(os.path.join(run_dir, "sample_ids.parquet"))
+    for epoch, rows in ids.groupby("epoch"):
+        assert sorted(rows["sample_index"]) == list(range(NUM_SAMPLES)), f"epoch {epoch}"
 
 
 @pytest.mark.ray

@@ -104,13 +104,16 @@ class RayTrainReportCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         import ray.train
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         from hetero_ray.train import report
 
         metrics = _merged_logs(state)
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
         saved = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if torch.distributed.is_initialized():
+            # Every rank writes its RNG state into the checkpoint folder; where ranks share a
+            # node and an output_dir, rank 0 must not copy a file another rank is still writing.
+            torch.distributed.barrier()
         if not (state.is_world_process_zero and os.path.isdir(saved)):
             report(metrics)
             return
