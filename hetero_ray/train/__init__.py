@@ -145,5 +145,17 @@ def token_weighted_loss(loss_sum: torch.Tensor, num_tokens: int | torch.Tensor) 
     return weighted(_session.current("token_weighted_loss"), loss_sum, num_tokens)
 
 
-__all__ = ["prepare_model", "prepare_data_loader", "report", "get_checkpoint", "get_context", "get_device",
-           "token_weighted_loss"]
+def prepare_trainer(trainer):
+    """A ``transformers.Trainer`` that trains on this rank's share: the model prepared as by
+    :func:`prepare_model`, the training data as by :func:`prepare_data_loader`, and its loss
+    and logged loss weighted by ``b_i / B`` (Ray Train's
+    ``ray.train.huggingface.transformers.prepare_trainer``, for hetero_ray). Report with
+    ``hetero_ray.train.huggingface.RayTrainReportCallback``. Needs the ``hf`` extra
+    (``pip install 'hetero-ray[hf]'``); see :mod:`hetero_ray.train.huggingface`."""
+    from hetero_ray.train.huggingface import prepare_trainer as prepare
+
+    return prepare(trainer)
+
+
+__all__ = ["prepare_model", "prepare_data_loader", "prepare_trainer", "report", "get_checkpoint", "get_context",
+           "get_device", "token_weighted_loss"]

@@ -1,0 +1,357 @@
+"""Hugging Face ``transformers.Trainer`` on hetero_ray shares (``hetero_ray.train.prepare_trainer``),
+on a real local Ray with real gloo groups.
+
+- same math, for both kinds of loss a Trainer computes: a tiny GPT-2 (built from a config,
+  nothing downloaded) whose loss the Trainer counts in tokens across ranks, and a plain
+  torch model whose loss is the mean over the local batch. On token sequences of different
+  lengths, 3 workers with an uneven split and a mid-run plan change end with the weights of
+  one ``Trainer`` on one device on the same global batches, and log its loss;
+- the Trainer's logs and checkpoint reach Ray Train's ``Result``;
+- every sample once per epoch;
+- without hetero_ray's weighting (the Trainer's own DDP over the same unequal shares, as
+  Ray Train's ``prepare_trainer`` would leave it) the mean-loss model no longer matches;
+- the example runs (in bf16, under emulated speeds), and mistakes a porter makes are
+  refused with what to do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach a hub
+transformers = pytest.importorskip("transformers")
+
+from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
+from hetero_ray.errors import UserError  # noqa: E402
+from hetero_ray.sampler import GlobalSampler  # noqa: E402
+
+VOCAB, SEQ = 32, 12
+NUM_SAMPLES, BATCH, EPOCHS = 66, 24, 2  # 3 steps an epoch, the last a short window of 18
+STEPS = EPOCHS * 3
+SEED = 0
+TOLERANCE = 1e-5  # float32 over 6 SGD steps; the unweighted run is off by far more (asserted)
+
+
+class TokenSequences(torch.utils.data.Dataset):
+    """Random token sequences of 3 to SEQ tokens, padded; labels -100 on the padding, so
+    the ranks' token counts differ from their sample counts."""
+
+    def __init__(self, num_samples: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, VOCAB, (num_samples, SEQ), generator=generator)
+        self.lengths = torch.randint(3, SEQ + 1, (num_samples,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        mask = (torch.arange(SEQ) < self.lengths[index]).long()
+        ids = self.ids[index]
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+class MeanLossClassifier(torch.nn.Module):
+    """A plain torch model in a Trainer: its ``forward`` takes no ``**kwargs``, so the
+    Trainer counts no items and the loss is the mean over the local batch (the class of a
+    sequence is its first token mod 4)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, input_ids, attention_mask, labels):
+        mask = attention_mask.unsqueeze(-1).float()
+        logits = self.head((self.embed(input_ids) * mask).sum(1) / mask.sum(1))
+        return {"loss": torch.nn.functional.cross_entropy(logits, input_ids[:, 0] % 4), "logits": logits}
+
+
+def make_model(kind: str = "token_loss"):
+    if kind == "mean_loss":
+        return MeanLossClassifier()
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    torch.manual_seed(SEED)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def training_args(output_dir: str, **overrides):
+    values = dict(output_dir=output_dir, per_device_train_batch_size=BATCH // 3, num_train_epochs=EPOCHS,
+                  optim="sgd", learning_rate=0.5, logging_steps=1, save_strategy="steps", save_steps=3,
+                  report_to="none", disable_tqdm=True, seed=SEED, use_cpu=True, dataloader_num_workers=0)
+    values.update(overrides)
+    return transformers.TrainingArguments(**values)
+
+
+class CrashAfterCheckpoint(transformers.TrainerCallback):
+    """Rank 1 SIGKILLs itself once, after the step ``config["crash"]["at_step"]``, as soon
+    as Ray Train registered the checkpoint before it (see tests/api_jobs.py)."""
+
+    def __init__(self, config: dict):
+        self.config = config
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from tests.api_jobs import _maybe_crash
+
+        _maybe_crash(self.config, state.global_step)
+
+
+def trainer_loop(config: dict) -> None:
+    import hetero_ray.train
+    from hetero_ray.train.huggingface import RayTrainReportCallback
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    args = training_args(config["output_dir"], save_steps=config.get("save_steps", 3))
+    callbacks = [RayTrainReportCallback()] + ([CrashAfterCheckpoint(config)] if config.get("crash") else [])
+    dataset = TokenSequences(NUM_SAMPLES)
+    model = make_model(config["kind"])
+    if config.get("plain_ddp"):
+        # What Ray Train's prepare_trainer leaves: the Trainer's own DDP (equal weights 1/n)
+        # over hetero_ray's unequal shares.
+        class PlainTrainer(transformers.Trainer):
+            def get_train_dataloader(self):
+                return hetero_ray.train.prepare_data_loader(
+                    torch.utils.data.DataLoader(dataset, batch_size=BATCH // 3, shuffle=True,
+                                                collate_fn=transformers.default_data_collator))
+
+        trainer = PlainTrainer(model=model, args=args, train_dataset=dataset,
+                               callbacks=[RayTrainReportCallback()])
+    else:
+        trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
+            model=model, args=args, train_dataset=dataset, callbacks=callbacks))
+    checkpoint = hetero_ray.train.get_checkpoint()
+    if checkpoint is None:
+        trainer.train()
+        return
+    with checkpoint.as_directory() as directory:
+        trainer.train(resume_from_checkpoint=os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME))
+
+
+def one_device(kind: str):
+    """One Trainer in this process on the whole global batch of every step, in the order
+    of hetero_ray's global sampler: the reference."""
+    sampler = GlobalSampler(NUM_SAMPLES, BATCH, SEED, False, True)
+
+    class GlobalBatches:
+        def __init__(self):
+            self.epoch = 0
+
+        def __iter__(self):
+            permutation = sampler.permutation(self.epoch)
+            self.epoch += 1
+            for step in range(sampler.steps_per_epoch):
+                begin, stop = sampler.window(step)
+                yield permutation[begin:stop].tolist()
+
+        def __len__(self):
+            return sampler.steps_per_epoch
+
+    dataset = TokenSequences(NUM_SAMPLES)
+
+    class OneDeviceTrainer(transformers.Trainer):
+        def get_train_dataloader(self):
+            return torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(),
+                                               collate_fn=transformers.default_data_collator)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        trainer = OneDeviceTrainer(model=make_model(kind), args=training_args(directory, save_strategy="no"),
+                                   train_dataset=dataset)
+        trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, losses
+
+
+def _fit(tmp_path, name: str, kind: str, **config):
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+    hetero = HeteroConfig(global_batch_size=BATCH, policy="static", batch_split=(12, 8, 4), rebalance_interval=1,
+                          record_sample_ids=True, seed=SEED,
+                          plan_changes=({"global_step": 4, "local_batch_sizes": [4, 8, 12]},))
+    trainer = HeteroTrainer(
+        trainer_loop, train_loop_config={"output_dir": str(tmp_path / f"{name}-hf"), "kind": kind, **config},
+        scaling_config=ScalingConfig(num_workers=3),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)),
+        hetero_config=hetero,
+    )
+    return trainer.fit()
+
+
+def _final_weights(result) -> dict:
+    from safetensors.torch import load_file
+
+    with result.checkpoint.as_directory() as directory:
+        return load_file(os.path.join(directory, "checkpoint", "model.safetensors"))
+
+
+def _worst_difference(weights: dict, reference: dict) -> float:
+    assert weights, "no weights in the checkpoint"
+    return max((reference[k].float() - weights[k].float()).abs().max().item() for k in weights)
+
+
+_REFERENCES: dict = {}
+
+
+def reference(kind: str):
+    """The one-device weights and logged losses of ``kind`` (computed once per session)."""
+    if kind not in _REFERENCES:
+        weights, losses = one_device(kind)
+        initial = make_model(kind).state_dict()
+        moved = max((weights[k] - initial[k]).abs().max().item() for k in weights)
+        assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
+        assert len(losses) == STEPS
+        _REFERENCES[kind] = weights, losses
+    return _REFERENCES[kind]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["token_loss", "mean_loss"])
+def test_trainer_on_three_uneven_workers_matches_one_device(ray_session, tmp_path, kind):
+    weights, losses = reference(kind)
+    result = _fit(tmp_path, "hf-uneven", kind)
+
+    worst = _worst_difference(_final_weights(result), weights)
+    print(f"{kind}: 3 uneven workers vs one device: largest weight difference {worst:.2e}")
+    assert worst < TOLERANCE, f"3 uneven workers diverged from one device by {worst:g}"
+    # The Trainer's logged loss is the global batch's, as one device logs it.
+    assert result.metrics["loss"] == pytest.approx(losses[-1], rel=1e-4)
+    assert result.metrics["step"] == STEPS and "learning_rate" in result.metrics
+
+    run_dir = str(tmp_path / "hf-uneven")
+    ids = pd.read_parquet(os.path.join(run_dir, "sample_ids.parquet"))
+    for epoch, rows in ids.groupby("epoch"):
+        assert sorted(rows["sample_index"]) == list(range(NUM_SAMPLES)), f"epoch {epoch}"
+    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
+    shares = steps.sort_values("rank").groupby("global_step")["local_batch_size"].apply(list)
+    assert shares[0] == [12, 8, 4] and shares[4] == [4, 8, 12] and shares[5] == [3, 6, 9]  # short window, same rule
+    reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet"))
+    assert len(reports) >= STEPS  # every log of the Trainer reached the run's table
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_worker_resumes_the_trainer_mid_epoch_exactly_once(ray_session, tmp_path):
+    """Checkpoints every 2 steps (3 an epoch): rank 1 dies after step 3, the group restarts
+    from step 2's checkpoint in the middle of epoch 0, and the Trainer resumes from it."""
+    weights, losses = reference("token_loss")
+    run_dir = str(tmp_path / "hf-kill")
+    result = _fit(tmp_path, "hf-kill", "token_loss", save_steps=2,
+                  crash={"at_step": 3, "after_checkpoint": "checkpoint_000000002", "run_dir": run_dir})
+
+    with open(os.path.join(run_dir, "attempts.json")) as f:
+        assert [a["start_global_step"] for a in json.load(f)] == [0, 2]
+    worst = _worst_difference(_final_weights(result), weights)
+    print(f"restarted mid-epoch vs one device: largest weight difference {worst:.2e}")
+    assert worst < TOLERANCE, f"the resumed run diverged from one device by {worst:g}"
+    assert result.metrics["step"] == STEPS and result.metrics["loss"] == pytest.approx(losses[-1], rel=1e-4)
+    ids = pd.read_parquet(os.path.join(run_dir, "sample_ids.parquet"))
+    for epoch, rows in ids.groupby("epoch"):
+        assert sorted(rows["sample_index"]) == list(range(NUM_SAMPLES)), f"epoch {epoch}"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_without_the_weighting_the_same_run_does_not_match(ray_session, tmp_path):
+    """The Trainer's own DDP averages the ranks' local means with equal weights. (A loss
+    the Trainer counts in tokens across ranks would come out right that way: the Trainer
+    scales it for DDP's equal average itself, which is why hetero_ray rescales it.)"""
+    weights, _ = reference("mean_loss")
+    result = _fit(tmp_path, "hf-plain", "mean_loss", plain_ddp=True)
+
+    worst = _worst_difference(_final_weights(result), weights)
+    print(f"equal-weight DDP over the same shares vs one device: largest weight difference {worst:.2e}")
+    assert worst > 20 * TOLERANCE, f"equal-weight DDP over unequal shares matched one device ({worst:g})"
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_example_fine_tunes_in_bf16_on_emulated_speeds(ray_session, tmp_path):
+    example = importlib.import_module("examples.hf_trainer")  # the loop travels to the workers by reference
+    result = example.main(["--num-workers", "2", "--global-batch-size", "16", "--epochs", "1", "--num-samples", "64",
+                           "--logging-steps", "2", "--save-steps", "4", "--emulate-speeds", "1,0.5", "--bf16",
+                           "--storage-path", str(tmp_path), "--name", "hf-example"])
+
+    assert result.metrics["step"] == 4 and result.metrics["loss"] > 0
+    weights = _final_weights(result)
+    model = example.make_model()
+    model.load_state_dict(weights, strict=False)  # the tied lm_head is saved once, as the embedding
+    assert torch.equal(model.transformer.wte.weight, weights["transformer.wte.weight"])
+    steps = pd.read_parquet(os.path.join(tmp_path, "hf-example", "steps.parquet"))
+    assert sorted(steps["global_step"].unique()) == [0, 1, 2, 3]
+
+
+def test_example_runs_standalone_with_help():
+    done = subprocess.run([sys.executable, os.path.join("examples", "hf_trainer.py"), "--help"], cwd=REPO_ROOT,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
+
+
+def _trainer(tmp_path, **overrides):
+    return transformers.Trainer(model=make_model(), args=training_args(str(tmp_path), **overrides),
+                                train_dataset=TokenSequences(8))
+
+
+def test_gradient_accumulation_is_refused_with_what_to_set(tmp_path):
+    from hetero_ray.train import prepare_trainer
+
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps=1 and HeteroConfig\(global_batch_size"):
+        prepare_trainer(_trainer(tmp_path, gradient_accumulation_steps=4))
+
+
+def test_ray_trains_own_report_callback_is_refused(tmp_path):
+    from ray.train.huggingface.transformers import RayTrainReportCallback as RayCallback
+
+    from hetero_ray.train import prepare_trainer
+
+    trainer = _trainer(tmp_path)
+    trainer.add_callback(RayCallback())
+    with pytest.raises(UserError, match="use hetero_ray.train.huggingface.RayTrainReportCallback"):
+        prepare_trainer(trainer)
+
+
+def test_not_a_trainer_is_refused():
+    from hetero_ray.train import prepare_trainer
+
+    with pytest.raises(UserError, match="takes a transformers.Trainer, got Module"):
+        prepare_trainer(torch.nn.Module())
+
+
+def test_without_transformers_the_error_says_what_to_install(monkeypatch):
+    from hetero_ray.train import huggingface
+
+    monkeypatch.setattr(huggingface, "_IMPORT_ERROR", ImportError("No module named 'transformers'"))
+    with pytest.raises(UserError, match=r"pip install 'hetero-ray\[hf\]'"):
+        huggingface.prepare_trainer(object())
+    with pytest.raises(UserError, match=r"pip install 'hetero-ray\[hf\]'"):
+        huggingface.RayTrainReportCallback()
+
+
+def test_a_trainer_on_another_device_than_the_rank_is_refused():
+    from hetero_ray.train.huggingface import _check_device
+
+    _check_device(torch.device("cuda"), torch.device("cuda", 0))  # the same device, spelled two ways
+    with pytest.raises(UserError, match=r"placed this rank on cpu.*TrainingArguments\(use_cpu=True\)"):
+        _check_device(torch.device("cuda", 0), torch.device("cpu"))
+
+
+def test_prepare_trainer_outside_a_run_says_where_it_belongs(tmp_path):
+    from hetero_ray.train import prepare_trainer
+
+    with pytest.raises(UserError, match="inside the train_loop_per_worker"):
+        prepare_trainer(_trainer(tmp_path))
