@@ -23,7 +23,9 @@ since the factors k_j / b_i sum to 1.
 Busy time. The step's clock runs from the batch handed out to the last gradient bucket,
 which only the last micro-batch's backward reaches: the recorded busy time covers every
 micro-batch, so the planner's curve ``t(b) = max(τ, α + β·b)`` is fitted on what a share
-past the cap really costs (about m times a batch at the cap).
+past the cap really costs (about m times a batch at the cap). Within it, the step row's
+``forward_time_s`` is the first micro-batch's forward pass and ``backward_time_s`` all the
+rest.
 
 Batch norm. hetero_ray's synced BatchNorm normalises with the statistics of the whole
 global batch in one pass (one all-reduce per layer); micro-batches would give each
