@@ -33,7 +33,8 @@ def test_a_batch_is_cut_along_the_first_dimension_of_every_tensor_it_holds():
     batch = {"pair": Pair(torch.arange(10).view(5, 2), torch.arange(5)), "mask": [torch.ones(5, 3)], "name": "x"}
     pieces = split_batch(batch, [3, 2])
     assert batch_size_of(batch) == 5
-    assert pieces[0]["pair"].inputs.tolist() == [[0, 1], [2, 3], [4, 5]] and pieces[1]["pair"].targets.tolist() == [3, 4]
+    assert pieces[0]["pair"].inputs.tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert pieces[1]["pair"].targets.tolist() == [3, 4]
     assert isinstance(pieces[1]["pair"], Pair) and pieces[1]["mask"][0].shape == (2, 3) and pieces[1]["name"] == "x"
 
 
