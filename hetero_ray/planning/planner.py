@@ -25,6 +25,12 @@ rank 0 asks again. Profiles that come after the group's first plan are kept for 
 first plan, and give the ranks that had no memory cap theirs from the next rebalance point.
 Emulated speeds never reach this module.
 
+The memory caps bound the shares until rank 0 says that the loop trains a share past its
+rank's cap in micro-batches (``plan_for(micro_batches=True)``, see
+training/micro_batches.py); from then on, for the rest of the run, shares are bounded by
+time alone, and the caps go to the ranks with every plan (``memory_caps`` of the reply) as
+the size of their micro-batches.
+
 Later plans are the balancer's (:mod:`hetero_ray.planning.balancer`), made with the same
 policy and within the same caps as the first; an adopted one is in force from rank 0's
 next rebalance point. The planner numbers every plan, the balancer's too (it proposes
@@ -73,11 +79,19 @@ class Planner:
         self._plan: Optional[Plan] = None
         self._next_version = 0
         self._attempt: Optional[dict] = None  # the worker group the balancer serves (begin_attempt's arguments)
+        self._memory_caps: Optional[list[Optional[int]]] = None  # the group's, from the node profiles
+        self._micro_batches = False  # the loop trains shares past the caps in micro-batches
 
     @property
     def caps(self) -> Optional[list[Optional[int]]]:
-        """The per-rank memory caps every plan respects (None: none known)."""
+        """The per-rank caps every plan respects (None: none): the memory caps, unless the
+        loop trains past them in micro-batches."""
         return self.policy.caps
+
+    @property
+    def memory_caps(self) -> Optional[list[Optional[int]]]:
+        """Each rank's memory cap in this group (None: none known), bounding shares or not."""
+        return self._memory_caps
 
     # ------------------------------------------------------------------ node profiles
     def await_capabilities(self) -> None:
@@ -106,8 +120,9 @@ class Planner:
                  rank_device_kinds: Optional[Sequence[str]] = None,
                  rank_fits: Optional[Sequence[Optional[dict]]] = None,
                  wait_for_capabilities: bool = True,
-                 rank_cpus: Optional[Sequence[dict]] = None) -> dict:
-        """The plan in force for ``num_workers`` ranks at ``global_step`` (``Plan.to_dict()``).
+                 rank_cpus: Optional[Sequence[dict]] = None, micro_batches: bool = False) -> dict:
+        """The plan in force for ``num_workers`` ranks at ``global_step`` (``Plan.to_dict()``,
+        with ``memory_caps`` when some are known).
 
         A new first plan if the number of workers changed: from the ranks' own warm-up
         lines ``rank_fits`` (``{"alpha_s", "beta_s_per_sample"}`` each) when every rank has
@@ -116,8 +131,15 @@ class Planner:
         (``rank_cpus``: ``{"threads", "quota_cores"}`` each); a scripted change once its step
         is reached. While profiles are awaited, a first plan
         that would use them is ``{"awaiting": "node profiles"}`` instead (with
-        ``wait_for_capabilities=False``: made without them).
+        ``wait_for_capabilities=False``: made without them). ``micro_batches``: the loop
+        trains shares past the memory caps in micro-batches; the caps stop bounding shares
+        from this plan on, for the rest of the run.
         """
+        if micro_batches and not self._micro_batches:
+            self._micro_batches = True
+            self.policy.caps = None  # the planner's caps are the memory caps (the balancer adds its own)
+            logger.info("the loop trains shares past the memory caps in micro-batches: shares are bounded by "
+                        "time alone from here on")
         while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
             change = self._plan_changes.pop(0)
             if len(change["local_batch_sizes"]) == num_workers:
@@ -136,7 +158,10 @@ class Planner:
             self._plan = self._first_plan(num_workers, rank_node_ids, rank_device_kinds, rank_fits, rank_cpus)
             self._next_version = self._plan.version + 1
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
-        return self._plan.to_dict()
+        reply = self._plan.to_dict()
+        if self._memory_caps is not None and len(self._memory_caps) == self._plan.num_workers:
+            reply["memory_caps"] = list(self._memory_caps)
+        return reply
 
     def resume_from(self, plan: dict) -> None:
         """A worker group restored a checkpoint holding ``plan``.
@@ -189,6 +214,7 @@ class Planner:
         """Explicit split, else the policy's first plan from the measurements there are;
         sets the caps every later plan of this group respects."""
         version = self._next_version
+        self._memory_caps = self._group_memory_caps(num_workers, rank_node_ids, rank_device_kinds)
         if self.batch_split is not None and len(self.batch_split) == num_workers:
             self.policy.caps = None
             return Plan(version, tuple(self.batch_split), "explicit --batch-split")
@@ -218,6 +244,8 @@ class Planner:
         if caps is not None and (self.policy.name == "static"
                                  or sum(c or self.global_batch_size for c in caps) < self.global_batch_size):
             caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
+        if self._micro_batches:
+            caps = None  # a share past its rank's cap is trained in micro-batches
         self.policy.caps = caps
         first = self.policy.initial_plan(self.global_batch_size, num_workers, measured)
         reason = first.reason
@@ -232,8 +260,8 @@ class Planner:
         """Profiles that came after the first plan of the group in force (the CPU-only nodes
         of a GPU cluster): a rank without a memory cap gets its device's, where the caps can
         still hold the global batch. An explicit split and ``static`` use no caps."""
-        if self._plan is None or self._placement is None or self.policy.name == "static":
-            return
+        if self._plan is None or self._placement is None or self.policy.name == "static" or self._micro_batches:
+            return  # (with micro-batches a share past a cap is cut, not held)
         node_ids, kinds = self._placement
         if len(node_ids) != self._plan.num_workers or (
                 self.batch_split is not None and len(self.batch_split) == self._plan.num_workers):
@@ -253,6 +281,16 @@ class Planner:
         explicit = self.batch_split is not None and len(self.batch_split) == num_workers
         return not explicit and self.policy.name != "static"
 
+    def _group_memory_caps(self, num_workers, rank_node_ids, rank_device_kinds) -> Optional[list[Optional[int]]]:
+        """The ranks' memory caps by the one rule (planning/capacity.py); None: none known."""
+        if not self._nodes or rank_node_ids is None or len(rank_node_ids) != num_workers:
+            return None
+        try:
+            caps = rank_memory_caps(self._nodes, rank_node_ids, rank_device_kinds)
+        except ValueError:  # inconsistent inputs: _capacities says so
+            return None
+        return caps if any(c is not None for c in caps) else None
+
     def _capacities(self, num_workers, rank_node_ids, rank_device_kinds) -> Optional[list[Optional[RankCapacity]]]:
         if not self._nodes or rank_node_ids is None or len(rank_node_ids) != num_workers:
             return None
@@ -266,7 +304,8 @@ class Planner:
     def info(self) -> dict:
         """Where it stands (for tests, operators and the dashboard)."""
         return {"plan": None if self._plan is None else self._plan.to_dict(), "next_version": self._next_version,
-                "policy": self.policy.name, "caps": self.caps, "num_nodes": len(self._nodes),
+                "policy": self.policy.name, "caps": self.caps, "memory_caps": self._memory_caps,
+                "micro_batches": self._micro_batches, "num_nodes": len(self._nodes),
                 "attempt": self.balancer.attempt, "num_workers": self.balancer.num_workers,
                 "end_global_step": self.balancer.end_global_step}
 
@@ -277,6 +316,8 @@ class Planner:
             "plan": None if self._plan is None else self._plan.to_dict(),
             "next_version": self._next_version,
             "caps": self.caps,
+            "memory_caps": self._memory_caps,
+            "micro_batches": self._micro_batches,
             "nodes": self._nodes,
             "plan_changes": self._plan_changes,
             "awaiting_capabilities": self._awaiting_capabilities,
@@ -292,7 +333,8 @@ class Planner:
         ``state`` is not a saved state."""
         plan = Plan.from_dict(state["plan"]) if state.get("plan") else None
         next_version = max(int(state.get("next_version") or 0), plan.version + 1 if plan else 0)
-        caps = None if state.get("caps") is None else [None if c is None else int(c) for c in state["caps"]]
+        caps = _caps(state.get("caps"))
+        memory_caps = _caps(state.get("memory_caps"))
         nodes = [dict(n) for n in state.get("nodes") or []]
         plan_changes = [dict(c) for c in state.get("plan_changes") or []]
         attempt = state.get("attempt")
@@ -306,6 +348,7 @@ class Planner:
         placement = None if not placement else (
             [str(n) for n in placement[0]], None if placement[1] is None else [str(k) for k in placement[1]])
         self._plan, self._next_version, self.policy.caps = plan, next_version, caps
+        self._memory_caps, self._micro_batches = memory_caps, bool(state.get("micro_batches"))
         self._nodes, self._plan_changes = nodes, plan_changes
         self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
         self._first_plan_from_cores = bool(state.get("first_plan_from_cores"))
@@ -320,6 +363,10 @@ class Planner:
 
     def load_checkpoint_state(self, state: dict) -> None:
         self.balancer.load_state_dict(state)
+
+
+def _caps(saved) -> Optional[list[Optional[int]]]:
+    return None if saved is None else [None if c is None else int(c) for c in saved]
 
 
 def _from_warm_up(rank_fits: Sequence[Optional[dict]], profiled: Optional[Sequence]) -> list[Optional[RankCapacity]]:

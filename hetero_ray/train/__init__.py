@@ -14,7 +14,8 @@ The loss contract: each rank's loss is the mean over its own local batch (as wit
 device). The gradient hook weights rank ``i`` by ``b_i / B``, so the step is the gradient
 of the mean over the whole global batch; a sum, or a mean over anything else, would
 weight ranks wrongly. For per-token losses whose token counts differ between samples,
-use :func:`token_weighted_loss`.
+use :func:`token_weighted_loss`. A share past the device's memory takes
+:func:`micro_batches`.
 """
 
 from __future__ import annotations
@@ -130,6 +131,52 @@ def get_device() -> torch.device:
     return _session.current("get_device").identity.device
 
 
+def micro_batches(batch, *, max_size: Optional[int] = None):
+    """``batch`` as micro-batches that fit this rank's memory: run forward and backward on
+    each, and step the optimiser once, after the last::
+
+        for x, y in loader:
+            for mx, my in hetero_ray.train.micro_batches((x, y)):
+                loss = loss_fn(model(mx), my)        # the MEAN over the micro-batch
+                loss.backward()
+            optimizer.step(); optimizer.zero_grad()
+
+    With it, the planner gives each rank the share its speed calls for, even past the
+    largest batch its device holds (its memory cap, measured by profiling the nodes with
+    ``HeteroConfig.profile_model``): such a share comes as one batch from the loader and is
+    cut here into nearly equal micro-batches no larger than the cap. The gradients
+    accumulate on the rank and are all-reduced once, at the last backward pass, weighted
+    so that the step is still the one device's step on the global batch. A batch within
+    the cap comes back whole, at no cost, so the loop is the same for every rank. Until
+    the first call (and for a model whose BatchNorm is synced, see below) the plan keeps
+    every share within the caps.
+
+    Each micro-batch is the batch's structure (a tensor, tuples, lists, dicts of them) with
+    every tensor cut along its first dimension. Iterate all of them; call ``backward()`` on
+    each, ``optimizer.step()`` only after the loop (GradScaler: ``scaler.scale(loss).backward()``
+    on each, ``scaler.step``/``update`` after). :func:`token_weighted_loss` does not combine
+    with micro-batches (it runs a collective per call).
+
+    BatchNorm: hetero_ray's synced BatchNorm (``prepare_model``'s default) normalises with
+    the statistics of the whole global batch, which micro-batches cannot keep; such a model
+    is never cut, and its shares stay within the memory caps. With
+    ``prepare_model(model, sync_batchnorm=False)`` it is cut, and each micro-batch is
+    normalised with its own statistics (and updates the running statistics once).
+
+    Args:
+        max_size: the most samples per micro-batch; default: this rank's memory cap
+            from the node profiles (no cap known: the batch comes back whole).
+
+    Raises:
+        UserError: no prepared model, a bad ``max_size``, ``max_size`` on a model with
+            synced BatchNorm, a batch without tensors or with one that is not per sample,
+            or a micro-batch left without a backward pass.
+    """
+    from hetero_ray.training.micro_batches import micro_batches as cut
+
+    return cut(_session.current("micro_batches"), batch, max_size)
+
+
 def token_weighted_loss(loss_sum: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:
     """A per-token loss whose step is the mean over all tokens of the global batch.
 
@@ -158,4 +205,4 @@ def prepare_trainer(trainer):
 
 
 __all__ = ["prepare_model", "prepare_data_loader", "prepare_trainer", "report", "get_checkpoint", "get_context",
-           "get_device", "token_weighted_loss"]
+           "get_device", "micro_batches", "token_weighted_loss"]

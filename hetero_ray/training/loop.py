@@ -6,7 +6,8 @@ public API like any user's loop.
 user's ``train_loop_per_worker``: :func:`hetero_ray.train.prepare_model` gives the model
 its gradient weighting, busy-time clock and exact BatchNorm,
 :func:`hetero_ray.train.prepare_data_loader` hands out this rank's piece of each global
-step under the plan in force, and :func:`hetero_ray.train.report` checkpoints. What the
+step under the plan in force (cut by :func:`hetero_ray.train.micro_batches` where it is past
+the rank's memory cap), and :func:`hetero_ray.train.report` checkpoints. What the
 built-in job adds: its own checkpoint file (model, optimiser, LR schedule, random state,
 the epoch's running totals), an evaluation at the end of every epoch, and each step's
 loss and learning rate in the steps table.
@@ -121,21 +122,32 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
 def _train_step(job: _Job, inputs, targets) -> StepNotes:
     """One optimiser step on this rank's piece of the global batch; returns the step's
-    loss and learning rate for its row (no loss where the rank held no sample)."""
-    with job.precision.autocast():
-        loss = compute_loss(job.model(inputs), targets)
+    loss and learning rate for its row (no loss where the rank held no sample).
+
+    A piece past the rank's memory cap is trained as micro-batches (one all-reduce, at
+    the last one's backward: training/micro_batches.py); the step's loss is then their
+    mean weighted by size, the mean over the piece."""
+    loss_sum, samples = None, 0
+    for micro_inputs, micro_targets in hetero_ray.train.micro_batches((inputs, targets)):
+        with job.precision.autocast():
+            loss = compute_loss(job.model(micro_inputs), micro_targets)
+        if job.scaler is None:
+            loss.backward()  # the hook weights by b_i / B and all-reduces (at the last micro-batch)
+        else:  # fp16: every rank scales by the same factor and skips the same steps (training/precision.py)
+            job.scaler.scale(loss).backward()
+        weighted = loss.detach().float() * len(micro_targets)  # summed on the device: one sync per step
+        loss_sum = weighted if loss_sum is None else loss_sum + weighted
+        samples += len(micro_targets)
     lr = job.optimizer.param_groups[0]["lr"]
     if job.scaler is None:
-        loss.backward()  # the hook weights by b_i / B and all-reduces
         job.optimizer.step()
-    else:  # fp16: every rank scales by the same factor and skips the same steps (training/precision.py)
-        job.scaler.scale(loss).backward()
+    else:
         job.scaler.step(job.optimizer)
         job.scaler.update()
     job.optimizer.zero_grad(set_to_none=True)
     job.lr_scheduler.step()
     held_samples = job.loader.local_batch_size > 0  # else it ran a placeholder sample with weight 0
-    return StepNotes(loss=loss.item() if held_samples else None, lr=lr)
+    return StepNotes(loss=loss_sum.item() / samples if held_samples else None, lr=lr)
 
 
 def _end_epoch(session: worker_session.WorkerSession, job: _Job, totals: EpochTotals, epoch: int) -> EpochTotals:

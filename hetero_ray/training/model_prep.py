@@ -15,7 +15,8 @@ statistics of the whole global batch.
   :class:`~hetero_ray.training.current_step.CurrentStep`.
 - BatchNorm layers become :class:`~hetero_ray.training.batchnorm.HeteroSyncBatchNorm`,
   whose statistics are those of the global batch (unequal local batches included) and
-  whose running statistics are identical on every rank.
+  whose running statistics are identical on every rank. Such a model is never cut into
+  micro-batches (:mod:`hetero_ray.training.micro_batches`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hetero_ray.errors import UserError
 from hetero_ray.training import timing
 from hetero_ray.training.batchnorm import convert_batchnorm, has_batchnorm
 from hetero_ray.training.current_step import CurrentStep
+from hetero_ray.training.micro_batches import MicroBatchPolicy
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
 
@@ -49,9 +51,11 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
         raise UserError("hetero_ray.train.prepare_model: the model has no parameter that requires a "
                         "gradient, so there is nothing to train")
     state = WeightedAllReduceState(num_workers=session.identity.num_workers, in_step=_InLoaderStep(session))
+    synced_batchnorm = False
     if has_batchnorm(model):
         if sync_batchnorm:
             model = convert_batchnorm(model, state)
+            synced_batchnorm = True
         elif session.identity.rank == 0:
             logger.warning("sync_batchnorm=False: this model's BatchNorm layers normalise each rank's "
                            "local batch on its own, so with unequal shares training no longer follows "
@@ -67,6 +71,8 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     state.on_bucket_ready = clock
     state.on_bucket_reduced = clock.reduced
     ddp_model.register_forward_hook(_forward_clock(session.current_step))
+    session.model = ddp_model
+    session.micro_batching = MicroBatchPolicy(synced_batchnorm, session.identity.rank)
     session.weight_state = state  # also marks the model as prepared
     return ddp_model
 

@@ -31,8 +31,10 @@ WAIT_NOTE_EVERY_S = 5.0
 def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: int,
                current: Optional[Plan], timeout_s: float, rank_node_ids=None,
                rank_device_kinds=None, rank_fits=None, *, rank_cpus=None, wait_s: float = 0.0,
-               note: Callable[[str], None] = logger.info) -> Optional[Plan]:
-    """Rank 0: the planner's plan if it is usable for this group, else ``current``.
+               note: Callable[[str], None] = logger.info,
+               micro_batches: bool = False) -> tuple[Optional[Plan], Optional[list[Optional[int]]]]:
+    """Rank 0: the planner's plan if it is usable for this group, else ``current``; and
+    the ranks' memory caps the planner knows (None: none, or no answer).
 
     The ranks' nodes and device kinds let the planner build a group's first plan from
     the profiles of the devices the ranks actually run on; ``rank_fits`` (each rank's
@@ -40,19 +42,22 @@ def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: i
     and so do ``rank_cpus`` (the cores each rank can use) where no profiles will come.
     While the planner awaits node profiles for that plan, asks again for up to
     ``wait_s`` seconds (telling ``note`` what it waits for), then takes a plan without them.
+    ``micro_batches``: the loop trains shares past the memory caps in micro-batches, so
+    the planner may give them (see training/micro_batches.py).
     """
     try:
         reply = _ask_until_planned(planner, (num_workers, global_step, rank_node_ids, rank_device_kinds, rank_fits),
-                                   {"rank_cpus": rank_cpus}, timeout_s, wait_s, note)
+                                   {"rank_cpus": rank_cpus, "micro_batches": micro_batches}, timeout_s, wait_s, note)
         candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
         logger.warning("planner did not answer (%s); keeping plan %s", type(e).__name__, current)
-        return current
+        return current, None
     if candidate.num_workers != num_workers or candidate.global_batch_size != global_batch_size:
         logger.warning("ignoring plan %s: not for %d workers and batch %d", candidate, num_workers,
                        global_batch_size)
-        return current
-    return candidate
+        return current, None
+    caps = reply.get("memory_caps")
+    return candidate, (list(caps) if caps is not None and len(caps) == num_workers else None)
 
 
 def _ask_until_planned(planner, args: tuple, kwargs: dict, timeout_s: float, wait_s: float, note) -> dict:
@@ -70,16 +75,22 @@ def _ask_until_planned(planner, args: tuple, kwargs: dict, timeout_s: float, wai
         time.sleep(WAIT_POLL_S)
 
 
-def broadcast_plan(plan: Optional[Plan], rank: int, num_workers: int, device: torch.device) -> Plan:
-    """All ranks: rank 0's ``plan`` (others pass None), as a tensor [version, b_0, …, b_{n-1}]."""
-    buffer = torch.zeros(num_workers + 1, dtype=torch.int64, device=device)
+def broadcast_plan(plan: Optional[Plan], rank: int, num_workers: int, device: torch.device,
+                   memory_caps: Optional[list[Optional[int]]] = None) -> tuple[Plan, Optional[list[Optional[int]]]]:
+    """All ranks: rank 0's ``plan`` and ``memory_caps`` (others pass None), as one tensor
+    [version, b_0, …, b_{n-1}, cap_0, …, cap_{n-1}] (cap 0: none known)."""
+    buffer = torch.zeros(2 * num_workers + 1, dtype=torch.int64, device=device)
     if rank == 0:
         if plan is None:
             raise RuntimeError("rank 0 has no plan to broadcast")
         buffer[0] = plan.version
-        buffer[1:] = torch.tensor(plan.local_batch_sizes, dtype=torch.int64)
+        buffer[1:num_workers + 1] = torch.tensor(plan.local_batch_sizes, dtype=torch.int64)
+        if memory_caps is not None:
+            buffer[num_workers + 1:] = torch.tensor([c or 0 for c in memory_caps], dtype=torch.int64)
     dist.broadcast(buffer, src=0)
-    if rank == 0:
-        return plan
     values = buffer.tolist()
-    return Plan(values[0], tuple(values[1:]))
+    caps = [c or None for c in values[num_workers + 1:]]
+    caps = caps if any(c is not None for c in caps) else None
+    if rank == 0:
+        return plan, caps
+    return Plan(values[0], tuple(values[1:num_workers + 1])), caps

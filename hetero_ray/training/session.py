@@ -94,11 +94,26 @@ class WorkerSession:
     # Made by the user's loop through the public API, once each (a second call is refused):
     loader: Any = None  # the one PlanFollowingLoader of this worker
     weight_state: Any = None  # the gradient hook's state, shared with BatchNorm layers
+    model: Any = None  # the prepared (DDP) model
+    micro_batching: Any = None  # its MicroBatchPolicy (training/micro_batches.py), made with it
+    # Each rank's memory cap (largest batch its device holds; None: unknown), agreed with the plans.
+    memory_caps: Optional[list[Optional[int]]] = None
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
 
     @property
     def restored_position(self) -> Position:
         return _position_of(self.restored)
+
+    @property
+    def memory_cap(self) -> Optional[int]:
+        """This rank's memory cap (None: unknown): the largest micro-batch it trains."""
+        return None if self.memory_caps is None else self.memory_caps[self.identity.rank]
+
+    @property
+    def cuts_micro_batches(self) -> bool:
+        """Whether the loop trains shares past the memory cap in micro-batches (it called
+        ``micro_batches`` on a model that may be cut): the planner may then pass the caps."""
+        return self.micro_batching is not None and self.micro_batching.cuts
 
     @property
     def restored_plan(self) -> Optional[Plan]:
@@ -116,7 +131,7 @@ class WorkerSession:
         ``current`` is the plan in force before ``position`` (None for the group's first).
         """
         identity, batch = self.identity, self.settings.global_batch_size
-        proposal = None
+        proposal, caps = None, None
         restored = self.restored_plan
         if identity.rank == 0:
             fallback = current
@@ -124,16 +139,20 @@ class WorkerSession:
                 fallback = restored
             if current is None and restored is not None:
                 self.planner.resume_from.remote(restored.to_dict())
-            proposal = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
-                                  _plan_fetch_timeout_s(), list(identity.rank_node_ids),
-                                  list(identity.rank_device_kinds), self.rank_fits if current is None else None,
-                                  rank_cpus=list(identity.rank_cpus) if current is None else None,
-                                  wait_s=self.settings.first_plan_wait_s, note=self.log)
+            proposal, caps = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
+                                        _plan_fetch_timeout_s(), list(identity.rank_node_ids),
+                                        list(identity.rank_device_kinds), self.rank_fits if current is None else None,
+                                        rank_cpus=list(identity.rank_cpus) if current is None else None,
+                                        wait_s=self.settings.first_plan_wait_s, note=self.log,
+                                        micro_batches=self.cuts_micro_batches)
+            if caps is None:  # no answer, or none known: the caps agreed before still hold
+                caps = self.memory_caps
             if proposal is None:  # no planner and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(batch, identity.num_workers)),
                                 "fallback: planner unreachable")
-        plan = broadcast_plan(proposal, identity.rank, identity.num_workers, identity.collective_device)
+        plan, self.memory_caps = broadcast_plan(proposal, identity.rank, identity.num_workers,
+                                                identity.collective_device, caps)
         if identity.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
             self.planner.begin_attempt.remote(identity.attempt, identity.num_workers, position.global_step,
                                               end_global_step=self.settings.end_global_step)

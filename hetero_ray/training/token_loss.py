@@ -22,6 +22,12 @@ def token_weighted_loss(session, loss_sum: torch.Tensor, num_tokens) -> torch.Te
     if not isinstance(loss_sum, torch.Tensor) or loss_sum.dim() != 0:
         raise UserError("token_weighted_loss(loss_sum, num_tokens): loss_sum must be a scalar tensor (this "
                         "rank's SUM of token losses)")
+    if session.model is not None and not session.model.require_backward_grad_sync:
+        # Inside micro_batches (DDP no_sync): ranks cut into different numbers of
+        # micro-batches would enter different numbers of this all-reduce, and hang.
+        raise UserError("token_weighted_loss inside hetero_ray.train.micro_batches: it runs one all-reduce per "
+                        "call, which ranks with different numbers of micro-batches cannot match; use it on whole "
+                        "batches (leave micro_batches out)")
     tokens = torch.as_tensor(num_tokens, dtype=torch.float64, device=session.identity.collective_device).reshape(1)
     local_tokens = float(tokens.item())
     dist.all_reduce(tokens)

@@ -39,6 +39,10 @@ class WeightedAllReduceState:
             timing and for emulated slow devices (which delay here, before communicating).
         on_bucket_reduced: called when a bucket's all-reduce has completed, from the
             communication thread; used for timing.
+        grad_scale: a factor on top of ``weight`` for the bucket: 1, except while the last
+            micro-batch of a share trained in micro-batches runs, whose accumulated
+            gradient it brings back to the mean over the share (see
+            :mod:`hetero_ray.training.micro_batches`).
     """
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, weight: float = 1.0, *,
@@ -58,6 +62,7 @@ class WeightedAllReduceState:
         self.on_bucket_ready = on_bucket_ready
         self.on_bucket_reduced = on_bucket_reduced
         self.backward_passes = 0  # gradients handed to the all-reduce in full, this worker group
+        self.grad_scale = 1.0
 
     @property
     def weight(self) -> float:
@@ -79,7 +84,7 @@ def weighted_allreduce_hook(
     if bucket.is_last():
         state.backward_passes += 1
     tensor = bucket.buffer()
-    tensor.mul_(state.weight)
+    tensor.mul_(state.weight * state.grad_scale)
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.process_group, async_op=True)
     on_reduced = state.on_bucket_reduced
 
