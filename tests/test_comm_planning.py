@@ -73,7 +73,7 @@ def test_optimal_leaves_slow_ranks_out_when_their_allreduce_costs_more_than_they
     assert decision.all_ranks_step_time_s == pytest.approx(256 / 11000 + 5e-3, rel=0.01)
     assert "ranks 1, 2 left out" in decision.reason and "with every rank in" in decision.reason
     record = decision.to_record()
-    assert record["left_out_ranks"] == [1, 2] and record["all_ranks_predicted_step_time_s"] > 0.03
+    assert record["left_out_ranks"] == [1, 2] and record["all_ranks_predicted_step_time_s"] == pytest.approx(decision.all_ranks_step_time_s)
     # the same ranks, all-reduce for free: every rank trains
     free = OptimalPolicy().decide(plan, _estimates(betas, [232, 12, 12]), 100, lambda g: 0.0)
     assert not free.left_out and min(free.proposed_local_batch_sizes) > 0
