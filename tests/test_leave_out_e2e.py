@@ -62,8 +62,9 @@ def test_a_crash_while_ranks_are_out_resumes_exactly_and_they_come_back(ray_sess
                           plan_changes=({"global_step": 5, "local_batch_sizes": [30, 0, 0]},
                                         {"global_step": 8, "local_batch_sizes": [6, 12, 12]}))
     run_dir = str(tmp_path / "leave-out-kill")
-    # checkpoints after steps 3, 4 (epoch end) and 6: rank 1, out, dies at step 7
-    crash = {"at_step": 7, "after_checkpoint": "checkpoint_000000002", "run_dir": run_dir}
+    # checkpoints after steps 3, 4 (epoch end) and 6, each named by the step it resumes at:
+    # rank 1, out, dies at step 7 once the one of step 6 is registered
+    crash = {"at_step": 7, "after_checkpoint": "checkpoint_000000007", "run_dir": run_dir}
     result = api._fit(tmp_path, "leave-out-kill", hetero, checkpoint_every=3, crash=crash)
 
     with open(os.path.join(run_dir, "attempts.json")) as f:
