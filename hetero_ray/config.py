@@ -422,7 +422,7 @@ class TrainConfig:
         for change in self.plan_changes or ():
             name = f"--plan-change at step {change['global_step']}"
             validate.per_rank(name, change["local_batch_sizes"], num_workers)
-            validate.shares(name, change["local_batch_sizes"], batch_size, "--batch-size")
+            validate.shares(name, change["local_batch_sizes"], batch_size, "--batch-size", may_leave_out=True)
         if self.emulate_speeds is not None:
             validate.per_rank("--emulate-speeds", self.emulate_speeds, num_workers)
         for change in self.emulate_speed_changes or ():

@@ -127,7 +127,8 @@ class HeteroConfig:
             changes = validate.plan_changes("HeteroConfig.plan_changes", self.plan_changes)
             for change in changes:
                 validate.shares(f"HeteroConfig.plan_changes at step {change['global_step']}",
-                                change["local_batch_sizes"], self.global_batch_size, "HeteroConfig.global_batch_size")
+                                change["local_batch_sizes"], self.global_batch_size, "HeteroConfig.global_batch_size",
+                                may_leave_out=True)
             self._store(plan_changes=changes)
 
     def _store(self, **values) -> None:

@@ -119,10 +119,14 @@ def probe_sizes(name: str, values) -> list[int]:
     return sorted(set(sizes))
 
 
-def shares(name: str, sizes, total: int, total_name: str) -> list[int]:
-    """Local batch sizes ``b_i ≥ 1`` with ``Σ b_i = B`` (one plan of the global batch)."""
+def shares(name: str, sizes, total: int, total_name: str, *, may_leave_out: bool = False) -> list[int]:
+    """Local batch sizes ``b_i ≥ 1`` with ``Σ b_i = B`` (one plan of the global batch);
+    ``may_leave_out``: ``b_i = 0`` leaves rank ``i`` out, but rank 0 stays in (it holds
+    the run's state: see :mod:`hetero_ray.planning.subset`)."""
     sizes = int_list(name, sizes)
-    if any(b < 1 for b in sizes):
+    if may_leave_out and (any(b < 0 for b in sizes) or not sizes or sizes[0] < 1):
+        raise ConfigError(f"{name} values must be ≥ 0 (0 leaves a rank out) with rank 0's ≥ 1, got {sizes}")
+    if not may_leave_out and any(b < 1 for b in sizes):
         raise ConfigError(f"{name} values must be ≥ 1 (every rank needs a sample per step), got {sizes}")
     if sum(sizes) != total:
         raise ConfigError(f"{name} sums to {sum(sizes)}, but {total_name} is {total} "

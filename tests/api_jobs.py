@@ -155,15 +155,24 @@ def _maybe_crash(config: dict, completed_step: int) -> None:
     marker = os.path.join(crash["run_dir"], "crashed_once")
     if os.path.exists(marker):
         return
-    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
-
     deadline = time.monotonic() + 60
-    while not (latest_checkpoint_dir(crash["run_dir"]) or "").endswith(crash["after_checkpoint"]):
+    while not (_latest_checkpoint_dir(crash["run_dir"]) or "").endswith(crash["after_checkpoint"]):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{crash['after_checkpoint']} was never registered")
         time.sleep(0.05)
     open(marker, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _latest_checkpoint_dir(run_dir: str):
+    """Ray Train's latest checkpoint; None while its snapshot file is being rewritten (a
+    torn read once made the crash helper itself fail, spending the run's one restart)."""
+    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+
+    try:
+        return latest_checkpoint_dir(run_dir)
+    except ValueError:  # json.JSONDecodeError: caught mid-write
+        return None
 
 
 class IndexedPatternDataset(PatternDataset):

@@ -17,8 +17,8 @@ def test_plan_basics():
     assert plan.with_sizes([32, 32], "equal").version == 1
 
 
-@pytest.mark.parametrize("sizes", [(), (0, 4), (-1, 5)])
-def test_plan_rejects_empty_or_non_positive_sizes(sizes):
+@pytest.mark.parametrize("sizes", [(), (0, 0), (-1, 5)])
+def test_plan_rejects_empty_negative_or_all_out_sizes(sizes):
     with pytest.raises(ValueError):
         Plan(0, sizes)
 
@@ -91,3 +91,9 @@ def test_proportional_split_rejects_impossible_bounds():
         proportional_split(3, [1, 1, 1, 1])
     with pytest.raises(ValueError, match="finite and ≥ 0"):
         proportional_split(3, [1, -1])
+
+
+def test_a_plan_may_leave_ranks_out_and_names_them():
+    plan = Plan(3, (0, 30, 0))
+    assert plan.in_ranks == (1,) and plan.left_out == (0, 2) and plan.global_batch_size == 30
+    assert plan.cut(10) == [0, 10, 0]  # a short last window gives a rank left out nothing either

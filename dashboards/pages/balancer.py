@@ -29,7 +29,7 @@ def build(source, catalog=None) -> dict:
     plans = source.plans()
     plan_table = plans.sort_values("first_global_step")[["plan_version", "first_global_step", "attempt",
                                                         "local_batch_sizes", "reason"]] if not plans.empty else plans
-    decision_table = decisions[["global_step", "outcome", "reason", "split", "predicted_gain"]].tail(DECISIONS_SHOWN) \
+    decision_table = decisions[["global_step", "outcome", "reason", "split", "left_out", "predicted_gain"]].tail(DECISIONS_SHOWN) \
         if not decisions.empty else decisions
     if not decision_table.empty:
         decision_table = decision_table.assign(predicted_gain=decision_table["predicted_gain"].map(

@@ -44,6 +44,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pad_time_s", _f64), ("optimizer_time_s", _f64), ("busy_time_s", _f64),
         ("wait_time_s", _f64), ("step_time_s", _f64), ("loss", _f64), ("lr", _f64),
         ("wall_time", _f64),
+        # A rank the plan leaves out (local_batch_size 0) times its step on this many samples
+        # with weight 0 and no all-reduce, so its curve stays known (training/loader.py); else 0.
+        ("probe_batch_size", _i64),
         # In-training profiler; empty where not measured (no GPU, sampling off).
         ("h2d_time_s", _f64), ("gpu_util", _f64), ("gpu_mem_used_bytes", _f64),
         ("gpu_mem_peak_bytes", _f64), ("gpu_mem_total_bytes", _f64), ("gpu_temp_c", _f64),
@@ -69,6 +72,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reason", pa.string()), ("plan_version", _i64), ("local_batch_sizes", pa.list_(_i64)),
         ("predicted_step_time_s", _f64), ("current_predicted_step_time_s", _f64),
         ("predicted_gain", _f64), ("achieved_step_time_s", _f64), ("wall_time", _f64),
+        # Ranks the proposal leaves out, and its prediction with every rank in (planning/subset.py).
+        ("left_out_ranks", pa.list_(_i64)), ("all_ranks_predicted_step_time_s", _f64),
     ]),
     # global_step: the last step completed when the report was made (-1 before the first),
     # so a report that carried a checkpoint stays on the trajectory of a restarted run.

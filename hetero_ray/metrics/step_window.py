@@ -92,7 +92,8 @@ class StepWindow:
             samples_per_s = samples / span if span > 0 else None
         totals = self._step_totals[last]
         ranks = {
-            rank: {k: row[k] for k in ("local_batch_size", "busy_time_s", "step_time_s", "node_id")}
+            rank: {**{k: row[k] for k in ("local_batch_size", "busy_time_s", "step_time_s", "node_id")},
+                   "probe_batch_size": row.get("probe_batch_size") or 0}  # > 0: the plan leaves the rank out
             for rank, row in sorted(self._latest_by_rank.items())
         }
         return {

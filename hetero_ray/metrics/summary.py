@@ -67,6 +67,9 @@ def build_summary(steps: pd.DataFrame, epochs: pd.DataFrame, plans: pd.DataFrame
         "plan_changes": max(0, int(plans["plan_version"].nunique()) - 1) if not plans.empty else 0,
         "final_plan": [int(b) for b in plans.sort_values("first_global_step")["local_batch_sizes"].iloc[-1]]
         if not plans.empty else None,
+        # ranks the final plan leaves out (b_i = 0): they train nothing and skip the all-reduce
+        "left_out_ranks": [r for r, b in enumerate(plans.sort_values("first_global_step")["local_batch_sizes"].iloc[-1])
+                           if int(b) == 0] if not plans.empty else [],
         "ranks": rank_summaries(steps),
     })
     if not epochs.empty:

@@ -19,9 +19,9 @@ with ``lag`` how old step ``g`` already is (its wall time against the clock now)
 ``gap`` the time between record batches. Without wall times it decides at ``g = B − 1``.
 
 An adopted decision's row waits until the new plan has run ``achieved_window_steps``
-complete steps; then its ``achieved_step_time_s`` (the slowest rank's busy time over
-those steps, as their kept mean: :func:`~hetero_ray.planning.cost_model.kept_mean_s`,
-which rejects isolated spikes but, unlike a median, counts a slow mode that recurs — a
+complete steps; then its ``achieved_step_time_s`` (the slowest rank's busy time plus the
+step's all-reduce time, ``max_{i∈G} t_i + c(G)`` over the ranks in, over those steps, as
+their kept mean: :func:`~hetero_ray.planning.cost_model.kept_mean_s`, which rejects isolated spikes but, unlike a median, counts a slow mode that recurs — a
 device stalling into its CPU quota's next period every other step) is filled in and the
 row is emitted, prediction and outcome side by side.
 
@@ -67,6 +67,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates
 from hetero_ray.planning.policies import Decision, Policy
@@ -165,18 +166,27 @@ class BalancerOutput:
 @dataclass
 class _StepInfo:
     ranks: set = field(default_factory=set)
-    max_busy_time_s: float = 0.0
+    max_busy_time_s: float = 0.0  # of the ranks in (a rank left out times a probe of its own)
+    comm_time_s: float = math.inf  # the all-reduce: the least wait of the ranks in (planning/comm.py)
     step_time_s: float = -math.inf  # the step's (the slowest rank's); -inf: not reported
     wall_time: float = -math.inf  # when the step ended (the latest rank's clock)
     plan_version: int = -1
     local_batch_sizes: dict = field(default_factory=dict)
     busy_time_s: dict = field(default_factory=dict)  # per rank
 
+    @property
+    def cost_s(self) -> float:
+        """The step as the policies predict it: ``max_{i∈G} t_i + c(G)``."""
+        return self.max_busy_time_s + (self.comm_time_s if math.isfinite(self.comm_time_s) else 0.0)
+
 
 class Balancer:
     def __init__(self, policy: Policy, rebalance_interval: int, window_steps: int = 32,
-                 achieved_window_steps: Optional[int] = None):
+                 achieved_window_steps: Optional[int] = None, global_batch_size: Optional[int] = None):
         self.policy = policy
+        # B, when known: a step is a whole plan's exactly when its sizes sum to it (a plan may
+        # leave ranks out, so a 0 does not mark an epoch's short last window).
+        self.global_batch_size = global_batch_size
         self.rebalance_interval = rebalance_interval
         self.window_steps = window_steps
         self.achieved_window_steps = achieved_window_steps or max(5, min(rebalance_interval, window_steps))
@@ -185,6 +195,7 @@ class Balancer:
         self.num_workers = 0
         self.attempt = -1
         self.estimates: Optional[ClusterEstimates] = None
+        self.comm = CommEstimates()  # c(G) of the groups of ranks in (planning/comm.py)
         self._steps: collections.OrderedDict[int, _StepInfo] = collections.OrderedDict()
         self._next_point = 0  # the rebalance point the next decision is for
         self._last_arrival: Optional[float] = None
@@ -211,6 +222,7 @@ class Balancer:
         """
         if self.estimates is None or num_workers != self.num_workers:
             self.estimates = ClusterEstimates(num_workers, window_steps=self.window_steps)
+            self.comm = CommEstimates()
         self.num_workers = num_workers
         self.attempt = attempt
         self._steps.clear()
@@ -248,10 +260,12 @@ class Balancer:
             info.ranks.add(row["rank"])
             info.plan_version = row["plan_version"]
             info.local_batch_sizes[row["rank"]] = row["local_batch_size"]
-            busy = row.get("busy_time_s")
-            if busy is not None and busy == busy:  # not NaN
+            busy, wait = row.get("busy_time_s"), row.get("wait_time_s")
+            if row["local_batch_size"] > 0 and busy is not None and busy == busy:  # in, not NaN
                 info.max_busy_time_s = max(info.max_busy_time_s, busy)
                 info.busy_time_s[row["rank"]] = busy
+                if wait is not None and wait == wait:
+                    info.comm_time_s = min(info.comm_time_s, wait)
             for key in ("step_time_s", "wall_time"):
                 value = row.get(key)
                 if value is not None and math.isfinite(value):
@@ -290,12 +304,14 @@ class Balancer:
         return math.ceil((lag_s + gap_s) / step_s) + 1
 
     def _on_complete_step(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> None:
+        if self._is_full(info.local_batch_sizes.values()):  # a short last window is no plan's group
+            self.comm.add([r for r, b in info.local_batch_sizes.items() if b > 0], info.comm_time_s)
         if self._awaiting_outcome is None:
             return
         row, proposed_under_version = self._awaiting_outcome
         if info.plan_version <= proposed_under_version:
             return  # the adopted plan is not in force yet
-        self._achieved.append(info.max_busy_time_s)
+        self._achieved.append(info.cost_s)
         if len(self._achieved) >= self.rollback_check_steps and self._rolled_back(global_step, info, out):
             return
         if len(self._achieved) >= self.achieved_window_steps:
@@ -355,9 +371,16 @@ class Balancer:
             if step > newest_complete or len(info.ranks) < self.num_workers:
                 continue
             sizes = info.local_batch_sizes.values()
-            if sum(sizes) >= self._full_window and all(b > 0 for b in sizes):
+            if self._is_full(sizes):
                 return step
         return None
+
+    def _is_full(self, sizes) -> bool:
+        """Whether a step's sizes are a whole plan's, not an epoch's short last window's."""
+        sizes = list(sizes)
+        if self.global_batch_size is not None:
+            return sum(sizes) == self.global_batch_size
+        return sum(sizes) >= self._full_window and all(b > 0 for b in sizes)
 
     def _policy_decides(self, current: Plan, global_step: int) -> Decision:
         """The policy's decision, within the memory caps, the caps rollbacks taught and the
@@ -387,14 +410,14 @@ class Balancer:
             self.policy.caps = [_tighter(_tighter(m, learned), quota) for m, learned, quota in
                                 zip(memory_caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
         try:
-            return self.policy.decide(current, self.estimates.estimates(global_step), global_step)
+            return self.policy.decide(current, self.estimates.estimates(global_step), global_step, self.comm.cost_s)
         finally:
             self.policy.caps = memory_caps
 
     def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:
-        """Slowest-rank busy time (kept mean) of the newest ``num_steps`` complete steps run
+        """Slowest-rank busy time plus all-reduce (kept mean) of the newest ``num_steps`` complete steps run
         under ``version`` (as many as the new plan is judged on; None: fewer were seen)."""
-        times = [i.max_busy_time_s for i in self._steps.values()
+        times = [i.cost_s for i in self._steps.values()
                  if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
         times = times[-num_steps:]
         return kept_mean_s(times) if len(times) == num_steps else None
@@ -495,6 +518,7 @@ class Balancer:
         return {
             "num_workers": self.num_workers,
             "estimates": None if self.estimates is None else self.estimates.state_dict(),
+            "comm": self.comm.state_dict(),
             "policy": self.policy.state_dict(),
         }
 
@@ -525,6 +549,8 @@ class Balancer:
         if state.get("estimates") and self.num_workers:
             self.estimates = ClusterEstimates(self.num_workers, window_steps=self.window_steps)
             self.estimates.load_state_dict(state["estimates"])
+        self.comm = CommEstimates()
+        self.comm.load_state_dict(state.get("comm") or {})
         self.policy.load_state_dict(state.get("policy") or {})
 
 

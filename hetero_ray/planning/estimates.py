@@ -235,8 +235,9 @@ class ClusterEstimates:
 
     # ------------------------------------------------------------------ feeding
     def add(self, records: Iterable[Mapping]) -> None:
-        """Queues step records (dicts with ``rank``, ``global_step``, ``local_batch_size``,
-        ``busy_time_s``; other keys are ignored). O(1) per record.
+        """Queues step records (dicts with ``rank``, ``global_step``, ``local_batch_size``
+        — or ``probe_batch_size`` where that is 0 —, ``busy_time_s``; other keys are
+        ignored). O(1) per record.
 
         A record with a missing, NaN, infinite or non-positive value is dropped (counted
         in ``num_dropped``), never raised on: one bad worker must not stop the balancer.
@@ -244,7 +245,8 @@ class ClusterEstimates:
         ranks, sizes, times_s, steps = self._pending
         for r in records:
             ranks.append(r.get("rank"))
-            sizes.append(r.get("local_batch_size"))
+            # A rank left out times a probe of its own (no all-reduce, weight 0): its curve stays known.
+            sizes.append(r.get("local_batch_size") or r.get("probe_batch_size"))
             times_s.append(r.get("busy_time_s"))
             steps.append(r.get("global_step"))
         self._fold_if_long()

@@ -22,8 +22,9 @@ class Plan:
 
     Attributes:
         version: increases by one with every adopted change; 0 is the initial plan.
-        local_batch_sizes: ``b_i`` for rank ``i``; every ``b_i ≥ 1`` so that every rank
-            takes part in each collective with real data.
+        local_batch_sizes: ``b_i`` for rank ``i``; ``b_i = 0`` leaves rank ``i`` out (it
+            trains on nothing and does not take part in the gradient all-reduce: see
+            :mod:`hetero_ray.planning.subset`); at least one rank is in.
         reason: why this plan exists (policy name, decision), for the plan history.
     """
 
@@ -36,14 +37,24 @@ class Plan:
         object.__setattr__(self, "local_batch_sizes", sizes)
         if not sizes:
             raise ValueError("a plan needs at least one rank")
-        if any(b < 1 for b in sizes):
-            raise ValueError(f"every local batch size must be at least 1, got {list(sizes)}")
+        if any(b < 0 for b in sizes) or not any(sizes):
+            raise ValueError(f"local batch sizes must be ≥ 0 with at least one rank in, got {list(sizes)}")
         if self.version < 0:
             raise ValueError(f"plan version must be ≥ 0, got {self.version}")
 
     @property
     def num_workers(self) -> int:
         return len(self.local_batch_sizes)
+
+    @property
+    def in_ranks(self) -> tuple[int, ...]:
+        """The ranks that train (``b_i > 0``), ascending: the group of the gradient all-reduce."""
+        return tuple(r for r, b in enumerate(self.local_batch_sizes) if b > 0)
+
+    @property
+    def left_out(self) -> tuple[int, ...]:
+        """The ranks the plan leaves out (``b_i = 0``)."""
+        return tuple(r for r, b in enumerate(self.local_batch_sizes) if b == 0)
 
     @property
     def global_batch_size(self) -> int:

@@ -70,7 +70,7 @@ class Planner:
         self.global_batch_size = global_batch_size
         self.batch_split = list(batch_split) if batch_split else None
         self.policy = make_policy(policy, PolicyConfig(**(policy_config or {})))
-        self.balancer = Balancer(self.policy, rebalance_interval)
+        self.balancer = Balancer(self.policy, rebalance_interval, global_batch_size=global_batch_size)
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._nodes: list[dict] = []
         self._placement: Optional[tuple[list[str], Optional[list[str]]]] = None  # the first plan's ranks: nodes, kinds

@@ -12,10 +12,17 @@ the predicted step times it compared.
 ``proportional``  shares proportional to profiled throughput; fixed after the first plan.
 ``dynamic``       shares proportional to measured throughput, online. This is the cost
                   model with ``α_i = 0``: ``t_i(b) = b / samples_per_s_i``.
-``optimal``       minimise the predicted step time ``max_i t_i(b_i)`` with the fitted
-                  curve ``t_i(b) = max(τ_i, α_i + β_i·b)`` per rank
-                  (:func:`solver.solve_split`).
+``optimal``       minimise the predicted step time ``max_{i∈G} t_i(b_i) + c(G)`` with the
+                  fitted curve ``t_i(b) = max(τ_i, α_i + β_i·b)`` per rank and the
+                  learned all-reduce time ``c`` of the ranks in, ``G``
+                  (:func:`subset.solve_subset_split`): a rank that costs more in
+                  communication than it adds in compute is left out (``b_i = 0``).
+                  Rank 0 is always in: it holds the run's state (checkpoints, the
+                  parameters a rank brought back receives).
 ============  =====================================================================
+
+Every adaptive policy's prediction of a plan includes ``c`` of its ranks in when the
+balancer gives one (``comm_cost_s``), so predictions compare with measured steps.
 
 The adaptive policies adopt a proposal only when
 
@@ -55,6 +62,7 @@ from hetero_ray.planning.estimates import Estimates
 from hetero_ray.planning.forecast import LevelForecastNoise
 from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.planning.solver import proportional_split, solve_split
+from hetero_ray.planning.subset import CommCost, solve_subset_split
 
 POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
 DEFAULT_POLICY = "optimal"
@@ -103,6 +111,10 @@ class Decision:
         predicted_gain: ``(current − proposed)/current`` (NaN: nothing to compare).
         required_gain: the gain a proposal had to beat (threshold + noise margin).
         estimates: the estimates the decision was made from (None: none were given).
+        left_out: the ranks the proposal leaves out (``b_i = 0``).
+        all_ranks_step_time_s: predicted step time of the best split over every rank
+            that could be in (NaN: not computed), to set beside a proposal that leaves
+            ranks out.
     """
 
     adopt: bool
@@ -116,6 +128,8 @@ class Decision:
     predicted_gain: float = math.nan
     required_gain: float = math.nan
     estimates: Optional[Estimates] = field(default=None, repr=False, compare=False)
+    left_out: tuple[int, ...] = ()
+    all_ranks_step_time_s: float = math.nan
 
     def to_record(self) -> dict:
         """A row of the ``decisions`` table.
@@ -134,6 +148,8 @@ class Decision:
             "predicted_step_time_s": _finite_or_none(self.predicted_step_time_s),
             "current_predicted_step_time_s": _finite_or_none(self.current_predicted_step_time_s),
             "predicted_gain": _finite_or_none(self.predicted_gain),
+            "left_out_ranks": [int(r) for r in self.left_out],
+            "all_ranks_predicted_step_time_s": _finite_or_none(self.all_ranks_step_time_s),
         }
 
 
@@ -151,7 +167,8 @@ class Policy(Protocol):
 
     def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan: ...
 
-    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision: ...
+    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
+               comm_cost_s: Optional[CommCost] = None) -> Decision: ...
 
 
 class _BasePolicy:
@@ -191,16 +208,19 @@ class _BasePolicy:
             )
 
     # -- decisions
-    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision:
+    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
+               comm_cost_s: Optional[CommCost] = None) -> Decision:
         """Keeps the plan; reports its predicted step time when there are estimates."""
         est = estimates
         predicted = math.nan
         if est is not None and len(est) == current.num_workers:
-            usable = est.fresh & np.isfinite(est.alpha_s) & np.isfinite(est.beta_s_per_sample)
+            usable = (est.fresh & np.isfinite(est.alpha_s) & np.isfinite(est.beta_s_per_sample)
+                      & (np.asarray(current.local_batch_sizes) > 0))
             if usable.any():
                 sizes = np.asarray(current.local_batch_sizes)[usable]
                 predicted = float(np.max(curve_busy_time_s(est.alpha_s[usable], est.beta_s_per_sample[usable],
                                                            est.floor_s[usable], sizes)))
+                predicted += _comm_s(comm_cost_s, current.local_batch_sizes)
         return self._keep(current, f"{self.name}: the plan never changes after start", est, global_step,
                           current_predicted_step_time_s=predicted)
 
@@ -278,10 +298,25 @@ class _AdaptivePolicy(_BasePolicy):
         """Per-rank (α_i, β_i, τ_i) of this policy's cost model; NaN where unknown."""
         raise NotImplementedError
 
-    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int) -> Decision:
-        """Called by the balancer every rebalance interval with a snapshot of the estimates;
-        never raises on odd estimates (wrong rank count, none fresh, infeasible around stale
-        ranks): it keeps the plan and says why."""
+    def _propose(self, current: Plan, alphas: np.ndarray, betas: np.ndarray, floors: np.ndarray,
+                 usable: np.ndarray, lo: np.ndarray, hi: list, comm_cost_s: Optional[CommCost]):
+        """The split to propose, and (left out ranks, predicted step time with every rank in)
+        — here every rank is in. Raises ValueError when no split is feasible."""
+        # A stale rank that is out stays out (its size, 0, is kept like any stale rank's).
+        idx = np.flatnonzero(usable | (np.asarray(current.local_batch_sizes) > 0))
+        part = solve_split(np.where(usable, alphas, 0.0)[idx], np.where(usable, betas, 1.0)[idx],
+                           current.global_batch_size, lo[idx], [hi[r] for r in idx], np.where(usable, floors, 0.0)[idx])
+        sizes = [0] * current.num_workers
+        for r, b in zip(idx, part):
+            sizes[r] = int(b)
+        return sizes, (), math.nan
+
+    def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
+               comm_cost_s: Optional[CommCost] = None) -> Decision:
+        """Called by the balancer every rebalance interval with a snapshot of the estimates
+        and the learned all-reduce time ``comm_cost_s`` of a group of ranks (None: compute
+        only); never raises on odd estimates (wrong rank count, none fresh, infeasible
+        around stale ranks): it keeps the plan and says why."""
         cfg = self.config
         est = estimates
         n = current.num_workers
@@ -298,8 +333,11 @@ class _AdaptivePolicy(_BasePolicy):
         level_forecast_se = self._level_forecast.observe(est)  # every decision's levels count
 
         def predicted(sizes: np.ndarray) -> float:
-            # P = max over fresh ranks of t_i(b_i) (stale ranks: unknown, left out)
-            return float(np.max(curve_busy_time_s(alphas[usable], betas[usable], floors[usable], sizes[usable])))
+            # P = max over fresh ranks in of t_i(b_i) + c(ranks in) (stale ranks: unknown, not counted)
+            counted = usable & (sizes > 0)
+            compute = float(np.max(curve_busy_time_s(alphas[counted], betas[counted], floors[counted],
+                                                     sizes[counted]))) if counted.any() else 0.0
+            return compute + _comm_s(comm_cost_s, sizes)
 
         current_pred = predicted(b_now)
 
@@ -316,8 +354,8 @@ class _AdaptivePolicy(_BasePolicy):
         caps = [None] * n if self.caps is None else list(self.caps)
         hi = [c if u else int(b) for c, u, b in zip(caps, usable, b_now)]
         try:
-            proposal = solve_split(np.where(usable, alphas, 0.0), np.where(usable, betas, 1.0),
-                                   current.global_batch_size, lo, hi, np.where(usable, floors, 0.0))
+            proposal, left_out, all_ranks_s = self._propose(current, alphas, betas, floors, usable, lo, hi,
+                                                            comm_cost_s)
         except ValueError as e:
             around = "within the caps and around the stale ranks" if (~usable).any() else "within the caps"
             return self._keep(current, f"no feasible split {around} ({e}): keep the plan",
@@ -337,7 +375,18 @@ class _AdaptivePolicy(_BasePolicy):
             current_predicted_step_time_s=current_pred,
             predicted_gain=gain,
             required_gain=required,
+            left_out=tuple(left_out),
+            all_ranks_step_time_s=all_ranks_s,
         )
+        out_note = ""
+        if left_out:
+            out_note = (f"; ranks {_short_list(np.asarray(left_out))} left out: their all-reduce costs more than "
+                        f"they add (predicted {proposed_pred * 1e3:.2f} ms without them, "
+                        f"{all_ranks_s * 1e3:.2f} ms with every rank in)")
+        back = [r for r in range(n) if b_now[r] == 0 and proposal_arr[r] > 0]
+        if back:
+            out_note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
+        stale_note = out_note + stale_note
         if tuple(proposal) == current.local_batch_sizes:
             return self._keep(current, f"the current plan is already the best split{stale_note}",
                               est, global_step, **predictions)
@@ -387,6 +436,27 @@ class OptimalPolicy(_AdaptivePolicy):
     def _cost_model(self, est: Estimates):
         return est.alpha_s, est.beta_s_per_sample, est.floor_s
 
+    def _propose(self, current: Plan, alphas, betas, floors, usable, lo, hi, comm_cost_s):
+        """The best group and split of the fresh ranks (:func:`subset.solve_subset_split`);
+        stale ranks keep their size (in or out) and count in every group's ``c``."""
+        if comm_cost_s is None:
+            return super()._propose(current, alphas, betas, floors, usable, lo, hi, comm_cost_s)
+        b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
+        idx = np.flatnonzero(usable)
+        stale_in = frozenset(int(r) for r in np.flatnonzero(~usable & (b_now > 0)))
+        remaining = current.global_batch_size - int(b_now[~usable].sum())
+        if remaining < 1:
+            raise ValueError("the stale ranks hold the whole global batch")
+        must = [i for i, r in enumerate(idx) if r == 0]  # rank 0 is always in (see the module docstring)
+        result = solve_subset_split(alphas[idx], betas[idx], remaining,
+                                    lambda g: comm_cost_s(frozenset(int(idx[i]) for i in g) | stale_in),
+                                    self.config.min_local_batch_size, [hi[r] for r in idx], floors[idx],
+                                    must_include=must)
+        sizes = b_now.copy()
+        sizes[idx] = result.local_batch_sizes
+        left_out = tuple(int(idx[i]) for i in result.left_out)
+        return [int(b) for b in sizes], left_out, result.all_ranks_step_time_s
+
 
 def make_policy(
     name: str = DEFAULT_POLICY,
@@ -412,6 +482,13 @@ def _contenders(busy_time_s: np.ndarray, rel_se: np.ndarray) -> int:
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.log(busy_time_s[slowest] / busy_time_s) / np.sqrt(rel_se[slowest] ** 2 + rel_se ** 2)
     return int(np.sum(~(z >= CONTENDER_SIGMAS)))  # NaN (0/0: identical, no noise) counts as a contender
+
+
+def _comm_s(comm_cost_s: Optional[CommCost], sizes) -> float:
+    """``c`` of the ranks a split puts in (0 without a communication model)."""
+    if comm_cost_s is None:
+        return 0.0
+    return float(comm_cost_s(frozenset(int(r) for r, b in enumerate(sizes) if b > 0)))
 
 
 def _finite_or_none(x: float) -> Optional[float]:

@@ -71,6 +71,7 @@ def solve_subset_split(
     min_size: SizeBound = 1,
     caps: Optional[Sequence[Optional[int]]] = None,
     floors: Optional[Sequence[float]] = None,
+    must_include: Sequence[int] = (),
 ) -> SubsetSplit:
     """The group of ranks and their split minimising ``max_{i∈G} t_i(b_i) + c(G)``.
 
@@ -81,6 +82,8 @@ def solve_subset_split(
         comm_cost_s: ``c(G)`` in seconds for a group (a frozenset of ranks), finite and ≥ 0.
         min_size: the smallest share of a rank that trains (one, or one per rank).
         caps: per-rank largest share (None entries: no cap).
+        must_include: ranks every group holds (the runtime keeps rank 0 in: it holds the
+            run's state, see :func:`hetero_ray.training.rejoin.bring_back`).
 
     Raises:
         ValueError: bad curves or bounds (as :func:`solver.solve_split`), a communication
@@ -118,10 +121,14 @@ def solve_subset_split(
 
     everyone = tuple(range(n))
     exhaustive = n <= EXHAUSTIVE_MAX_RANKS
+    required = {int(r) for r in must_include}
+    if not required <= set(everyone):
+        raise ValueError(f"must_include names ranks {sorted(required - set(everyone))} of {n}")
     if exhaustive:
         candidates = [g for k in range(1, n + 1) for g in itertools.combinations(everyone, k)]
     else:
         candidates = _heuristic_groups(everyone, evaluate, a, beta, tau)
+    candidates = [g for g in candidates if required <= set(g)]
     best = None
     for group in candidates:
         result = evaluate(group)

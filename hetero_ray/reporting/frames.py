@@ -277,7 +277,7 @@ def eval_points(epochs: pd.DataFrame, start_wall_time: Optional[float]) -> pd.Da
 
 def decisions_frame(decisions: pd.DataFrame) -> pd.DataFrame:
     """Balancer decisions in step order, with a readable split and outcome."""
-    columns = ["global_step", "policy", "adopted", "outcome", "reason", "plan_version", "split",
+    columns = ["global_step", "policy", "adopted", "outcome", "reason", "plan_version", "split", "left_out",
                "predicted_step_time_s", "current_predicted_step_time_s", "predicted_gain",
                "achieved_step_time_s", "wall_time"]
     if decisions.empty:
@@ -287,6 +287,10 @@ def decisions_frame(decisions: pd.DataFrame) -> pd.DataFrame:
     out["outcome"] = np.where(out["adopted"], "adopted", "kept current plan")
     out["split"] = out["local_batch_sizes"].map(
         lambda sizes: "/".join(str(int(b)) for b in sizes) if sizes is not None and len(sizes) else "")
+    # the ranks the proposal leaves out (b_i = 0), e.g. "1, 2"; tables from before the column: none
+    left_out = out["left_out_ranks"] if "left_out_ranks" in out else pd.Series([None] * len(out), index=out.index)
+    out["left_out"] = left_out.map(lambda ranks: ", ".join(str(int(r)) for r in ranks)
+                                   if ranks is not None and len(ranks) else "")
     return out[columns].reset_index(drop=True)
 
 

@@ -16,7 +16,9 @@ def run_summary_text(summary: dict[str, Any]) -> str:
         + (f", emulated speeds {summary['emulate_speeds']}" if summary.get("emulate_speeds") else ""),
         f"{summary['global_steps']} steps, {summary['samples']} samples, "
         f"steady throughput {_num(summary.get('steady_samples_per_s'))} samples/s, "
-        f"{summary['plan_changes']} plan change(s), {summary['restarts']} restart(s)",
+        f"{summary['plan_changes']} plan change(s), {summary['restarts']} restart(s)"
+        + (f"; the final plan leaves rank(s) {', '.join(map(str, summary['left_out_ranks']))} out (no samples, "
+           "no all-reduce)" if summary.get("left_out_ranks") else ""),
     ]
     if summary.get("final_eval_metric") is not None:
         lines.append(f"final train loss {summary['final_train_loss']:.4f}, "

@@ -29,6 +29,9 @@ def format_progress(progress: dict, total_steps: Optional[int]) -> Optional[str]
     shares = "/".join(str(r["local_batch_size"]) for r in ranks.values())
     busy = "/".join(f"{r['busy_time_s'] * 1000:.0f}" for r in ranks.values())
     parts.append(f"plan v{progress['plan_version']} shares {shares}")
+    left_out = [str(rank) for rank, r in ranks.items() if r.get("probe_batch_size")]
+    if left_out:  # the plan leaves them out: no samples, no all-reduce (they time a probe)
+        parts.append(f"out {','.join(left_out)}")
     parts.append(f"busy ms {busy}")
     global_batch_size = sum(r["local_batch_size"] for r in ranks.values())
     if total_steps and done < total_steps and rate:

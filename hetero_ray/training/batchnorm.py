@@ -25,6 +25,11 @@ another loss as soon as the b_i differ.
 
 A rank whose piece of a short last window is empty runs one dummy sample with w_i = 0:
 it contributes no statistics and no gradient, and gets dx = 0 back.
+
+The ranks are those of the plan in force: with ranks left out, the statistics are
+all-reduced over the group of the ranks in (``weight_state.process_group``, the group the
+gradient hook reduces over), and a rank left out (``weight_state.takes_part`` False)
+normalises its probe with its running statistics, changes nothing and talks to nobody.
 """
 
 from __future__ import annotations
@@ -233,13 +238,26 @@ class HeteroSyncBatchNorm(_BatchNorm):
             raise ValueError(f"weight_state.weight must be b_i / B in [0, 1], got {rank_weight}")
         return rank_weight
 
+    def _group(self) -> Optional[dist.ProcessGroup]:
+        """The group set at construction, else the one the hook reduces over now (None: all ranks)."""
+        if self.process_group is not None:
+            return self.process_group
+        return getattr(self.weight_state, "process_group", None)
+
     def _needs_sync(self) -> bool:
         if not (dist.is_available() and dist.is_initialized()):
             return False
-        return dist.get_world_size(self.process_group) > 1
+        return dist.get_world_size(self._group()) > 1
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
+        if self.training and not getattr(self.weight_state, "takes_part", True):
+            # Left out of the plan: its probe's output trains nothing (w = 0), and its
+            # buffers are the group's again when it is brought back (training/rejoin.py).
+            mean = self.running_mean if self.running_mean is not None else torch.zeros(
+                self.num_features, device=input.device, dtype=input.dtype)
+            var = self.running_var if self.running_var is not None else torch.ones_like(mean)
+            return F.batch_norm(input, mean, var, self.weight, self.bias, False, 0.0, self.eps)
         # Torch's bookkeeping, as in _BatchNorm.forward: the average factor, and batch
         # statistics in training (or in eval without running buffers).
         factor = 0.0 if self.momentum is None else self.momentum
@@ -257,13 +275,14 @@ class HeteroSyncBatchNorm(_BatchNorm):
                                 self.eps)
 
         rank_weight = self._rank_weight()
-        device = _collective_device(input, self.process_group)
-        mean, var, count = _global_moments(input, rank_weight, self.process_group, device)
+        group = self._group()
+        device = _collective_device(input, group)
+        mean, var, count = _global_moments(input, rank_weight, group, device)
         if running_mean is not None and running_var is not None:
             _update_running_stats(running_mean, running_var, mean, var, count, factor)
         invstd = torch.rsqrt(var + self.eps)
         return _HeteroSyncBatchNormFunction.apply(input, self.weight, self.bias, mean, invstd, count, rank_weight,
-                                                  self.process_group, device)
+                                                  group, device)
 
 
 @torch.no_grad()

@@ -25,6 +25,15 @@ the prepared model's backward pass ran for it. A batch that was only looked at
 the next ``iter()`` hands the same step out again, and enters no collective the other
 ranks would not (its plans were already agreed).
 
+Ranks left out. Under a plan that leaves this rank out (``b_i = 0``) it still runs every
+step, in step with the others, but on a *probe*: half as many samples of the window as its
+last share (of ``⌈B/n⌉`` if it never had one), with weight 0 and no all-reduce (the hook and
+the batch norm see ``takes_part`` False). Its step row says ``local_batch_size`` 0 and
+``probe_batch_size``; its busy time keeps its cost curve known, so the planner can bring
+it back when it pays (after a speed change too). The probe's samples are not consumed:
+the sample-id audit records none. At the step a plan brings ranks back, every rank
+first receives rank 0's parameters and optimiser state (:mod:`hetero_ray.training.rejoin`).
+
 Each step also runs the machinery the user never calls: the step clock (data wait here,
 forward and backward through the prepared model's hooks), the weight ``b_i / B`` of the
 gradient hook, emulated device speed, in-training resource readings, and the step row
@@ -45,6 +54,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.training import timing
 from hetero_ray.training.data import map_tensors
+from hetero_ray.training.rejoin import bring_back, brings_back
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
@@ -91,6 +101,9 @@ class PlanFollowingLoader:
                                f"asks for indices {own} steps ahead")
         self._move_to_device = move_to_device
         self._plans: list[tuple[int, Plan]] = []  # (first global step, plan), in step order
+        self._probe_sizes: dict[int, int] = {}  # first global step of a plan → this rank's probe under it (0: in)
+        self._last_share = 0  # this rank's share under the last agreed plan that had it in
+        self._plan_run_last: Optional[Plan] = None  # the plan of the step handed out last
         self._next_point: int = self.position.global_step  # the first unagreed rebalance point
         self._pending: Optional[HandedOutStep] = None  # the step handed out, not yet recorded
         self._iteration: Optional[object] = None  # the token of the iteration in progress
@@ -119,7 +132,8 @@ class PlanFollowingLoader:
     @property
     def local_batch_size(self) -> Optional[int]:
         """This rank's share of the step handed out last: 0 when the rank holds no sample
-        of it (it then runs one sample of the window with weight 0), None between steps."""
+        of it (it then runs one sample of the window, or its probe when the plan leaves it
+        out, with weight 0), None between steps."""
         return self._pending.local_batch_size if self._pending is not None else None
 
     @property
@@ -155,17 +169,26 @@ class PlanFollowingLoader:
     def _begin_step(self, batches) -> Any:
         session, identity = self._session, self._session.identity
         position = self.position
-        plan = self._plan_at(position.global_step)
+        first, plan = self._entry_at(position.global_step)
+        previous, self._plan_run_last = self._plan_run_last, plan
+        if brings_back(previous, plan) and session.model is not None:  # collective: all ranks switch here
+            bring_back(session.model, session.optimizer_watch.optimizers, identity.rank, identity.collective_device)
         timeline = timing.StepTimeline(identity.device)
         session.current_step.begin(timeline)
         timeline.mark(timing.STEP_START)
-        if session.emulator is not None:
-            session.emulator.begin_step(session.speeds.speed(identity.rank, position.global_step), time.perf_counter())
+        step_start = time.perf_counter()
         window_size = self.sampler.window_size(position.step)
         begin, stop = self.sampler.piece(position.step, plan, identity.rank)
         local_batch_size = stop - begin
+        takes_part = plan.local_batch_sizes[identity.rank] > 0
+        probe_batch_size = 0 if takes_part else self._probe_size(first, position.step)
+        if session.emulator is not None:  # pads to the samples it runs: its share, its probe, or one
+            session.emulator.begin_step(session.speeds.speed(identity.rank, position.global_step), step_start,
+                                        local_batch_size=local_batch_size or probe_batch_size or 1)
         if session.weight_state is not None:
             session.weight_state.weight = rank_weight(local_batch_size, window_size)
+            group = session.groups.of(plan) if session.groups is not None else None
+            session.weight_state.use_group(group, len(plan.in_ranks), takes_part)
         batch = next(batches)
         if identity.device.type == "cuda":
             timeline.mark(timing.HOST_BATCH_READY)
@@ -173,7 +196,7 @@ class PlanFollowingLoader:
             # Asynchronously from pinned memory.
             batch = map_tensors(batch, lambda t: t.to(identity.device, non_blocking=True))
         timeline.mark(timing.DATA_READY)
-        self._pending = HandedOutStep(position, plan, local_batch_size, window_size, timeline)
+        self._pending = HandedOutStep(position, plan, local_batch_size, window_size, timeline, probe_batch_size)
         return batch
 
     def finish_step(self) -> None:
@@ -228,6 +251,8 @@ class PlanFollowingLoader:
         # Plans before the one in force at this step are never asked for again.
         in_force = [i for i, (first, _) in enumerate(self._plans) if first <= global_step]
         if in_force:
+            for first, _ in self._plans[:in_force[-1]]:
+                self._probe_sizes.pop(first, None)
             del self._plans[:in_force[-1]]
         end = self._session.settings.end_global_step
         while self._next_point - self.lookahead_steps <= global_step and self._next_point < epoch_end \
@@ -236,17 +261,28 @@ class PlanFollowingLoader:
             point = self._next_point
             plan = self._session.agree_on_plan(current, self.sampler.position_of(point))
             self._plans.append((point, plan))
+            share = plan.local_batch_sizes[self._session.identity.rank]
+            self._last_share = share or self._last_share
+            last = self._last_share or -(-plan.global_batch_size // plan.num_workers)
+            # Half its last share: the probe ends well before the step of the ranks in (the plan left
+            # this rank out because it was slow), so it never holds them up at the next plan's broadcast.
+            self._probe_sizes[point] = 0 if share else max(1, last // 2)
             interval = self._session.settings.rebalance_interval
             self._next_point = (point // interval + 1) * interval
 
-    def _plan_at(self, global_step: int) -> Plan:
+    def _entry_at(self, global_step: int) -> tuple[int, Plan]:
+        """(first global step, plan) of the plan in force at ``global_step``."""
         if global_step >= self._next_point:
             raise RuntimeError(f"no agreed plan for global step {global_step} (agreed up to "
                                f"{self._next_point - 1}); the plan lookahead is wrong")
         for first, plan in reversed(self._plans):
             if first <= global_step:
-                return plan
+                return first, plan
         raise RuntimeError(f"no plan in force at global step {global_step}")
+
+    def _probe_size(self, first: int, step: int) -> int:
+        """The probe of a rank left out by the plan that began at ``first``, within the window."""
+        return min(self._probe_sizes[first], self.sampler.window_size(step))
 
     def _index_batches(self) -> Iterator[list[int]]:
         """The DataLoader's batch sampler: this rank's indices for the rest of the epoch,
@@ -255,9 +291,13 @@ class PlanFollowingLoader:
         permutation = self.sampler.permutation(start.epoch)
         rank = self._session.identity.rank
         for step in range(start.step, self.sampler.steps_per_epoch):
-            plan = self._plan_at(start.global_step - start.step + step)
+            first, plan = self._entry_at(start.global_step - start.step + step)
             begin, stop = self.sampler.piece(step, plan, rank)
-            if stop == begin:
+            if plan.local_batch_sizes[rank] == 0:
+                # Left out: its probe, samples of the window it does not consume (weight 0).
+                begin = self.sampler.window(step)[0]
+                stop = begin + self._probe_size(first, step)
+            elif stop == begin:
                 # A short last window can leave a rank without samples. It must still enter
                 # the all-reduce; it runs one sample of the window with weight 0.
                 begin, stop = self.sampler.window(step)[0], self.sampler.window(step)[0] + 1

@@ -21,6 +21,7 @@ statistics of the whole global batch.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Optional
 
@@ -30,13 +31,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.errors import UserError
 from hetero_ray.training import timing
-from hetero_ray.training.batchnorm import convert_batchnorm, has_batchnorm
+from hetero_ray.training.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
 from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.micro_batches import MicroBatchPolicy
+from hetero_ray.training.rejoin import OptimizerWatch
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
 
 logger = logging.getLogger("hetero_ray.worker")
+
+# DDP's switch for its buffer broadcast before each forward pass: renamed in newer torch
+# (the old name warns there); both keep the one broadcast at construction.
+_FORWARD_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in
+                        inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
 
 
 def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: bool = True,
@@ -62,9 +69,16 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
                            "the mathematics of one device on the global batch")
     device = session.identity.device
     model = model.to(device)
+    ddp_kwargs = dict(ddp_kwargs or {})
+    if _buffers_all_synced(model):
+        # DDP's default re-broadcast of buffers from rank 0 before every forward pass is a
+        # collective of all ranks, which would tie a rank left out to every step; the exact
+        # BatchNorm's buffers are the same on every rank in by construction, and a rank
+        # brought back receives them (training/rejoin.py).
+        if "broadcast_buffers" not in ddp_kwargs:
+            ddp_kwargs.setdefault(_FORWARD_BUFFER_SYNC, False)
     ddp_model = DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
-        **(ddp_kwargs or {}),
+        model, device_ids=[device.index] if device.type == "cuda" else None, **ddp_kwargs,
     )
     ddp_model.register_comm_hook(state, weighted_allreduce_hook)
     clock = timing.BucketClock(session.current_step, session.emulator)
@@ -73,8 +87,15 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     ddp_model.register_forward_hook(_forward_clock(session.current_step))
     session.model = ddp_model
     session.micro_batching = MicroBatchPolicy(synced_batchnorm, session.identity.rank)
+    session.optimizer_watch = OptimizerWatch(ddp_model)
     session.weight_state = state  # also marks the model as prepared
     return ddp_model
+
+
+def _buffers_all_synced(model: nn.Module) -> bool:
+    """Whether every buffer of ``model`` belongs to an exact BatchNorm (the same on every rank)."""
+    synced = {id(b) for m in model.modules() if isinstance(m, HeteroSyncBatchNorm) for b in m.buffers()}
+    return all(id(b) in synced for b in model.buffers())
 
 
 class _InLoaderStep:

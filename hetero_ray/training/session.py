@@ -12,7 +12,7 @@ What it owns:
 - the step in progress (:class:`~hetero_ray.training.current_step.CurrentStep`), where
   the prepared model's hooks find it;
 - the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
-  broadcast and leave with rank 0's plan;
+  broadcast and leave with rank 0's plan (and the process group of its ranks in);
 - the step recorder (rows reach the store in batches; :meth:`flush_records` waits for
   them, e.g. before a checkpoint that covers them is registered).
 """
@@ -41,6 +41,7 @@ from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSched
 from hetero_ray.training.identity import WorkerIdentity, register_attempt
 from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
 from hetero_ray.training.recorder import StepRecorder
+from hetero_ray.training.rejoin import Groups
 
 logger = logging.getLogger("hetero_ray.worker")
 
@@ -99,6 +100,12 @@ class WorkerSession:
     # Each rank's memory cap (largest batch its device holds; None: unknown), agreed with the plans.
     memory_caps: Optional[list[Optional[int]]] = None
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
+    # Ranks left out and brought back (training/rejoin.py): each plan's group of ranks in,
+    # made when all ranks agree on the plan; the prepared model and the optimisers that
+    # step it, whose state a rank brought back receives.
+    groups: Any = None
+    model: Any = None
+    optimizer_watch: Any = None
 
     @property
     def restored_position(self) -> Position:
@@ -153,6 +160,8 @@ class WorkerSession:
                                 "fallback: planner unreachable")
         plan, self.memory_caps = broadcast_plan(proposal, identity.rank, identity.num_workers,
                                                 identity.collective_device, caps)
+        if self.groups is not None:
+            self.groups.for_plan(plan)  # collective: every rank makes the group of the ranks in, in plan order
         if identity.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
             self.planner.begin_attempt.remote(identity.attempt, identity.num_workers, position.global_step,
                                               end_global_step=self.settings.end_global_step)
@@ -225,6 +234,7 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     )
     if isinstance(emulator, CurveEmulator):  # the loader begins a step before it knows the share
         emulator.local_batch_size = lambda: session.loader.local_batch_size if session.loader is not None else None
+    session.groups = Groups(identity.num_workers)
     _CURRENT = session
     return session
 
@@ -236,6 +246,8 @@ def stop() -> None:
     if session is not None:
         if session.loader is not None:
             session.loader.close()
+        if session.optimizer_watch is not None:
+            session.optimizer_watch.close()
         try:
             session.flush_records()
         except Exception as e:  # noqa: BLE001 - a failing loop's own error matters more

@@ -22,6 +22,7 @@ class HandedOutStep:
     local_batch_size: int  # 0: the rank held no sample and ran one of the window with weight 0
     window_size: int  # the step's global batch (an epoch's last window may be short)
     timeline: StepTimeline
+    probe_batch_size: int = 0  # a rank left out by the plan: the samples it timed (weight 0, no all-reduce)
 
 
 def step_row(identity: WorkerIdentity, step: HandedOutStep, notes: StepNotes, pad_time_s: float) -> dict:
@@ -30,7 +31,8 @@ def step_row(identity: WorkerIdentity, step: HandedOutStep, notes: StepNotes, pa
     return {
         "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
         "rank": identity.rank, "node_id": identity.node_id, "attempt": identity.attempt,
-        "local_batch_size": step.local_batch_size, "global_batch_size": step.window_size,
+        "local_batch_size": step.local_batch_size, "probe_batch_size": step.probe_batch_size,
+        "global_batch_size": step.window_size,
         "plan_version": step.plan.version, "loss": notes.loss, "lr": notes.lr, "wall_time": time.time(),
         **step_durations(step.timeline, pad_time_s),
     }

@@ -11,6 +11,13 @@ SUM, which gives exactly g on every rank. For the last, shorter window of an epo
 the window's size, so the step is the mean over the samples actually seen, as one device
 would compute it.
 
+A plan may leave ranks out (``b_i = 0``, :mod:`hetero_ray.planning.subset`): the ranks in
+all-reduce over a process group of their own (``process_group``, switched by the loader at
+the step the plan takes effect), and a rank left out takes no part at all — its hook
+returns a zero gradient at once, so it neither waits for the others nor makes them wait.
+Its parameters fall behind; it receives them again when it is brought back
+(:mod:`hetero_ray.training.rejoin`). With a group of one rank there is nothing to reduce.
+
 The hook is also where a rank's busy time ends: DDP hands a bucket to the hook as soon
 as its gradients are ready, and the last bucket marks the end of this rank's own work,
 before it waits for anybody else (see :mod:`hetero_ray.training.timing`).
@@ -63,6 +70,13 @@ class WeightedAllReduceState:
         self.on_bucket_reduced = on_bucket_reduced
         self.backward_passes = 0  # gradients handed to the all-reduce in full, this worker group
         self.grad_scale = 1.0
+        self.takes_part = True  # False: the plan in force leaves this rank out
+        self.group_size = num_workers  # ranks in process_group
+
+    def use_group(self, process_group: Optional[dist.ProcessGroup], group_size: int, takes_part: bool) -> None:
+        """The ranks in the plan in force: their group (None: every rank) and its size, and
+        whether this rank is one of them. Set by the loader at each step."""
+        self.process_group, self.group_size, self.takes_part = process_group, group_size, takes_part
 
     @property
     def weight(self) -> float:
@@ -84,9 +98,18 @@ def weighted_allreduce_hook(
     if bucket.is_last():
         state.backward_passes += 1
     tensor = bucket.buffer()
+    on_reduced = state.on_bucket_reduced
+    if not state.takes_part or state.group_size <= 1:
+        # Left out: a zero gradient, no all-reduce. Alone in the group: its gradient is the
+        # global batch's already (w = 1).
+        tensor.mul_(state.weight * state.grad_scale if state.takes_part else 0.0)
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(tensor)
+        if on_reduced is not None:
+            on_reduced()
+        return done
     tensor.mul_(state.weight * state.grad_scale)
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.process_group, async_op=True)
-    on_reduced = state.on_bucket_reduced
 
     def reduced(fut):
         if on_reduced is not None:

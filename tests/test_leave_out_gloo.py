@@ -1,0 +1,117 @@
+"""Ranks left out and brought back, at the level of the mechanism: three real gloo
+processes, DDP with the weighted hook, the exact BatchNorm, and the groups and state
+broadcast of training/rejoin.py, against one device (torch's own BatchNorm) on the same
+global batches. (tests/test_leave_out_e2e.py runs the same through Ray and the loader.)
+
+- a plan that leaves ranks out all-reduces over the group of the ranks in, and its
+  BatchNorm normalises over that group: one device's gradients, statistics and steps;
+- a rank left out never takes part: its gradient is zero, and its parameters drift from the
+  group's under momentum while it is out;
+- a rank brought back receives rank 0's parameters, buffers and optimiser state, after
+  which every rank is one device again (< 1e-5) to the end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hetero_ray.planning.plan import Plan
+from hetero_ray.training.batchnorm import convert_batchnorm
+from hetero_ray.training.model_prep import _FORWARD_BUFFER_SYNC
+from hetero_ray.training.rejoin import Groups, OptimizerWatch, bring_back, brings_back
+from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.test_sync_batchnorm import LEARNING_RATE, MODELS, make_batches, train_on_one_device
+
+pytestmark = pytest.mark.slow
+
+WORLD_SIZE = 3
+# out, back, one out, back: every switch a rank makes
+SPLITS = [[7, 3, 2], [12, 0, 0], [12, 0, 0], [6, 0, 6], [4, 4, 4], [2, 6, 4]]
+
+
+def train_on_ranks(rank: int, model_name: str) -> dict:
+    make_model, input_shape = MODELS[model_name]
+    state = WeightedAllReduceState(num_workers=WORLD_SIZE)
+    model = convert_batchnorm(make_model(), state)
+    # no buffer broadcast before each forward (a collective of all ranks), as prepare_model sets it
+    ddp_model = DistributedDataParallel(model, bucket_cap_mb=0.001, **{_FORWARD_BUFFER_SYNC: False})
+    ddp_model.register_comm_hook(state, weighted_allreduce_hook)
+    watch = OptimizerWatch(ddp_model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LEARNING_RATE, momentum=0.9)
+    groups, previous = Groups(WORLD_SIZE), None
+    record = {"grads": [], "params": []}
+    for version, (split, (inputs, targets)) in enumerate(zip(SPLITS, make_batches(input_shape, SPLITS))):
+        plan = Plan(version, tuple(split))
+        groups.for_plan(plan)  # every rank, every plan, in order (as agree_on_plan does)
+        if brings_back(previous, plan):
+            bring_back(ddp_model, watch.optimizers, rank, torch.device("cpu"))
+        previous = plan
+        takes_part = split[rank] > 0
+        state.use_group(groups.of(plan), len(plan.in_ranks), takes_part)
+        start = sum(split[:rank])
+        piece = slice(start, start + split[rank]) if takes_part else slice(0, 4)  # out: a probe, weight 0
+        state.weight = rank_weight(split[rank], sum(split))
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp_model(inputs[piece]), targets[piece]).backward()
+        record["grads"].append([p.grad.clone() for p in model.parameters()])
+        optimizer.step()
+        record["params"].append([p.detach().clone() for p in model.parameters()])
+    watch.close()
+    record["statistics"] = {name: b.detach().clone() for name, b in model.named_buffers()}
+    return record
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)  # three processes share two cores
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        torch.save({name: train_on_ranks(rank, name) for name in MODELS}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def per_rank(tmp_path_factory) -> list[dict]:
+    out_dir = tmp_path_factory.mktemp("leave_out")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(WORLD_SIZE, port, str(out_dir)), nprocs=WORLD_SIZE, join=True)
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
+
+
+def _max_error(got, want) -> float:
+    return max((g - w).abs().max().item() for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_ranks_left_out_and_brought_back_match_one_device(per_rank, model_name):
+    reference = train_on_one_device(model_name, SPLITS, lr=LEARNING_RATE)
+    for rank, results in enumerate(per_rank):
+        got = results[model_name]
+        assert _max_error(got["params"][-1], reference["params"]) < 1e-5, f"rank {rank}"
+        want_stats = reference["statistics"]
+        assert max((got["statistics"][k].double() - want_stats[k].double()).abs().max().item()
+                   for k in want_stats) < 1e-5, f"rank {rank}"
+    # while out, the ranks in still get one device's gradient: rank 0 at steps 1-3
+    rank0 = per_rank[0][model_name]
+    for step in (1, 2, 3):
+        assert _max_error(rank0["grads"][step], reference["grads"][step]) < 1e-5, f"step {step}"
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_a_rank_left_out_takes_no_part_and_drifts_until_brought_back(per_rank, model_name):
+    rank1, rank0 = per_rank[1][model_name], per_rank[0][model_name]
+    for step in (1, 2, 3):
+        assert all((g == 0).all() for g in rank1["grads"][step]), f"step {step}: no all-reduce, no gradient"
+    # momentum moved it away from the group while it was out; bring_back put it back
+    assert _max_error(rank1["params"][2], rank0["params"][2]) > 1e-3
+    assert _max_error(rank1["params"][4], rank0["params"][4]) < 1e-6
