@@ -71,7 +71,9 @@ class WeightedAllReduceState:
         self.backward_passes = 0  # gradients handed to the all-reduce in full, this worker group
         self.grad_scale = 1.0
         self.takes_part = True  # False: the plan in force leaves this rank out
-        self.group_size = num_workers  # ranks in process_group
+        # Ranks in process_group once the loader has said (use_group); None: not said, so
+        # all-reduce over the group as given (a hand-built group is never taken for one rank).
+        self.group_size: Optional[int] = None
 
     def use_group(self, process_group: Optional[dist.ProcessGroup], group_size: int, takes_part: bool) -> None:
         """The ranks in the plan in force: their group (None: every rank) and its size, and
@@ -99,7 +101,7 @@ def weighted_allreduce_hook(
         state.backward_passes += 1
     tensor = bucket.buffer()
     on_reduced = state.on_bucket_reduced
-    if not state.takes_part or state.group_size <= 1:
+    if not state.takes_part or (state.group_size is not None and state.group_size <= 1):
         # Left out: a zero gradient, no all-reduce. Alone in the group: its gradient is the
         # global batch's already (w = 1).
         tensor.mul_(state.weight * state.grad_scale if state.takes_part else 0.0)
