@@ -32,7 +32,7 @@ def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_ste
                        forward_time_s=t / 3, backward_time_s=t * 2 / 3 - 0.001, pad_time_s=0.0,
                        optimizer_time_s=0.002, busy_time_s=t, wait_time_s=step_time - t - 0.002,
                        step_time_s=step_time, loss=2.0 - g * 0.01, lr=0.1,
-                       wall_time=start_wall + (g + 1) * step_time)
+                       wall_time=start_wall + (g + 1) * step_time, probe_batch_size=0)
             if gpu:
                 row.update(gpu_util=50.0 + rank, gpu_mem_used_bytes=2e9, gpu_mem_peak_bytes=3e9,
                            gpu_mem_total_bytes=16e9, gpu_temp_c=60.0, gpu_power_w=150.0)
