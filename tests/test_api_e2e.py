@@ -211,6 +211,16 @@ def test_own_dataloader_without_prepare_data_loader_averages_like_one_device(ray
     assert max(worst.values()) < 1e-5, f"2 workers with their own DataLoader diverged from one device: {worst}"
 
 
+def _uri_holds_step_zero(run_remote) -> bool:
+    for part in (run_remote / "parts" / "steps").glob("part-*.parquet"):
+        try:
+            if 0 in pd.read_parquet(part)["global_step"].values:
+                return True
+        except Exception:  # noqa: BLE001 - a part still being copied: look again
+            continue
+    return False
+
+
 def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_crash(ray_session, tmp_path):
     """The tables follow each checkpoint to the URI: a driver SIGKILLed mid-run, then fit()
     under the same name on another machine (another output_dir), ends with every step of
@@ -230,9 +240,12 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
     run_remote = remote / uri_driver.NAME
     try:
         deadline = time.monotonic() + 240
-        while not (list(run_remote.glob("checkpoint_*")) and (run_remote / "parts").is_dir()):
+        # A checkpoint's tables are copied file by file after it is registered: wait until the
+        # copy holds the first steps' rows, not merely until its folder appeared (on a loaded
+        # machine the kill then landed mid-copy, before the step rows were there).
+        while not (list(run_remote.glob("checkpoint_*")) and _uri_holds_step_zero(run_remote)):
             assert driver.poll() is None, "the first driver ended before it could be killed"
-            assert time.monotonic() < deadline, "no checkpoint with its tables reached the URI in 240 s"
+            assert time.monotonic() < deadline, "no checkpoint with its step rows reached the URI in 240 s"
             time.sleep(0.2)
         time.sleep(1.0)  # a little past the checkpoint: steps the resume will train again
     finally:
