@@ -75,9 +75,10 @@ def broken_batch(batch_size: int):
     raise ValueError(f"no batch of {batch_size} today")
 
 
-def one_device(num_samples: int, global_batch_size: int, epochs: int, seed: int = 0) -> dict:
-    """Weights (and BatchNorm statistics) after training on one device, global batch by global batch."""
-    model, data = make_model(), PatternDataset(num_samples)
+def one_device(num_samples: int, global_batch_size: int, epochs: int, seed: int = 0, build=None) -> dict:
+    """Weights (and BatchNorm statistics) after training ``build()`` (default: this file's
+    model) on one device, global batch by global batch."""
+    model, data = (build or make_model)(), PatternDataset(num_samples)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     sampler = GlobalSampler(num_samples, global_batch_size, seed)
     for epoch in range(epochs):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hetero_ray.train
-from hetero_ray.sampler import GlobalSampler
+from tests import api_jobs
 from tests.api_jobs import LR, MOMENTUM, PatternDataset
 
 
@@ -25,18 +25,8 @@ def make_model() -> nn.Module:
 
 
 def one_device(num_samples: int, global_batch_size: int, epochs: int, seed: int = 0) -> dict:
-    model, data = make_model(), PatternDataset(num_samples)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    sampler = GlobalSampler(num_samples, global_batch_size, seed)
-    for epoch in range(epochs):
-        permutation = sampler.permutation(epoch)
-        for step in range(sampler.steps_per_epoch):
-            start, stop = sampler.window(step)
-            indices = permutation[start:stop]
-            F.cross_entropy(model(data.inputs[indices]), data.targets[indices]).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    return model.state_dict()
+    """The reference: this file's model trained on one device (api_jobs.one_device)."""
+    return api_jobs.one_device(num_samples, global_batch_size, epochs, seed, build=make_model)
 
 
 def micro_batch_loop(config: dict) -> None:
