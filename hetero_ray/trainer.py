@@ -125,7 +125,7 @@ class HeteroTrainer:
     def _fit(self, run: storage.RunStorage, held: contextlib.ExitStack, locked: bool) -> Result:
         """Checks, then trains; ``held`` keeps the run directory's lock until fit() returns."""
         hetero = self._hetero
-        resuming = run.has_ray_snapshot()
+        resuming = run.continues_a_run()
         if not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
             raise UserError(f"{run.run_dir} already holds a run without a checkpoint to continue from; choose "
                             "another RunConfig(name=...) (nothing was overwritten)")

@@ -47,3 +47,45 @@ def test_a_resume_elsewhere_takes_the_tables_back_but_not_the_checkpoints(tmp_pa
     assert storage.take_back_tables(run) == ["attempts.json", "parts"]
     assert _files(run.run_dir) == {"attempts.json", "parts/steps/part-000001.parquet"}
     assert storage.take_back_tables(run) == []  # this machine has them now: its own copy wins
+
+
+def test_a_copy_cut_short_leaves_the_uris_table_whole(tmp_path, monkeypatch):
+    """A driver killed while a table is on its way leaves the URI's previous copy of it
+    whole: it was overwritten in place before, and the rows merged into it were lost."""
+    import pyarrow.fs
+
+    local, remote = tmp_path / "local", tmp_path / "bucket" / "run"
+    _write(local / "steps.parquet", "rows 0 to 9")
+    remote_copy.upload_tables(str(local), f"file://{remote}")
+    _write(local / "steps.parquet", "rows 0 to 19")
+
+    real_copy = pyarrow.fs.copy_files
+
+    def killed_half_way(source, destination, **kwargs):  # writes half the file, then the crash
+        with open(source) as f:
+            text = f.read()
+        _write(destination.removeprefix("file://"), text[: len(text) // 2])
+        raise KeyboardInterrupt("killed mid-copy")
+
+    monkeypatch.setattr(pyarrow.fs, "copy_files", killed_half_way)
+    try:
+        remote_copy.upload_tables(str(local), f"file://{remote}")
+    except KeyboardInterrupt:
+        pass
+    assert (remote / "steps.parquet").read_text() == "rows 0 to 9"
+
+    monkeypatch.setattr(pyarrow.fs, "copy_files", real_copy)
+    remote_copy.upload_tables(str(local), f"file://{remote}")  # the next checkpoint's copy
+    assert _files(remote) == {"steps.parquet"}, "the cut-off copy's temporary file stayed"
+    assert (remote / "steps.parquet").read_text() == "rows 0 to 19"
+
+
+def test_a_fit_that_looks_before_ray_trains_snapshot_is_written_still_takes_the_tables_back(tmp_path):
+    """The tables reach the URI only after a checkpoint was registered; a crashed driver's
+    Ray Train controller may write its snapshot a moment after the next fit() looked."""
+    remote = tmp_path / "bucket"
+    run = storage.resolve(f"file://{remote}", "run", str(tmp_path / "elsewhere"))
+    assert not run.continues_a_run()  # a new run
+    _write(remote / "run" / "attempts.json", "[]")
+    _write(remote / "run" / "checkpoint_000000003" / "state.pt")
+    assert not run.has_ray_snapshot() and run.continues_a_run()

@@ -17,10 +17,11 @@ import os
 # checkpoint_manager_snapshot.json) and hidden files (Ray's storage marker, one machine's
 # driver lock, which means nothing on another) are not tables.
 RAY_TRAIN_PREFIX = "checkpoint_"
+UPLOADING_SUFFIX = ".uploading"  # a file on its way to the URI (see _copy_whole)
 
 
 def _is_table(name: str) -> bool:
-    return not (name.startswith(RAY_TRAIN_PREFIX) or name.startswith("."))
+    return not (name.startswith(RAY_TRAIN_PREFIX) or name.startswith(".") or name.endswith(UPLOADING_SUFFIX))
 
 
 def upload_tables(run_dir: str, remote_run_uri: str) -> None:
@@ -32,15 +33,31 @@ def upload_tables(run_dir: str, remote_run_uri: str) -> None:
     local = set()
     for name in sorted(os.listdir(run_dir)):
         if _is_table(name):
-            pyarrow.fs.copy_files(os.path.join(run_dir, name), f"{path}/{name}", destination_filesystem=filesystem)
-            local.update(_relative_files(os.path.join(run_dir, name), name))
+            files = _relative_files(os.path.join(run_dir, name), name)
+            for relative in sorted(files):
+                _copy_whole(os.path.join(run_dir, relative), filesystem, f"{path}/{relative}")
+            local.update(files)
     # Then what the local folder no longer has: parts merged into their table since the
-    # last copy would otherwise be read a second time beside it. Copied first, pruned
-    # after: a copy cut short by a crash never leaves the URI with fewer rows than before.
+    # last copy would otherwise be read a second time beside it (and what a crashed copy
+    # left half-written under its temporary name). Copied first, pruned after: a copy cut
+    # short by a crash never leaves the URI with fewer rows than before.
     for entry in filesystem.get_file_info(pyarrow.fs.FileSelector(path, recursive=True)):
         relative = entry.path[len(path):].lstrip("/")
-        if entry.type == pyarrow.fs.FileType.File and _is_table(relative.split("/")[0]) and relative not in local:
+        if entry.type == pyarrow.fs.FileType.File and relative not in local and (
+                _is_table(relative.split("/")[0]) or relative.endswith(UPLOADING_SUFFIX)):
             filesystem.delete_file(entry.path)
+
+
+def _copy_whole(local_file: str, filesystem, remote_path: str) -> None:
+    """Copies one file so that ``remote_path`` is always whole: written under a temporary
+    name, then moved over it. A table overwritten in place and cut off by a crash lost every
+    row merged into it (the parts it replaced were already pruned)."""
+    import pyarrow.fs
+
+    temporary = remote_path + UPLOADING_SUFFIX
+    filesystem.create_dir(remote_path.rsplit("/", 1)[0], recursive=True)
+    pyarrow.fs.copy_files(local_file, temporary, destination_filesystem=filesystem)
+    filesystem.move(temporary, remote_path)
 
 
 def _relative_files(path: str, name: str) -> set[str]:
@@ -64,3 +81,11 @@ def download_tables(remote_run_uri: str, run_dir: str) -> list[str]:
             pyarrow.fs.copy_files(entry.path, os.path.join(run_dir, entry.base_name), source_filesystem=filesystem)
             copied.append(entry.base_name)
     return sorted(copied)
+
+
+def holds_tables(remote_run_uri: str, marker: str) -> bool:
+    """Whether ``remote_run_uri`` holds the file ``marker`` of a run's tables."""
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(remote_run_uri)
+    return filesystem.get_file_info(f"{path}/{marker}").type != pyarrow.fs.FileType.NotFound

@@ -36,6 +36,15 @@ class RunStorage:
     run_dir: str  # local folder of hetero_ray's tables
     remote_run_uri: Optional[str] = None  # where the tables are copied at the end (URI storage)
 
+    def continues_a_run(self) -> bool:
+        """fit() continues a run of this name: Ray Train has its snapshot, or (URI storage)
+        the URI holds the run's tables. They are copied there only once a checkpoint was
+        registered, and a crashed driver's Ray Train controller can write its snapshot a
+        moment after a new fit() looked: Ray then resumed while the tables, not taken back,
+        were overwritten by the resumed run's."""
+        return self.has_ray_snapshot() or (self.remote_run_uri is not None
+                                           and remote_copy.holds_tables(self.remote_run_uri, ATTEMPTS_FILE))
+
     def has_ray_snapshot(self) -> bool:
         """Ray Train restores a run with this name from its snapshot (a resume)."""
         if self.remote_run_uri is None:
