@@ -76,6 +76,38 @@ def test_a_mixed_plan_gives_the_gpu_what_the_cpus_cannot_finish_within_its_floor
     assert len(report["devices"]) == 2
 
 
+def test_with_the_allreduce_the_plan_leaves_out_the_cpu_ranks_that_cost_more_than_they_add(tmp_path, capsys):
+    """The H100 with three CPU ranks ran at 0.49 of the H100 alone: their all-reduce (2.6 ms)
+    cost more than the ~1/3 of the batch they took off a GPU that is flat at 64 samples."""
+    path = write(tmp_path, with_cpu_probe(h100_document()))
+    reports = {}
+    for allreduce in ("2.6", "0"):
+        out_json = tmp_path / f"plan-{allreduce}.json"
+        code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3",
+                                      "--allreduce-ms", allreduce, "--json", str(out_json)], capsys)
+        assert code == 0, err
+        reports[allreduce] = json.loads(out_json.read_text())
+    left_out = reports["2.6"]
+    assert [w["local_batch_size"] for w in left_out["workers"]] == [64, 0, 0, 0]
+    assert left_out["left_out_ranks"] == [1, 2, 3]
+    gpu_alone = left_out["workers"][0]["predicted_busy_time_s"]
+    assert left_out["predicted_comm_time_s"] == 0.0 and left_out["predicted_step_time_s"] == pytest.approx(gpu_alone)
+    assert left_out["all_ranks_predicted_step_time_s"] > left_out["predicted_step_time_s"] + 2.0e-3
+    everyone = reports["0"]  # a free all-reduce: every rank in, the compute-only plan
+    assert everyone["left_out_ranks"] == [] and min(w["local_batch_size"] for w in everyone["workers"]) >= 9
+
+
+def test_the_plan_says_when_communication_is_not_modelled(tmp_path, capsys):
+    path = write(tmp_path, with_cpu_probe(h100_document()))
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3"], capsys)
+    assert code == 0, err
+    assert "communication not modelled: give --allreduce-ms" in out
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3",
+                                  "--allreduce-ms", "2.6"], capsys)
+    assert code == 0, err
+    assert "left out: ranks 1, 2, 3" in out and "all-reduce 0.000 ms" in out
+
+
 def test_plan_reads_what_the_profiler_writes(tmp_path, capsys):
     """A nodes.json written by the profile's own writer, with today's curve fields."""
     gpu = DeviceCapability("gpu", "Some GPU", 0, alpha_s=-0.004, beta_s_per_sample=2e-5, floor_s=0.006,
@@ -127,6 +159,8 @@ BAD = [
     ("unknown node", "h100", ["--workers", "deadbeef:gpu"], "'deadbeef' names no node of the profile"),
     ("unprobed cpu", "h100", ["--workers", "gpu,cpu"], "no cpu with a model probe in the profile"),
     ("too many gpus", "h100", ["--workers", "gpu*2"], "no gpu left in the profile"),
+    ("negative all-reduce", "h100", ["--allreduce-ms", "-1"], "--allreduce-ms must be a number of milliseconds ≥ 0"),
+    ("nan all-reduce", "h100", ["--allreduce-ms", "nan"], "--allreduce-ms must be a number of milliseconds ≥ 0"),
     ("batch below workers", "h100_cpu", ["--workers", "gpu,cpu*3", "--batch-size", "3"],
      "smaller than the 4 workers"),
     ("zero batch", "h100", ["--batch-size", "0"], "--batch-size must be a positive integer"),

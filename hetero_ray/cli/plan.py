@@ -51,18 +51,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks as [NODE:]KIND[*COUNT],… e.g. gpu,cpu*3 (default: one per probed device)")
     parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICY_NAMES,
                         help=f"the policy whose first plan to show (default {DEFAULT_POLICY})")
+    parser.add_argument("--allreduce-ms", type=float, metavar="MS",
+                        help="the gradient all-reduce of a step with every rank in, in ms (a run's least "
+                             "wait per step, or a guess): the plan then leaves out ranks that cost more in "
+                             "communication than they add (default: compute only, as a run's first plan)")
     parser.add_argument("--json", metavar="FILE", help="also write the curves and the plan as JSON to FILE")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    if args.allreduce_ms is not None and not (math.isfinite(args.allreduce_ms) and args.allreduce_ms >= 0):
+        raise UserError(f"--allreduce-ms must be a number of milliseconds ≥ 0, got {args.allreduce_ms}")
     if args.json:
         from hetero_ray.cli.profile import _check_writable
 
         _check_writable(args.json)
     document = load_profile(args.profile, args.model)
-    report = plan_report(document, args.batch_size, args.workers, args.policy, args.profile)
+    report = plan_report(document, args.batch_size, args.workers, args.policy, args.profile,
+                         allreduce_s=None if args.allreduce_ms is None else args.allreduce_ms / 1e3)
     print(format_report(report))
     if args.json:
         tmp = f"{args.json}.tmp"
@@ -186,8 +193,12 @@ def _names(node: dict, name: str) -> bool:
 
 # ---------------------------------------------------------------------------- the report
 def plan_report(document: dict, global_batch_size: int, workers: Optional[str], policy: str,
-                profile_path: str) -> dict[str, Any]:
-    """Curves, plan and predictions as one JSON-safe dict (what ``--json`` writes)."""
+                profile_path: str, allreduce_s: Optional[float] = None) -> dict[str, Any]:
+    """Curves, plan and predictions as one JSON-safe dict (what ``--json`` writes).
+
+    ``allreduce_s``: the all-reduce of every rank together; given, the plan is the one the
+    balancer reaches once it has measured it (:func:`with_communication`), else the run's
+    first plan (compute only: nothing is measured before the first step)."""
     from hetero_ray.planning.capacity import rank_capacities
     from hetero_ray.planning.cost_model import curve_busy_time_s
     from hetero_ray.planning.planner import Planner
@@ -223,19 +234,59 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     planner = Planner(global_batch_size, policy, DEFAULT_REBALANCE_INTERVAL)
     planner.set_capabilities(nodes)
     plan = planner.plan_for(len(rank_node_ids), rank_node_ids=rank_node_ids, rank_device_kinds=rank_kinds)
-    sizes = plan["local_batch_sizes"]
+    sizes, reason = plan["local_batch_sizes"], plan.get("reason")
     capacities = rank_capacities(nodes, rank_node_ids, rank_kinds)
+    communication = None
+    if allreduce_s is not None:
+        communication = with_communication(capacities, global_batch_size, allreduce_s)
+        if policy == "optimal":
+            sizes, reason = communication["local_batch_sizes"], communication["reason"]
     gpu_index = _gpu_indices(nodes, rank_node_ids, rank_kinds)
     ranks = [{"rank": r, "node_id": node_id, "kind": kind, "index": gpu_index[r],
               "local_batch_size": b, "max_batch_size": c.max_batch_size,
-              "predicted_busy_time_s": c.busy_time_s(b)}
+              "predicted_busy_time_s": c.busy_time_s(b) if b > 0 else 0.0}
              for r, (node_id, kind, b, c) in enumerate(zip(rank_node_ids, rank_kinds, sizes, capacities))]
-    step_time_s = max(r["predicted_busy_time_s"] for r in ranks)
+    compute_s = max(r["predicted_busy_time_s"] for r in ranks)
+    comm_s = 0.0 if allreduce_s is None else _ring_scaled(allreduce_s, len(ranks), sum(1 for b in sizes if b > 0))
+    step_time_s = compute_s + comm_s
     return {
         "profile": profile_path, "model": document.get("model"), "global_batch_size": global_batch_size,
-        "policy": policy, "devices": devices, "workers": ranks, "plan_reason": plan.get("reason"),
+        "policy": policy, "devices": devices, "workers": ranks, "plan_reason": reason,
+        "left_out_ranks": [r["rank"] for r in ranks if r["local_batch_size"] == 0],
+        "allreduce_s": allreduce_s, "predicted_compute_time_s": compute_s, "predicted_comm_time_s": comm_s,
         "predicted_step_time_s": step_time_s, "samples_per_s": global_batch_size / step_time_s,
+        "all_ranks_predicted_step_time_s": None if communication is None else communication["all_ranks_step_time_s"],
     }
+
+
+def with_communication(capacities, global_batch_size: int, allreduce_s: float) -> dict[str, Any]:
+    """The optimal policy's plan once the all-reduce of every rank is known: the group and
+    split minimising ``max t_i(b_i) + c(G)`` (:func:`subset.solve_subset_split`, rank 0
+    always in), with ``c`` of a smaller group scaled by a ring's hops as the balancer's
+    first guess scales it (:mod:`hetero_ray.planning.comm`)."""
+    from hetero_ray.planning.policies import PolicyConfig
+    from hetero_ray.planning.subset import solve_subset_split
+
+    n = len(capacities)
+    result = solve_subset_split([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
+                                global_batch_size, lambda group: _ring_scaled(allreduce_s, n, len(group)),
+                                PolicyConfig().min_local_batch_size, [c.max_batch_size for c in capacities],
+                                [c.floor_s for c in capacities], must_include=[0])
+    out = ", ".join(str(r) for r in result.left_out)
+    reason = (f"optimal with an all-reduce of {allreduce_s * 1e3:.3g} ms for every rank: "
+              + (f"ranks {out} left out: their all-reduce costs more than they add (predicted "
+                 f"{result.predicted_step_time_s * 1e3:.3f} ms without them, "
+                 f"{result.all_ranks_step_time_s * 1e3:.3f} ms with every rank in)" if out else "every rank in"))
+    return {"local_batch_sizes": list(result.local_batch_sizes), "reason": reason,
+            "all_ranks_step_time_s": result.all_ranks_step_time_s}
+
+
+def _ring_scaled(allreduce_s: float, num_ranks: int, group_size: int) -> float:
+    """``c`` of a group of ``group_size`` ranks from that of all ``num_ranks``: a ring's
+    ``2(k − 1)`` hops (comm.py); one rank communicates nothing."""
+    if group_size <= 1 or num_ranks <= 1:
+        return 0.0
+    return allreduce_s * (group_size - 1) / (num_ranks - 1)
 
 
 def _gpu_indices(nodes, rank_node_ids, rank_kinds) -> list[int]:
@@ -277,6 +328,11 @@ def format_report(report: dict) -> str:
              w["local_batch_size"], w["max_batch_size"] or "-", f"{w['predicted_busy_time_s'] * 1e3:.3f}"]
             for w in report["workers"]]
     lines.append(format_table(["rank", "device", "local batch", "max batch", "predicted busy ms"], rows))
-    lines.append(f"predicted step time {report['predicted_step_time_s'] * 1e3:.3f} ms, "
-                 f"throughput {report['samples_per_s']:,.0f} samples/s")
+    comm = ("communication not modelled: give --allreduce-ms to see which ranks cost more than they add"
+            if report["allreduce_s"] is None else f"compute {report['predicted_compute_time_s'] * 1e3:.3f} ms + "
+            f"all-reduce {report['predicted_comm_time_s'] * 1e3:.3f} ms")
+    out = report["left_out_ranks"]
+    lines.append(f"predicted step time {report['predicted_step_time_s'] * 1e3:.3f} ms ({comm}), "
+                 f"throughput {report['samples_per_s']:,.0f} samples/s"
+                 + (f"; left out: rank{'s' if len(out) > 1 else ''} {', '.join(map(str, out))}" if out else ""))
     return "\n".join(lines)
