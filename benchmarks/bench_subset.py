@@ -29,6 +29,7 @@ target is missed.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -43,6 +44,7 @@ H100_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
                             "h100_resnet18_nodes.json")
 SLOW_CPU_CURVE = "curve:0:4:1.5"  # device ms: 4 + 1.5·b, ~15× the H100's time per sample at large batches
 TARGET = 0.95
+EPOCH_STEPS = 40
 
 
 def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, devices=None, changes=None,
@@ -52,9 +54,12 @@ def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, 
     from hetero_ray.runtime.driver import run_training
 
     model, batch_size, num_steps = model or args.model, batch_size or args.batch_size, steps or args.steps
+    # Epochs of at most EPOCH_STEPS steps: every worker holds the whole synthetic dataset
+    # (1024 × 241 images took 7 GB a worker, and Ray killed them).
+    steps_per_epoch = min(num_steps, EPOCH_STEPS)
     config = TrainConfig(
-        model=model, dataset="synthetic_image", num_samples=batch_size * (num_steps + 1),
-        batch_size=batch_size, epochs=1, max_steps=num_steps, num_workers=num_workers,
+        model=model, dataset="synthetic_image", num_samples=batch_size * steps_per_epoch,
+        batch_size=batch_size, epochs=math.ceil(num_steps / steps_per_epoch), max_steps=num_steps, num_workers=num_workers,
         policy="optimal", emulate_speeds=speeds, emulate_devices=devices, emulate_speed_changes=changes,
         rebalance_interval=args.rebalance_interval, checkpoint_every=10 * num_steps, output_dir=output_dir,
         experiment_name=label, max_failures=0,
