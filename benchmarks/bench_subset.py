@@ -11,7 +11,11 @@ fastest rank training alone (one worker, the same emulated device, model and glo
 3. ``speed-change``: scenario 1 with ``--emulate-speed-change`` making ranks 1 and 2 as fast
    as rank 0 half-way: their probes show it, and the plan brings them back (all three in at
    the end). Its rate is printed, with no target: three full-speed ranks share this
-   machine's two cores.
+   machine's two cores. It trains ``--change-model`` (mlp) at ``--change-batch-size``
+   (1024) for ``--change-steps`` (240): a model whose all-reduce is large beside its
+   compute, so that the slow ranks are worth leaving out before the change (they can take
+   at most 9 % off the compute) and the fast ones worth bringing back after it (two
+   thirds) — with simple_cnn the all-reduce is ~1 % of a step and no rank is left out.
 
 Each run's rate is its steady part (the last third of its steps, by wall time, from the
 steps table); the plan and the decision that left ranks out (or brought them back) are
@@ -25,10 +29,12 @@ target is missed.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,18 +44,24 @@ H100_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
                             "h100_resnet18_nodes.json")
 SLOW_CPU_CURVE = "curve:0:4:1.5"  # device ms: 4 + 1.5·b, ~15× the H100's time per sample at large batches
 TARGET = 0.95
+EPOCH_STEPS = 40
 
 
-def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, devices=None, changes=None) -> dict:
+def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, devices=None, changes=None,
+           model: Optional[str] = None, batch_size: Optional[int] = None, steps: Optional[int] = None) -> dict:
     from hetero_ray.config import TrainConfig
     from hetero_ray.metrics import run_files
     from hetero_ray.runtime.driver import run_training
 
+    model, batch_size, num_steps = model or args.model, batch_size or args.batch_size, steps or args.steps
+    # Epochs of at most EPOCH_STEPS steps: every worker holds the whole synthetic dataset
+    # (1024 × 241 images took 7 GB a worker, and Ray killed them).
+    steps_per_epoch = min(num_steps, EPOCH_STEPS)
     config = TrainConfig(
-        model=args.model, dataset="synthetic_image", num_samples=args.batch_size * (args.steps + 1),
-        batch_size=args.batch_size, epochs=1, max_steps=args.steps, num_workers=num_workers,
+        model=model, dataset="synthetic_image", num_samples=batch_size * steps_per_epoch,
+        batch_size=batch_size, epochs=math.ceil(num_steps / steps_per_epoch), max_steps=num_steps, num_workers=num_workers,
         policy="optimal", emulate_speeds=speeds, emulate_devices=devices, emulate_speed_changes=changes,
-        rebalance_interval=args.rebalance_interval, checkpoint_every=10 * args.steps, output_dir=output_dir,
+        rebalance_interval=args.rebalance_interval, checkpoint_every=10 * num_steps, output_dir=output_dir,
         experiment_name=label, max_failures=0,
     )
     started = time.monotonic()
@@ -57,12 +69,12 @@ def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, 
     steps = run_files.read_table(result.run_dir, "steps")
     decisions = run_files.read_table(result.run_dir, "decisions")
     plans = run_files.read_table(result.run_dir, "plans").sort_values("first_global_step")
-    since = args.steps - args.steps // 3
+    since = num_steps - num_steps // 3
     run = {"label": label, "samples_per_s": _steady_rate(steps, since), "run_dir": result.run_dir,
            "plans": [(int(r.first_global_step), [int(b) for b in r.local_batch_sizes]) for r in plans.itertuples()],
            "decisions": decisions, "steps": steps, "wall_s": time.monotonic() - started}
     shown = " → ".join("/".join(map(str, sizes)) + f"@{first}" for first, sizes in run["plans"])
-    print(f"[bench] {label}: {run['samples_per_s']:,.0f} samples/s over steps {since}–{args.steps - 1}; "
+    print(f"[bench] {label}: {run['samples_per_s']:,.0f} samples/s over steps {since}–{num_steps - 1}; "
           f"plans {shown} ({run['wall_s']:.0f} s)", flush=True)
     return run
 
@@ -112,10 +124,11 @@ def scenario_h100(args, out: str) -> list[tuple[str, float, bool]]:
 
 
 def scenario_speed_change(args, out: str) -> list[tuple[str, float, bool]]:
-    at = args.steps // 2
-    alone = _train(args, out, "change-alone", 1, speeds=[1.0])
+    at = args.change_steps // 2
+    job = {"model": args.change_model, "batch_size": args.change_batch_size, "steps": args.change_steps}
+    alone = _train(args, out, "change-alone", 1, speeds=[1.0], **job)
     changes = [{"global_step": at, "rank": 1, "speed": 1.0}, {"global_step": at, "rank": 2, "speed": 1.0}]
-    three = _train(args, out, "change-optimal", 3, speeds=[1.0, 0.05, 0.05], changes=changes)
+    three = _train(args, out, "change-optimal", 3, speeds=[1.0, 0.05, 0.05], changes=changes, **job)
     _say_decision(three)
     out_before = any(0 in sizes for step, sizes in three["plans"] if step < at)
     final = three["plans"][-1]
@@ -140,6 +153,11 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--rebalance-interval", type=int, default=10)
+    parser.add_argument("--change-model", default="mlp", help="the speed-change scenario's model (see above)")
+    parser.add_argument("--change-batch-size", type=int, default=1024)
+    parser.add_argument("--change-steps", type=int, default=240,
+                        help="the speed-change scenario's steps (the change half-way): a decision lands "
+                             "every 10–20 steps, and bringing back takes a few")
     parser.add_argument("--output-dir", default=None)
     args = parser.parse_args(argv)
 

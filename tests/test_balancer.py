@@ -243,7 +243,7 @@ def test_a_move_fits_the_quota_at_the_step_time_it_predicts():
     the quota at its own predicted step time (0.9 of it, as planning/quota.py keeps)."""
     balancer = new_balancer(interval=10)
     sizes, version, adopted = [24, 24, 24, 24], 0, []
-    for step in range(12):
+    for step in range(22):  # a gain below twice the bar is adopted at the second decision (confirm_below)
         rows = _burst_rows(step, sizes, version, beyond_s=0.001)
         step_s = max(r["busy_time_s"] for r in rows)
         for row in rows:

@@ -4,6 +4,7 @@ The simulated ranks follow ``t_i(b) = α_i + β_i·b`` with noise; "excess" is h
 slower (noiseless) a step's plan is than the best split for the true speeds.
 """
 
+import json
 import math
 
 import numpy as np
@@ -196,8 +197,9 @@ def test_noise_margin_raises_the_bar_with_noisy_estimates():
     it when their standard error is 4 % (the largest of 64 such medians is that far up)."""
     plan = Plan(0, (32,) * 64)
     betas = [1e-3] * 63 + [1.10e-3]
-    quiet = OptimalPolicy().decide(plan, estimates_for([0] * 64, betas, [32] * 64, rel_se=0.001), 100)
-    noisy = OptimalPolicy().decide(plan, estimates_for([0] * 64, betas, [32] * 64, rel_se=0.04), 100)
+    at_once = PolicyConfig(confirm_below=1.0)  # the bar alone (confirmation: its own test)
+    quiet = OptimalPolicy(at_once).decide(plan, estimates_for([0] * 64, betas, [32] * 64, rel_se=0.001), 100)
+    noisy = OptimalPolicy(at_once).decide(plan, estimates_for([0] * 64, betas, [32] * 64, rel_se=0.04), 100)
     assert quiet.adopt and not noisy.adopt
     assert noisy.required_gain == pytest.approx(0.05 + 0.04 * math.sqrt(2 * math.log(64)))
 
@@ -366,11 +368,41 @@ def test_a_cold_start_whose_first_move_falls_short_keeps_moving():
     """From equal shares the first move must assume α = 0, and the fast rank here has a large
     fixed cost: its share comes out too small, leaving the slow rank clearly the slowest.
     That imbalance is beyond noise, so the follow-up move is not blocked by a noise margin
-    (over 20 seeds, the plans after step 60 are within 2.5 % of the ideal on average)."""
-    excess = []
-    for seed in range(20):
-        cluster = SimulatedCluster(np.array([0.1, 0.0]), np.array([1e-3, 3e-3]), noise=0.1, seed=seed)
-        result = run_policy(make_policy("optimal"), cluster, steps=200, global_batch_size=256)
-        check_plans(result, 256)
-        excess.append(result.relative_excess()[60:].mean())
-    assert np.mean(excess) < 0.025, np.round(excess, 3)
+    (over 20 seeds, the plans after step 60 are within 2.5 % of the ideal on average when
+    every gain past the bar is adopted at once; with small gains confirmed by a second
+    decision, within 3.5 %: the price of identical workers that stay put)."""
+    for confirm_below, bound in ((1.0, 0.025), (PolicyConfig().confirm_below, 0.035)):
+        excess = []
+        for seed in range(20):
+            cluster = SimulatedCluster(np.array([0.1, 0.0]), np.array([1e-3, 3e-3]), noise=0.1, seed=seed)
+            result = run_policy(make_policy("optimal", PolicyConfig(confirm_below=confirm_below)), cluster,
+                                steps=200, global_batch_size=256)
+            check_plans(result, 256)
+            excess.append(result.relative_excess()[60:].mean())
+        assert np.mean(excess) < bound, (confirm_below, np.round(excess, 3))
+
+
+def test_a_small_gain_is_adopted_only_when_the_next_decision_sees_it_again():
+    """Two of five 200-step runs of identical workers moved once, early, on one window where
+    a rank was briefly slow (8.3 % gain for 8.2 % required; 10.7 % for 5.0 %); the next
+    decision saw 6.6 % and 5.0 %, below its bar. A gain under twice the bar waits for a
+    second decision under the same plan; a large one, or one seen twice, is adopted."""
+    plan = Plan(3, (48, 48, 48, 48))
+    slow_once = estimates_for([0] * 4, [1e-3, 1e-3, 1e-3, 1.12e-3], [48] * 4, rel_se=0.001)
+    passed = estimates_for([0] * 4, [1e-3, 1e-3, 1e-3, 1.02e-3], [48] * 4, rel_se=0.001)
+    policy = OptimalPolicy()
+    first = policy.decide(plan, slow_once, 20)
+    assert not first.adopt and first.required_gain < first.predicted_gain < 2 * first.required_gain
+    assert "until the next decision confirms it" in first.reason
+    assert not policy.decide(plan, passed, 40).adopt  # gone: the lead is forgotten
+    assert not policy.decide(plan, slow_once, 60).adopt  # seen once again: waits again
+    assert policy.decide(plan, slow_once, 80).adopt  # twice in a row under the same plan
+    # a large gain is adopted at once
+    far = estimates_for([0] * 4, [1e-3, 1e-3, 1e-3, 2e-3], [48] * 4, rel_se=0.001)
+    assert OptimalPolicy().decide(plan, far, 20).adopt
+    # the lead survives a planner restart (the policy's state travels with the checkpoints)
+    before = OptimalPolicy()
+    assert not before.decide(plan, slow_once, 20).adopt
+    restored = OptimalPolicy()
+    restored.load_state_dict(json.loads(json.dumps(before.state_dict())))
+    assert restored.decide(plan, slow_once, 40).adopt

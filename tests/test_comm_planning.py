@@ -65,7 +65,10 @@ def test_optimal_leaves_slow_ranks_out_when_their_allreduce_costs_more_than_they
     betas = [1e-4, 2e-3, 2e-3]
     plan = Plan(4, (232, 12, 12))
     comm = lambda g: 0.0 if len(g) == 1 else 5e-3  # noqa: E731
-    decision = OptimalPolicy().decide(plan, _estimates(betas, [232, 12, 12]), 100, comm)
+    policy = OptimalPolicy()
+    first = policy.decide(plan, _estimates(betas, [232, 12, 12]), 100, comm)  # 12 % gain: below twice the bar
+    assert not first.adopt and "confirms" in first.reason and first.proposed_local_batch_sizes == (256, 0, 0)
+    decision = policy.decide(plan, _estimates(betas, [232, 12, 12]), 110, comm)
     assert decision.adopt and decision.plan.local_batch_sizes == (256, 0, 0)
     assert decision.left_out == (1, 2)
     assert decision.predicted_step_time_s == pytest.approx(256e-4)

@@ -154,6 +154,41 @@ def test_one_batch_size_is_proportional_with_zero_error():
     assert fit.predict_s(16) == pytest.approx(0.005)
 
 
+def test_a_rank_seen_at_one_share_keeps_the_shape_its_first_plan_was_made_from():
+    """A GPU flat over its probe, run at one share: unseeded, the estimate is proportional
+    (half the share, half the time: the solver then hands samples to slow ranks for
+    nothing); seeded with the profile's flat curve, it stays flat at the measured level."""
+    records = [{"rank": 0, "global_step": s, "local_batch_size": 256, "busy_time_s": 0.009} for s in range(10)]
+    unseeded = ClusterEstimates(1)
+    unseeded.add(records)
+    assert unseeded.estimates()[0].predict_busy_time_s(128) == pytest.approx(0.0045)
+    seeded = ClusterEstimates(1)
+    seeded.seed_shapes([(0.0, 0.0, 0.007)])  # the profile: 7 ms flat
+    seeded.add(records)
+    e = seeded.estimates()[0]
+    assert e.slope_fitted and e.predict_busy_time_s(128) == pytest.approx(0.009)  # flat, at today's level
+    # its own steps at several sizes fix the shape; a later seed does not undo it
+    for s, size in enumerate([64] * 5 + [512] * 5, start=10):
+        seeded.add([{"rank": 0, "global_step": s, "local_batch_size": size, "busy_time_s": 0.002 + 3e-5 * size}])
+    seeded.seed_shapes([(0.0, 0.0, 0.007)])
+    assert seeded.estimates()[0].predict_busy_time_s(64) < 0.5 * seeded.estimates()[0].predict_busy_time_s(512)
+
+
+def test_the_planner_seeds_the_estimates_with_the_first_plans_curves():
+    """Each rank's warm-up curve (what its first plan was made from) shapes its estimate."""
+    from hetero_ray.planning.planner import Planner
+
+    planner = Planner(64, "optimal", 10)
+    fits = [{"alpha_s": 0.0, "beta_s_per_sample": 0.0, "floor_s": 0.007}, {"alpha_s": 0.001, "beta_s_per_sample": 1e-3}]
+    planner.plan_for(2, 0, rank_fits=fits)
+    planner.begin_attempt(0, 2, 0)
+    planner.add_steps([{"rank": r, "global_step": s, "attempt": 0, "plan_version": 0, "local_batch_size": 32,
+                        "busy_time_s": 0.007 if r == 0 else 0.033} for s in range(5) for r in range(2)])
+    e = planner.balancer.estimates.estimates()
+    assert e[0].predict_busy_time_s(16) == pytest.approx(0.007)  # flat: not 3.5 ms
+    assert e[1].predict_busy_time_s(16) == pytest.approx(0.017)  # its line: α + β·b
+
+
 def test_online_estimates_use_the_same_curve():
     """Step records at a GPU's flat sizes give the estimates the fit's floor, at the level of
     the latest steps."""

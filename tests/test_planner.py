@@ -80,7 +80,8 @@ def test_a_decision_row_names_the_version_its_plan_was_given():
     records of the plan before that change; its row must name the version its plan was
     given, not one after the plan it decided on (that is the scripted plan's)."""
     scripted_step = 15
-    one = planner(plan_changes=[{"global_step": scripted_step, "local_batch_sizes": [30, 10]}])
+    one = planner(plan_changes=[{"global_step": scripted_step, "local_batch_sizes": [30, 10]}],
+                  policy_config={"confirm_below": 1.0})  # moves at once: the timing this test sets up
     cluster = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.03, seed=0)
     plan = one.plan_for(2, 0)
     one.begin_attempt(0, 2, 0, end_global_step=60)

@@ -65,7 +65,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
@@ -211,6 +211,7 @@ class Balancer:
         self._in_force: Optional[_InForce] = None  # the adopted plan judged again (module docstring)
         self._learned_caps: list[Optional[int]] = []  # per rank, from rollbacks (see module docstring)
         self._quota_caps = QuotaCaps(0)  # per rank, from CPU quotas and use (planning/quota.py)
+        self._shape_seeds: Optional[list] = None  # per rank (α, β, τ) of the first plan's curves
 
     # ------------------------------------------------------------------ lifecycle
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
@@ -223,6 +224,8 @@ class Balancer:
         if self.estimates is None or num_workers != self.num_workers:
             self.estimates = ClusterEstimates(num_workers, window_steps=self.window_steps)
             self.comm = CommEstimates()
+        if self._shape_seeds is not None and len(self._shape_seeds) == num_workers:
+            self.estimates.seed_shapes(self._shape_seeds)
         self.num_workers = num_workers
         self.attempt = attempt
         self._steps.clear()
@@ -234,6 +237,13 @@ class Balancer:
         self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
         self._in_force = None
         self._quota_caps = QuotaCaps(num_workers)
+
+    def seed_shapes(self, shapes: Optional[Sequence[Optional[tuple[float, float, float]]]]) -> None:
+        """The curves the group's first plan was made from, ``(α, β, τ)`` per rank (None:
+        none): each rank's estimate keeps that shape, scaled to its measured level, until
+        its own steps at several batch sizes fix one (estimates.ClusterEstimates.seed_shapes).
+        Applied to the estimates of the group :meth:`begin_attempt` starts."""
+        self._shape_seeds = None if shapes is None else list(shapes)
 
     @property
     def end_global_step(self) -> Optional[int]:

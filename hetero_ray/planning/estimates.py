@@ -17,8 +17,12 @@ ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
 
   so ``t_i(b_L) = m_L`` exactly. A rank that runs one plan long enough for the window to
   hold a single batch size keeps its shape, and a speed change (the whole curve scales) is
-  tracked by the level alone. Until a shape was ever fixed, the shape is ``α = τ = 0``:
-  throughput-proportional, ``β_i = m_L/b_L``.
+  tracked by the level alone. Until a shape was ever fixed, the shape is the one the rank
+  was seeded with (:meth:`ClusterEstimates.seed_shapes`: the curve its first plan was made
+  from, its warm-up's or its device's profile), else ``α = τ = 0``: throughput-proportional,
+  ``β_i = m_L/b_L``. Proportional is the opposite of a big GPU's curve, flat over the
+  batches one plan runs: a GPU measured at one share looked to the solver as if a smaller
+  share would be proportionally faster.
 * shared slowdowns: each time is first divided by its step's shared factor, the median
   over the ranks of ``t_i,s / m_i`` (:meth:`ClusterEstimates._times_without_shared_noise`),
   so a slow phase of the whole machine does not make ranks look unequal;
@@ -232,6 +236,20 @@ class ClusterEstimates:
         self.num_dropped = 0  # invalid busy time or batch size
         self.num_ignored = 0  # rank outside 0 … num_workers−1
         self.num_speed_changes = 0  # detected, see _forget_before_speed_changes
+
+    def seed_shapes(self, shapes: Sequence[Optional[tuple[float, float, float]]]) -> None:
+        """Each rank's curve shape ``(α, β, τ)`` until its own records fix one (a rank whose
+        shape is already fixed keeps it; None, or a curve that is not one, seeds nothing)."""
+        if len(shapes) != self.num_workers:
+            raise ValueError(f"need one shape per rank: got {len(shapes)} for {self.num_workers} ranks")
+        for rank, shape in enumerate(shapes):
+            if shape is None or math.isfinite(self._shape_beta[rank]):
+                continue
+            alpha, beta, floor = (float(x) for x in shape)
+            if not (all(math.isfinite(x) for x in shape) and beta >= 0 and floor >= 0
+                    and max(floor, alpha + beta) > 0):
+                continue
+            self._shape_alpha_s[rank], self._shape_beta[rank], self._shape_floor_s[rank] = alpha, beta, floor
 
     # ------------------------------------------------------------------ feeding
     def add(self, records: Iterable[Mapping]) -> None:

@@ -214,6 +214,7 @@ class Planner:
         """Explicit split, else the policy's first plan from the measurements there are;
         sets the caps every later plan of this group respects."""
         version = self._next_version
+        self.balancer.seed_shapes(None)  # the curves this plan is made from, if any (below)
         self._memory_caps = self._group_memory_caps(num_workers, rank_node_ids, rank_device_kinds)
         if self.batch_split is not None and len(self.batch_split) == num_workers:
             self.policy.caps = None
@@ -231,6 +232,9 @@ class Planner:
                for r, f in enumerate(fits)]
         if any(own):
             capacities = _from_warm_up([f if o else None for f, o in zip(fits, own)], capacities)
+        self.balancer.seed_shapes(None if capacities is None else
+                                  [None if c is None else (c.alpha_s, c.beta_s_per_sample, c.floor_s)
+                                   for c in capacities])
         measured = capacities if capacities is not None and all(c is not None for c in capacities) else None
         if measured is None and self._first_plan_from_cores and rank_cpus is not None and rank_device_kinds:
             by_cores = core_capacities(rank_node_ids, rank_device_kinds, rank_cpus)

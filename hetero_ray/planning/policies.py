@@ -44,6 +44,13 @@ least ``se_forecast``, how far the levels measurably moved between decisions
 plan meets the next interval's levels, not this window's. Stale ranks (no recent records)
 keep their size; the rest is balanced around them. A plan with a rank over its cap (a CPU quota its node fills: see
 planning/quota.py) is moved whatever the gain: the cap says what the fitted curve cannot.
+
+A gain that beats the required one by less than ``confirm_below``× is adopted only when the
+decision before, under the same plan, saw one too: identical workers on a shared machine
+take turns being briefly slow, and early in a run, before the levels' drift is measured,
+one such turn can beat the bar at one decision (two of five 200-step runs moved once that
+way); the next decision no longer saw it. Devices that really differ beat the bar by far
+(adopted at once) or at every decision (adopted one interval later).
 """
 
 from __future__ import annotations
@@ -84,6 +91,9 @@ class PolicyConfig:
     min_local_batch_size: int = 1
     # Multiplier on the noise margin se·sqrt(2 ln n) added to the threshold (0: off).
     noise_margin: float = 1.0
+    # A gain below this multiple of the required gain is adopted only when the decision
+    # before, under the same plan, also saw one (1: at once): see the module docstring.
+    confirm_below: float = 2.0
 
     def __post_init__(self):
         validate.fraction_below_one("rebalance_threshold", self.rebalance_threshold, of="the step time")
@@ -92,6 +102,9 @@ class PolicyConfig:
         k = self.noise_margin
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k < math.inf:
             raise ConfigError(f"noise_margin must be a finite number ≥ 0, got {k!r}")
+        c = self.confirm_below
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 1 <= c < math.inf:
+            raise ConfigError(f"confirm_below must be a finite number ≥ 1, got {c!r}")
 
 
 @dataclass(frozen=True)
@@ -260,6 +273,7 @@ class _AdaptivePolicy(_BasePolicy):
     def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
         super().__init__(config, caps)
         self._level_forecast = LevelForecastNoise()
+        self._lead_under_version: Optional[int] = None  # a small gain seen under this plan (confirm_below)
 
     def _noise_margin(self, est: Estimates, usable: np.ndarray, level_forecast_se: float) -> float:
         """``k·se·sqrt(2 ln n)`` over the contenders (module docstring); each rank's relative
@@ -277,11 +291,14 @@ class _AdaptivePolicy(_BasePolicy):
         return self.config.noise_margin * max(selection, drift)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "level_forecast": self._level_forecast.state_dict()}
+        return {**super().state_dict(), "level_forecast": self._level_forecast.state_dict(),
+                "lead_under_version": self._lead_under_version}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._level_forecast.load_state_dict(state.get("level_forecast"))
+        lead = state.get("lead_under_version")
+        self._lead_under_version = None if lead is None else int(lead)
 
     def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
         """Shares by profiled throughput when there are capacities, else equal (within the caps)."""
@@ -388,6 +405,7 @@ class _AdaptivePolicy(_BasePolicy):
             out_note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
         stale_note = out_note + stale_note
         if tuple(proposal) == current.local_batch_sizes:
+            self._lead_under_version = None
             return self._keep(current, f"the current plan is already the best split{stale_note}",
                               est, global_step, **predictions)
         summary = (f"predicted step time {current_pred * 1e3:.2f} ms → {proposed_pred * 1e3:.2f} ms "
@@ -398,9 +416,14 @@ class _AdaptivePolicy(_BasePolicy):
             summary = (f"ranks {_short_list(np.asarray(over))} over their caps "
                        f"({', '.join(f'{int(b_now[r])} > {hi[r]}' for r in over[:8])}); {summary}")
         elif not gain > required:
+            self._lead_under_version = None
             return self._keep(current, f"keep: {summary}{stale_note}", est, global_step, **predictions)
+        elif gain < cfg.confirm_below * required and self._lead_under_version != current.version:
+            self._lead_under_version = current.version
+            return self._keep(current, f"keep until the next decision confirms it: {summary}, below "
+                              f"{cfg.confirm_below:g}× the required gain{stale_note}", est, global_step, **predictions)
         reason = f"{self.name}: {summary}{stale_note}"
-        self._last_adopted_step = global_step
+        self._last_adopted_step, self._lead_under_version = global_step, None
         return Decision(True, current.with_sizes(proposal, reason), reason, self.name, global_step,
                         estimates=est, **predictions)
 
