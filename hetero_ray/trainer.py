@@ -175,7 +175,7 @@ class HeteroTrainer:
             warmup_model=hetero.profile_model if ((hetero.emulate_speeds or device_mode != "cpu")
                                                   and hetero.profiles_nodes) or hetero.emulate_devices else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
-            allow_non_finite_loss=hetero.allow_non_finite_loss,
+            allow_non_finite_loss=hetero.allow_non_finite_loss, tables_to_uri=run.remote_run_uri is not None,
         )
         user = self._run_config
         run_config = RunConfig(

@@ -4,9 +4,11 @@ The metrics store writes the tables to a local folder while the run goes (Parque
 need a filesystem); Ray Train writes its checkpoints straight to the URI. Copied there only
 at the end, a driver that crashed left the URI with checkpoints and no tables, and a later
 ``fit()`` on another machine resumed from the checkpoint with empty tables and overwrote the
-URI's at its end: every step before the crash was gone. So the tables follow each
-checkpoint (:func:`upload_tables`, from the store once the checkpoint's rows are in), and a
-resume on a machine without them first takes them back (:func:`download_tables`).
+URI's at its end: every step before the crash was gone. So the tables go ahead of each
+checkpoint (:func:`upload_tables`, from the store once the checkpoint's rows are in and
+before the checkpoint is reported: copied after, a crash in between left a registered
+checkpoint past the steps the URI's tables held), and a resume on a machine without them
+first takes them back (:func:`download_tables`).
 """
 
 from __future__ import annotations

@@ -264,10 +264,11 @@ class MetricsStore:
         self._writer.flush()
 
     def checkpoint_reached(self) -> None:
-        """A checkpoint was registered, its step rows already here: on URI storage the
-        tables go there too, so a driver that crashes leaves them beside the checkpoint
-        (see :mod:`hetero_ray.metrics.remote_copy`). A copy that fails is said, and tried
-        again at the next checkpoint; training goes on."""
+        """A checkpoint is about to be reported, its step rows already here: on URI storage
+        the tables go there first, so a driver that crashes leaves them beside every
+        checkpoint Ray Train registered (training/reporting.py waits for this; see
+        :mod:`hetero_ray.metrics.remote_copy`). A copy that fails is said, and tried again at
+        the next checkpoint; training goes on."""
         if self._remote_run_uri is None or self._finalized:
             return
         self._writer.flush()

@@ -8,7 +8,8 @@ A report is ``ray.train.report`` with three things added:
   passes a checkpoint (all ranks agree on it with one all-gather), so a checkpoint from
   rank 0 alone — Ray Train's usual pattern — carries it;
 - the step rows recorded so far are in the metrics store before the checkpoint that
-  covers them is registered, so a crash right after it loses no step;
+  covers them is registered, so a crash right after it loses no step; on URI storage
+  they are at the URI by then too (a resume on another machine finds them);
 - the metrics also go to the run's ``reports`` table (rank 0), next to the step records.
 
 Every rank must call it the same number of times (``ray.train.report`` is a barrier).
@@ -39,6 +40,7 @@ STATE_DIR = "hetero_ray"  # inside each checkpoint
 STATE_FILE = "state.json"
 BALANCER_STATE_FILE = "balancer_state.json"
 STATE_FORMAT_VERSION = 1
+TABLE_COPY_TIMEOUT_S = 120.0  # the tables' copy to URI storage, before a checkpoint
 
 
 def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:
@@ -60,16 +62,32 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
             _write_state(session, checkpoint, position, loader)
         session.flush_records()
         dir_name = _checkpoint_dir_name(session, position.global_step, _restored_checkpoint_name())
+        if session.settings.tables_to_uri:
+            _copy_tables_before_the_checkpoint(session)
     if session.identity.rank == 0:
         session.store.add_report.remote({
             "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.identity.attempt,
             "wall_time": time.time(), "metrics": _json_metrics(metrics),
         })
     ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
-    if writer is not None and session.identity.rank == 0:
-        # Past the report's barrier every rank's rows are in the store: on URI storage the
-        # tables now follow the checkpoint there (metrics/remote_copy.py).
-        session.store.checkpoint_reached.remote()
+
+
+def _copy_tables_before_the_checkpoint(session: WorkerSession) -> None:
+    """Collective. On URI storage the tables reach it before Ray Train registers the
+    checkpoint (metrics/remote_copy.py). Copied after, a driver that died in between left
+    a resume on another machine a checkpoint past the steps the URI's tables held: the rows
+    of those steps were lost. Every rank has flushed its rows; this all-reduce says so to
+    rank 0, which has the store copy the tables and waits for it (a copy that fails or
+    outlasts the timeout is logged, and training goes on: the next checkpoint copies again)."""
+    flushed = torch.zeros(1, dtype=torch.int64, device=session.identity.collective_device)
+    dist.all_reduce(flushed)
+    if session.identity.rank != 0:
+        return
+    try:
+        ray.get(session.store.checkpoint_reached.remote(), timeout=TABLE_COPY_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - a slow or restarting store must not stop training
+        logger.warning("the run's tables did not reach the storage URI before this checkpoint (%s: %s); "
+                       "the next checkpoint copies them again", type(e).__name__, e)
 
 
 def check_loss_is_finite(loss, global_step: int, rank: int) -> None:

@@ -71,6 +71,7 @@ class WorkerSettings:
     # first plan (see runtime/node_profiling.py).
     first_plan_wait_s: float = 0.0
     allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/reporting.py)
+    tables_to_uri: bool = False  # URI storage: the tables reach it before each checkpoint (training/reporting.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
