@@ -9,7 +9,7 @@ local folder:
 - a plain path: the same folder as Ray Train's (``<storage>/<name>``), checkpoints beside
   the tables;
 - a URI: a local folder ``<output_dir>/<name>`` during the run, copied to
-  ``<storage>/<name>`` after every checkpoint and at the end with ``pyarrow.fs``, and
+  ``<storage>/<name>`` before every checkpoint is reported and at the end with ``pyarrow.fs``, and
   copied back by a resume on a machine that lacks them (:mod:`hetero_ray.metrics.remote_copy`;
   every URI takes this path, so a ``file://`` URI tests what ``s3://`` does).
 """
