@@ -255,9 +255,9 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
     run_remote = remote / uri_driver.NAME
     try:
         deadline = time.monotonic() + 240
-        # A checkpoint's tables are copied file by file after it is registered: wait until the
-        # copy holds the first steps' rows, not merely until its folder appeared (on a loaded
-        # machine the kill then landed mid-copy, before the step rows were there).
+        # A checkpoint's tables are copied file by file: wait until the copy holds the first
+        # steps' rows, not merely until its folder appeared (on a loaded machine the kill
+        # then landed mid-copy, before the step rows were there).
         while not (list(run_remote.glob("checkpoint_*")) and _uri_holds_step_zero(run_remote)):
             assert driver.poll() is None, "the first driver ended before it could be killed"
             assert time.monotonic() < deadline, "no checkpoint with its step rows reached the URI in 240 s"

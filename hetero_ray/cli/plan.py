@@ -236,9 +236,10 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     plan = planner.plan_for(len(rank_node_ids), rank_node_ids=rank_node_ids, rank_device_kinds=rank_kinds)
     sizes, reason = plan["local_batch_sizes"], plan.get("reason")
     capacities = rank_capacities(nodes, rank_node_ids, rank_kinds)
-    communication = None
+    communication, comm = None, None
     if allreduce_s is not None:
-        communication = with_communication(capacities, global_batch_size, allreduce_s)
+        comm = _comm_estimates(len(rank_node_ids), allreduce_s)
+        communication = with_communication(capacities, global_batch_size, comm, allreduce_s)
         if policy == "optimal":
             sizes, reason = communication["local_batch_sizes"], communication["reason"]
     gpu_index = _gpu_indices(nodes, rank_node_ids, rank_kinds)
@@ -247,7 +248,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
               "predicted_busy_time_s": c.busy_time_s(b) if b > 0 else 0.0}
              for r, (node_id, kind, b, c) in enumerate(zip(rank_node_ids, rank_kinds, sizes, capacities))]
     compute_s = max(r["predicted_busy_time_s"] for r in ranks)
-    comm_s = 0.0 if allreduce_s is None else _ring_scaled(allreduce_s, len(ranks), sum(1 for b in sizes if b > 0))
+    comm_s = 0.0 if comm is None else comm.cost_s(r for r, b in enumerate(sizes) if b > 0)
     step_time_s = compute_s + comm_s
     return {
         "profile": profile_path, "model": document.get("model"), "global_batch_size": global_batch_size,
@@ -259,17 +260,26 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     }
 
 
-def with_communication(capacities, global_batch_size: int, allreduce_s: float) -> dict[str, Any]:
+def _comm_estimates(num_ranks: int, allreduce_s: float):
+    """The balancer's own all-reduce estimates (:mod:`hetero_ray.planning.comm`), holding
+    one measurement: every rank together. A smaller group is scaled from it by a ring's
+    hops, as the balancer's first guess is; one rank communicates nothing."""
+    from hetero_ray.planning.comm import CommEstimates
+
+    comm = CommEstimates(window_steps=1, min_steps=1)
+    comm.add(range(num_ranks), allreduce_s)
+    return comm
+
+
+def with_communication(capacities, global_batch_size: int, comm, allreduce_s: float) -> dict[str, Any]:
     """The optimal policy's plan once the all-reduce of every rank is known: the group and
     split minimising ``max t_i(b_i) + c(G)`` (:func:`subset.solve_subset_split`, rank 0
-    always in), with ``c`` of a smaller group scaled by a ring's hops as the balancer's
-    first guess scales it (:mod:`hetero_ray.planning.comm`)."""
+    always in), ``c`` from ``comm`` (:func:`_comm_estimates`)."""
     from hetero_ray.planning.policies import PolicyConfig
     from hetero_ray.planning.subset import solve_subset_split
 
-    n = len(capacities)
     result = solve_subset_split([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
-                                global_batch_size, lambda group: _ring_scaled(allreduce_s, n, len(group)),
+                                global_batch_size, comm.cost_s,
                                 PolicyConfig().min_local_batch_size, [c.max_batch_size for c in capacities],
                                 [c.floor_s for c in capacities], must_include=[0])
     out = ", ".join(str(r) for r in result.left_out)
@@ -279,14 +289,6 @@ def with_communication(capacities, global_batch_size: int, allreduce_s: float) -
                  f"{result.all_ranks_step_time_s * 1e3:.3f} ms with every rank in)" if out else "every rank in"))
     return {"local_batch_sizes": list(result.local_batch_sizes), "reason": reason,
             "all_ranks_step_time_s": result.all_ranks_step_time_s}
-
-
-def _ring_scaled(allreduce_s: float, num_ranks: int, group_size: int) -> float:
-    """``c`` of a group of ``group_size`` ranks from that of all ``num_ranks``: a ring's
-    ``2(k − 1)`` hops (comm.py); one rank communicates nothing."""
-    if group_size <= 1 or num_ranks <= 1:
-        return 0.0
-    return allreduce_s * (group_size - 1) / (num_ranks - 1)
 
 
 def _gpu_indices(nodes, rank_node_ids, rank_kinds) -> list[int]:

@@ -85,9 +85,10 @@ def download_tables(remote_run_uri: str, run_dir: str) -> list[str]:
     return sorted(copied)
 
 
-def holds_tables(remote_run_uri: str, marker: str) -> bool:
-    """Whether ``remote_run_uri`` holds the file ``marker`` of a run's tables."""
+def holds_file(remote_run_uri: str, name: str) -> bool:
+    """Whether the run's folder at ``remote_run_uri`` holds ``name`` (a table's file, or Ray
+    Train's snapshot)."""
     import pyarrow.fs
 
     filesystem, path = pyarrow.fs.FileSystem.from_uri(remote_run_uri)
-    return filesystem.get_file_info(f"{path}/{marker}").type != pyarrow.fs.FileType.NotFound
+    return filesystem.get_file_info(f"{path}/{name}").type != pyarrow.fs.FileType.NotFound

@@ -34,26 +34,22 @@ class RunStorage:
     name: str
     storage_path: str  # what Ray Train is given
     run_dir: str  # local folder of hetero_ray's tables
-    remote_run_uri: Optional[str] = None  # where the tables are copied at the end (URI storage)
+    remote_run_uri: Optional[str] = None  # where the tables are copied with each checkpoint (URI storage)
 
     def continues_a_run(self) -> bool:
         """fit() continues a run of this name: Ray Train has its snapshot, or (URI storage)
-        the URI holds the run's tables. They are copied there only once a checkpoint was
-        registered, and a crashed driver's Ray Train controller can write its snapshot a
-        moment after a new fit() looked: Ray then resumed while the tables, not taken back,
-        were overwritten by the resumed run's."""
+        the URI holds the run's tables. They reach the URI only with a checkpoint, and a
+        crashed driver's Ray Train controller can write its snapshot a moment after a new
+        fit() looked: Ray then resumed while the tables, not taken back, were overwritten by
+        the resumed run's."""
         return self.has_ray_snapshot() or (self.remote_run_uri is not None
-                                           and remote_copy.holds_tables(self.remote_run_uri, ATTEMPTS_FILE))
+                                           and remote_copy.holds_file(self.remote_run_uri, ATTEMPTS_FILE))
 
     def has_ray_snapshot(self) -> bool:
         """Ray Train restores a run with this name from its snapshot (a resume)."""
         if self.remote_run_uri is None:
             return os.path.exists(os.path.join(self.run_dir, RAY_CHECKPOINT_SNAPSHOT))
-        import pyarrow.fs
-
-        filesystem, path = pyarrow.fs.FileSystem.from_uri(self.remote_run_uri)
-        info = filesystem.get_file_info(f"{path}/{RAY_CHECKPOINT_SNAPSHOT}")
-        return info.type != pyarrow.fs.FileType.NotFound
+        return remote_copy.holds_file(self.remote_run_uri, RAY_CHECKPOINT_SNAPSHOT)
 
 
 def upload(run_dir: str, remote_run_uri: str) -> None:
