@@ -157,7 +157,9 @@ def jitter_ceiling(steps: pd.DataFrame, since_step: int) -> float:
         return float("nan")
     mean_busy = rows.groupby(["rank", "local_batch_size"])["busy_time_s"].transform("mean")
     relative = rows["busy_time_s"] / mean_busy  # x_i,s: 1 is this rank's usual pace
-    return float(1.0 / relative.groupby(rows["global_step"]).max().mean())
+    # ≤ 1 by construction (each step's max of ratios that average 1); without jitter the
+    # division rounds to 1.0000000000000002
+    return min(1.0, float(1.0 / relative.groupby(rows["global_step"]).max().mean()))
 
 
 def efficiency_factors(steps: pd.DataFrame, since_step: int, samples_per_s: float,
