@@ -111,6 +111,24 @@ def test_decides_before_the_workers_reach_the_rebalance_point():
     assert [step for _, step in decided_at] == [19, 29, 49, 69, 89, 109]
 
 
+def test_a_pause_without_steps_does_not_push_the_next_decisions_past_their_points():
+    # As above, with a 20 s evaluation between steps 59 and 60, in which no step runs.
+    # Counted in seconds, that gap between two batches made the lead 210 steps: no point
+    # after it had a decision.
+    balancer = new_balancer("static", interval=20)
+    sim, decided_at, clock = cluster(), [], 0.0
+    for batch in range(1, 13):
+        if batch == 7:
+            clock += 20.0  # the evaluation
+        rows = []
+        for step in range(10 * (batch - 1), 10 * batch):
+            clock += 0.1
+            for row in step_rows(sim, step, [24, 24, 24, 24], 0):
+                rows.append({**row, "step_time_s": 0.1, "wall_time": clock})
+        decided_at += [r["global_step"] for r in balancer.add_steps(rows, now=clock).decision_rows]
+    assert decided_at == [19, 29, 49, 69, 89, 109], decided_at
+
+
 def test_an_epochs_short_last_step_is_not_taken_for_the_plan():
     # 96 per step, but step 9 ends the epoch with 48: deciding on 24/12/8/4 would take it
     # for the plan (and propose one for the wrong global batch). The decision is made on
@@ -379,3 +397,26 @@ def test_a_plan_is_not_reverted_when_the_whole_machine_slowed_down():
     _, _, history = _turns_worse_run(slow_ranks_too=True)
     assert history and history[0][1][0] > 24, history
     assert not [h for h in history if h[2].startswith(("revert", "rollback"))], history
+
+
+def test_each_decision_row_says_what_the_step_took_beyond_the_prediction():
+    """rest_of_step_s: mean step time − slowest rank's mean busy − mean all-reduce, on the
+    plan decided on: the optimizer and loop, and each step waiting for its unluckiest rank."""
+    balancer = new_balancer(policy="static", interval=10)
+    rows = []
+    for step in range(40):
+        busy = [0.010, 0.010, 0.010, 0.010]
+        busy[step % 4] = 0.014  # each step one rank is 4 ms slower: mean busy 11 ms, slowest 14 ms
+        step_rows_now = [{"rank": r, "global_step": step, "local_batch_size": 24, "busy_time_s": t,
+                          "wait_time_s": 0.014 - t + 0.002, "step_time_s": 0.014 + 0.002 + 0.003,
+                          "plan_version": 0, "attempt": 0} for r, t in enumerate(busy)]
+        rows += balancer.add_steps(step_rows_now).decision_rows
+    assert rows
+    for row in rows:  # 19 ms a step = 11 ms mean busy + 2 ms all-reduce + 3 ms optimizer + 3 ms jitter
+        assert abs(row["rest_of_step_s"] - 0.006) < 1e-3, row["rest_of_step_s"]
+
+
+def test_without_step_times_the_rest_of_the_step_is_unknown():
+    balancer = new_balancer(policy="static", interval=10)
+    rows, _, _ = drive(balancer, cluster(), steps=40, sizes=[24] * 4)
+    assert rows and all(row["rest_of_step_s"] is None for row in rows)

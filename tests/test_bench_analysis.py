@@ -136,6 +136,7 @@ def test_a_cold_start_is_measured_against_the_profiled_run_and_timed_to_its_fina
     assert never["of_profiled"] == pytest.approx(0.25) and never["steps_to_95pct"] is not None  # at once: no change
 
 
+@pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
     out = tmp_path / "bench.json"

@@ -40,4 +40,14 @@ def test_predicted_against_the_steps_after_the_last_decision_on_the_final_plan()
     assert pvm["decided_at"] == 39 and pvm["num_steps"] == 10
     # rank 1's busy is 1.0·t on even steps and 1.1·t on odd ones: mean 1.05·t, each step's max the same
     assert pvm["vs_slowest_rank_mean_busy"] == pytest.approx(1 / 1.05)
+    assert pvm["vs_mean_step_time"] == pytest.approx(1.0)  # no rest of the step measured: none added
+
+
+def test_the_step_time_predicted_adds_the_rest_of_the_step_measured_before_the_decision():
+    steps = steps_table([0] * 40, {0: 0.1})
+    decisions = pd.DataFrame([{"global_step": 19, "plan_version": 0, "adopted": False,
+                               "current_predicted_step_time_s": 0.08, "rest_of_step_s": 0.02}])
+    pvm = predicted_vs_measured(steps, decisions, interval=10)
+    assert pvm["predicted_step_time_s"] == pytest.approx(0.1)
     assert pvm["vs_mean_step_time"] == pytest.approx(1.0)
+    assert pvm["vs_mean_slowest_busy"] == pytest.approx(0.08 / 0.105)  # rank 1: 1.0·t and 1.1·t in turn

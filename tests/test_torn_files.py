@@ -216,3 +216,19 @@ def test_the_dashboards_table_cache_skips_a_torn_part_and_reads_the_rest(tmp_pat
     run_files.write_part(run_dir, "steps", pa.Table.from_pylist([step_row(1, 0)], schema=SCHEMAS["steps"]), 4)
     df, _ = cache.read(run_dir, "steps")
     assert _pairs(df) == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_a_table_written_before_a_column_was_added_merges_with_the_column_null(tmp_path):
+    """A run resumed by a newer version that added no row to the table: its merged file,
+    merged again at the end, lacks the newest column."""
+    run_dir = str(tmp_path)
+    old_schema = SCHEMAS["decisions"].remove(SCHEMAS["decisions"].get_field_index("rest_of_step_s"))
+    row = {"global_step": 8, "policy": "optimal", "adopted": False, "reason": "keep", "plan_version": 0,
+           "local_batch_sizes": [8, 8], "predicted_step_time_s": 0.1, "wall_time": 1.0}
+    run_files.write_table(run_files.table_path(run_dir, "decisions"),
+                          pa.Table.from_pylist([row], schema=old_schema))
+
+    run_files.merge_parts(run_dir, "decisions")
+
+    merged = run_files.read_table(run_dir, "decisions")
+    assert merged["global_step"].tolist() == [8] and pd.isna(merged["rest_of_step_s"].iloc[0])

@@ -74,6 +74,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("predicted_gain", _f64), ("achieved_step_time_s", _f64), ("wall_time", _f64),
         # Ranks the proposal leaves out, and its prediction with every rank in (planning/subset.py).
         ("left_out_ranks", pa.list_(_i64)), ("all_ranks_predicted_step_time_s", _f64),
+        # The step time beyond the prediction's max_i t_i + c, measured (planning/balancer.py).
+        ("rest_of_step_s", _f64),
     ]),
     # global_step: the last step completed when the report was made (-1 before the first),
     # so a report that carried a checkpoint stays on the trajectory of a restarted run.

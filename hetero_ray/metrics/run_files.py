@@ -255,6 +255,9 @@ def merge_parts(run_dir: str, table: str) -> Optional[str]:
     raw, part_paths, torn = _read_raw(run_dir, table)
     _set_aside(torn)
     df = _effective(run_dir, table, raw)
+    for name in SCHEMAS[table].names:  # a file written before a column was added: null there
+        if name not in df.columns:
+            df[name] = None
     sort_keys = [k for k in ("global_step", "rank", "sample_index") if k in df.columns]
     if sort_keys and not df.empty:
         df = df.sort_values(sort_keys, kind="stable").reset_index(drop=True)

@@ -11,12 +11,15 @@ decision made when the records *reach* a rebalance point is a point late: the wo
 have passed it and the plan waits a whole interval. So the balancer decides for the next
 point ``B`` as soon as the records after this batch would arrive too late:
 
-    g = newest step every rank has reported;  lead = ⌈(lag + gap) / step time⌉ + 1
+    g = newest step every rank has reported;  lead = ⌈lag / step time⌉ + gap + 1
     if g + lead ≥ B and the last adopted proposal is in force (or none is pending):
         decision = policy.decide(plan in force, estimates, g);  B = next point after g + lead
 
 with ``lag`` how old step ``g`` already is (its wall time against the clock now) and
-``gap`` the time between record batches. Without wall times it decides at ``g = B − 1``.
+``gap`` the most steps the workers ran between two of the last few record batches.
+Counted in steps, not seconds: a pause in which no step runs (an evaluation, a
+checkpoint) would otherwise count as many steps and push the next decisions past several
+points. Without step times it decides at ``g = B − 1``.
 
 An adopted decision's row waits until the new plan has run ``achieved_window_steps``
 complete steps; then its ``achieved_step_time_s`` (the slowest rank's busy time plus the
@@ -24,6 +27,13 @@ step's all-reduce time, ``max_{i∈G} t_i + c(G)`` over the ranks in, over those
 their kept mean: :func:`~hetero_ray.planning.cost_model.kept_mean_s`, which rejects isolated spikes but, unlike a median, counts a slow mode that recurs — a
 device stalling into its CPU quota's next period every other step) is filled in and the
 row is emitted, prediction and outcome side by side.
+
+Every decision row also carries ``rest_of_step_s``: how much longer the plan decided on
+took a step, over its newest complete steps, than its slowest rank's mean busy time plus
+the mean all-reduce — the optimizer, the loop, and the jitter of each step waiting for
+its unluckiest rank, which curves of mean busy times leave out. No split changes it
+much, so plans are compared without it; added to a prediction it gives the step time a
+person measures.
 
 A worse plan is never kept. A cost line fitted at one batch size can mislead at another
 (under a CPU quota a device looks fast while its step fits in the quota's burst), so a
@@ -75,7 +85,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.quota import QuotaCaps
 
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
-_GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches
+_GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches (in steps)
 _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the lag
 # A plan whose step is this much slower than its predecessor's is rolled back. Below the
 # 10 % a user would call "worse", with room for the measurements' own noise.
@@ -180,6 +190,7 @@ class _StepInfo:
         return self.max_busy_time_s + (self.comm_time_s if math.isfinite(self.comm_time_s) else 0.0)
 
 
+
 class Balancer:
     def __init__(self, policy: Policy, rebalance_interval: int, window_steps: int = 32,
                  achieved_window_steps: Optional[int] = None, global_batch_size: Optional[int] = None):
@@ -198,8 +209,7 @@ class Balancer:
         self.comm = CommEstimates()  # c(G) of the groups of ranks in (planning/comm.py)
         self._steps: collections.OrderedDict[int, _StepInfo] = collections.OrderedDict()
         self._next_point = 0  # the rebalance point the next decision is for
-        self._last_arrival: Optional[float] = None
-        self._gaps_s: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
+        self._gap_steps: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
         self._newest_complete = -1
         self._end_global_step: Optional[int] = None
         self._full_window = 0  # the largest batch of a complete step: the global batch
@@ -232,8 +242,8 @@ class Balancer:
         self._next_point = self._point_after(start_global_step)
         self._end_global_step = end_global_step
         self._waiting_since_version = None
-        self._last_arrival, self._newest_complete, self._full_window = None, -1, 0
-        self._gaps_s.clear()
+        self._newest_complete, self._full_window = -1, 0
+        self._gap_steps.clear()
         self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
         self._in_force = None
         self._quota_caps = QuotaCaps(num_workers)
@@ -286,10 +296,9 @@ class Balancer:
                 newest_complete = max(newest_complete or -1, row["global_step"])
         if newest_complete is None or newest_complete <= self._newest_complete:
             return out
+        if self._newest_complete >= 0:
+            self._gap_steps.append(newest_complete - self._newest_complete)
         self._newest_complete = newest_complete
-        if self._last_arrival is not None:
-            self._gaps_s.append(now - self._last_arrival)
-        self._last_arrival = now
         if self._end_global_step is not None and self._next_point >= self._end_global_step:
             return out  # the run ends before the next point: nothing left to decide for
         reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
@@ -310,8 +319,7 @@ class Balancer:
         step_s = statistics.median(recent)
         lag_s = now - info.wall_time
         lag_s = lag_s if 0.0 <= lag_s <= _MAX_LAG_S else 0.0  # unknown, or clocks that disagree
-        gap_s = max(self._gaps_s, default=0.0)
-        return math.ceil((lag_s + gap_s) / step_s) + 1
+        return math.ceil(lag_s / step_s) + max(self._gap_steps, default=0) + 1
 
     def _on_complete_step(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> None:
         if self._is_full(info.local_batch_sizes.values()):  # a short last window is no plan's group
@@ -357,7 +365,8 @@ class Balancer:
                                 "them before moving again", self.policy.name, global_step)
         else:
             decision = self._policy_decides(current, global_step)
-        row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time()}
+        row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time(),
+               "rest_of_step_s": self._rest_of_step_s(info.plan_version)}
         if decision.adopt:
             row["plan_version"] = None  # the planner's to give (Proposal.numbered)
             out.new_plans.append(Proposal(decision.plan.local_batch_sizes, decision.plan.reason, row))
@@ -431,6 +440,22 @@ class Balancer:
                  if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
         times = times[-num_steps:]
         return kept_mean_s(times) if len(times) == num_steps else None
+
+    def _rest_of_step_s(self, version: int) -> Optional[float]:
+        """The mean step time of ``version``'s newest complete steps (at most
+        ``window_steps``) beyond its slowest rank's mean busy time and the mean all-reduce:
+        what a prediction from mean curves leaves out (None: fewer than 3 steps)."""
+        infos = [i for i in self._steps.values()
+                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0
+                 and math.isfinite(i.step_time_s) and self._is_full(i.local_batch_sizes.values())]
+        infos = infos[-self.window_steps:]
+        if len(infos) < 3:
+            return None
+        ranks_in = [r for r, b in infos[-1].local_batch_sizes.items() if b > 0]
+        slowest_busy_s = max(statistics.fmean(i.busy_time_s.get(r, 0.0) for i in infos) for r in ranks_in)
+        comm = [i.comm_time_s for i in infos if math.isfinite(i.comm_time_s)]
+        comm_s = statistics.fmean(comm) if comm else 0.0
+        return max(0.0, statistics.fmean(i.step_time_s for i in infos) - slowest_busy_s - comm_s)
 
     def _rolled_back(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> bool:
         """Judges the adopted plan against its predecessor once (see the module docstring);

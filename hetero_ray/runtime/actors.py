@@ -24,12 +24,17 @@ from hetero_ray.constants import (
     PARQUET_FLUSH_INTERVAL_S_ENV_VAR, PLANNER_ROLE, RAY_NAMESPACE, STORE_MAX_RECENT_STEPS_ENV_VAR, actor_name,
     env_float,
 )
-from hetero_ray.errors import UserError
+from hetero_ray.errors import TrainingFailed, UserError
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.runtime.planner_actor import PlannerActor
 
 EXPERIMENT_ROLES = (METRICS_STORE_ROLE, PLANNER_ROLE)  # what every run starts
 _KILL_WAIT_S = 30.0  # a killed actor is gone in well under a second; this only bounds a hung GCS
+# Starting an actor's process (a Python with torch imported) takes seconds on an idle
+# machine and can take minutes on a loaded one: the calls after it, with their own short
+# timeouts, only start once it is up.
+ACTOR_START_TIMEOUT_S = 300.0
+_ACTOR_START_NOTE_S = 15.0  # how long a start may take before the wait says what it waits for
 
 
 def check_name_free(experiment_name: str, option: str) -> None:
@@ -60,7 +65,7 @@ def _name_taken(experiment_name: str, option: str, actor_names: list[str]) -> st
 
 def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
                 node_id: Optional[str] = None, **kwargs: Any) -> "ray.actor.ActorHandle":
-    """Starts the experiment's actor for ``role``.
+    """Starts the experiment's actor for ``role`` and returns once it is up.
 
     Args:
         node_id: pin the actor to this node (e.g. the driver's, where the run directory is).
@@ -68,6 +73,7 @@ def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
     Raises:
         UserError: the name is taken: another run of this experiment started in the moment
             since :func:`check_name_free` (never attach to its actors).
+        TrainingFailed: it did not start within :data:`ACTOR_START_TIMEOUT_S`.
     """
     name = actor_name(experiment_name, role)
     options: dict[str, Any] = dict(
@@ -80,9 +86,30 @@ def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     try:
-        return ray.remote(cls).options(**options).remote(*args, **kwargs)
+        handle = ray.remote(cls).options(**options).remote(*args, **kwargs)
     except ray.exceptions.ActorAlreadyExistsError:
         raise UserError(_name_taken(experiment_name, "experiment name", [name])) from None
+    try:
+        _wait_until_started(handle, name)
+    except BaseException:
+        kill_actor(handle)  # its name must not block the next run
+        raise
+    return handle
+
+
+def _wait_until_started(handle, name: str) -> None:
+    ready = handle.__ray_ready__.remote()
+    if ray.wait([ready], timeout=_ACTOR_START_NOTE_S)[0]:
+        ray.get(ready)  # raises what its constructor raised
+        return
+    print(f"[hetero_ray] waiting for the run's actor {name} to start (a loaded machine; at most "
+          f"{ACTOR_START_TIMEOUT_S:.0f} s)", flush=True)
+    try:
+        ray.get(ready, timeout=ACTOR_START_TIMEOUT_S - _ACTOR_START_NOTE_S)
+    except ray.exceptions.GetTimeoutError:
+        raise TrainingFailed(f"the run's actor {name} did not start within {ACTOR_START_TIMEOUT_S:.0f} s; "
+                             "`ray status` shows whether the cluster is short of memory or its nodes are "
+                             "overloaded") from None
 
 
 def get_actor(experiment_name: str, role: str) -> "ray.actor.ActorHandle":

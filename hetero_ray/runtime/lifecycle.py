@@ -76,7 +76,11 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
     """
     node_id = ray.get_runtime_context().get_node_id()
     store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri)
-    planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
+    try:
+        planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
+    except BaseException:
+        actors.kill_actor(store)  # the run's name must not stay taken
+        raise
     started = time.time()
     error: Optional[BaseException] = None
     result = None

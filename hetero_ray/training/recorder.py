@@ -2,7 +2,8 @@
 
 A remote call per step and rank would cost more than small steps themselves; records are
 buffered and sent at most every ``flush_interval_s``. Training never waits for the
-store, except once at the end (:meth:`close`) so that the last rows are not lost.
+store, except where a later event must find every row there (:meth:`close`: before a
+checkpoint is reported, and at the end).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class StepRecorder:
         self._steps: list[dict] = []
         self._sample_ids: list[dict] = []
         self._last_send = time.monotonic()
+        self._last_sent = None  # the store call of the last send, perhaps still in flight
 
     def record(self, step_row: dict, sample_ids: Optional[dict] = None) -> None:
         self._steps.append(step_row)
@@ -38,9 +40,15 @@ class StepRecorder:
         self._steps, self._sample_ids = [], []
         for sink in self._sinks:
             sink.add_steps.remote(steps)
-        return self._store.add.remote(steps=steps, sample_ids=sample_ids)
+        self._last_sent = self._store.add.remote(steps=steps, sample_ids=sample_ids)
+        return self._last_sent
 
     def close(self, timeout_s: float = 30.0) -> None:
-        ref = self.send()
-        if ref is not None:
-            ray.get(ref, timeout=timeout_s)
+        """Returns once every row recorded so far is in the store. It waits for the last
+        call sent, even with nothing new buffered: a periodic send can still be in flight,
+        and another caller's call (rank 0's "checkpoint reached") may overtake it, since
+        Ray orders an actor's calls per caller only. The store runs one call at a time, so
+        the last call done means every earlier one of this caller is done."""
+        self.send()
+        if self._last_sent is not None:
+            ray.get(self._last_sent, timeout=timeout_s)
