@@ -42,12 +42,19 @@ def _pid(actor_instance) -> int:
 
 
 def crash(actor) -> None:
-    """Kills the actor's process as a crash would, and waits for Ray's replacement."""
+    """Kills the actor's process as a crash would, and waits for Ray's replacement (a new
+    process importing torch: minutes on a loaded machine, so the wait is a start's)."""
     before = ray.get(actor.__ray_call__.remote(_pid), timeout=30)
     ray.kill(actor, no_restart=False)
-    deadline = time.monotonic() + 60
-    while ray.get(actor.__ray_call__.remote(_pid), timeout=60) == before:  # calls wait for the restart
-        assert time.monotonic() < deadline, "the actor did not come back"
+    wait_s = actors.ACTOR_START_TIMEOUT_S
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if ray.get(actor.__ray_call__.remote(_pid), timeout=wait_s) != before:  # calls wait for the restart
+                return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        assert time.monotonic() < deadline, f"the actor did not come back within {wait_s:.0f} s"
         time.sleep(0.1)
 
 

@@ -126,10 +126,15 @@ def crash_planner(experiment: str) -> dict:
     """Kills the run's planner as a crash would (Ray restarts it) and returns the restarted
     planner's info. ray.kill returns before the actor is gone: a call made at once can still
     reach the dying one, so ask until the restarted actor answers (or the deadline passes)."""
+    from hetero_ray.runtime.actors import ACTOR_START_TIMEOUT_S  # a restart is a start: minutes when loaded
+
     ray.kill(get_actor(experiment, PLANNER_ROLE), no_restart=False)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
     while True:
-        info = ray.get(get_actor(experiment, PLANNER_ROLE).info.remote(), timeout=60)
+        try:
+            info = ray.get(get_actor(experiment, PLANNER_ROLE).info.remote(), timeout=ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            info = {"restored_from": None}
         if info["restored_from"] or time.monotonic() > deadline:
             return info
         time.sleep(0.2)
