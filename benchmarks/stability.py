@@ -17,8 +17,10 @@ Prints, per run:
 
 Predicted ÷ measured: the prediction is the last decision's for the plan in force
 (``current_predicted_step_time_s``: ``max_i t_i(b_i) + c(G)`` from the fitted curves and
-the learned all-reduce), measured on that plan's steps after the decision (up to one
-interval; before it, where the run ended too soon). Its compute part is set against the
+the learned all-reduce) — or, for a plan adopted too late for a later decision, the
+prediction that adopted it (``predicted_step_time_s``, made before it ran) — measured on
+that plan's steps after the decision (up to one interval; before it, where the run ended
+too soon). Its compute part is set against the
 slowest rank's mean busy time and the mean of each step's slowest busy time (each step
 waits for its unluckiest rank). The step time it predicts adds the decision's
 ``rest_of_step_s`` — what the plan's steps before the decision took beyond ``max_i t_i +
@@ -87,12 +89,19 @@ def predicted_vs_measured(steps: pd.DataFrame, decisions: pd.DataFrame, interval
     if steps.empty or decisions.empty:
         return None
     final_version = int(steps.loc[steps["global_step"].idxmax(), "plan_version"])
-    kept = decisions[(decisions["plan_version"] == final_version) & ~decisions["adopted"].astype(bool)
-                     & decisions["current_predicted_step_time_s"].notna()]
-    if kept.empty:
+    # tables from before a column: as if it were null
+    mine_rows = decisions[decisions["plan_version"] == final_version].reindex(
+        columns=[*decisions.columns, *({"predicted_step_time_s", "rest_of_step_s"} - set(decisions.columns))])
+    adopted = mine_rows["adopted"].astype(bool)
+    kept = mine_rows[~adopted & mine_rows["current_predicted_step_time_s"].notna()]
+    # A plan adopted too late for a decision to keep it: its proposal's own prediction, made
+    # before it ran (a rollback's row predicts nothing: it has no rest of the step).
+    proposed = mine_rows[adopted & mine_rows["predicted_step_time_s"].notna() & mine_rows["rest_of_step_s"].notna()]
+    if kept.empty and proposed.empty:
         return None
-    last = kept.sort_values("global_step").iloc[-1]
-    predicted = float(last["current_predicted_step_time_s"])
+    basis, column = ("kept", "current_predicted_step_time_s") if not kept.empty else ("adopted", "predicted_step_time_s")
+    last = (kept if not kept.empty else proposed).sort_values("global_step").iloc[-1]
+    predicted = float(last[column])
     rest = last.get("rest_of_step_s")
     rest = float(rest) if rest is not None and pd.notna(rest) else 0.0  # tables from before the column: none
     mine = steps[steps["plan_version"] == final_version]
@@ -101,7 +110,8 @@ def predicted_vs_measured(steps: pd.DataFrame, decisions: pd.DataFrame, interval
         mine[mine["global_step"] > mine["global_step"].max() - interval])
     slowest_mean = float(window.groupby("rank")["busy_time_s"].mean().max())
     per_step = window.groupby("global_step").agg(busy=("busy_time_s", "max"), step=("step_time_s", "max"))
-    return {"plan_version": final_version, "decided_at": int(last["global_step"]), "predicted_s": predicted,
+    return {"plan_version": final_version, "decided_at": int(last["global_step"]), "basis": basis,
+            "predicted_s": predicted,
             "rest_of_step_s": rest, "predicted_step_time_s": predicted + rest, "num_steps": int(len(per_step)),
             "slowest_rank_mean_busy_s": slowest_mean, "mean_slowest_busy_s": float(per_step["busy"].mean()),
             "mean_step_time_s": float(per_step["step"].mean()),

@@ -51,3 +51,24 @@ def test_the_step_time_predicted_adds_the_rest_of_the_step_measured_before_the_d
     assert pvm["predicted_step_time_s"] == pytest.approx(0.1)
     assert pvm["vs_mean_step_time"] == pytest.approx(1.0)
     assert pvm["vs_mean_slowest_busy"] == pytest.approx(0.08 / 0.105)  # rank 1: 1.0·t and 1.1·t in turn
+
+
+def test_a_plan_adopted_too_late_to_be_kept_is_judged_by_the_prediction_that_adopted_it():
+    steps = steps_table([0] * 40 + [1] * 10, {0: 0.2, 1: 0.1})
+    decisions = pd.DataFrame([
+        {"global_step": 19, "plan_version": 0, "adopted": False, "current_predicted_step_time_s": 0.2,
+         "predicted_step_time_s": 0.1, "rest_of_step_s": 0.01},
+        {"global_step": 39, "plan_version": 1, "adopted": True, "current_predicted_step_time_s": 0.2,
+         "predicted_step_time_s": 0.09, "rest_of_step_s": 0.01},
+    ])
+    pvm = predicted_vs_measured(steps, decisions, interval=20)
+    assert pvm["basis"] == "adopted" and pvm["decided_at"] == 39 and pvm["num_steps"] == 10
+    assert pvm["vs_mean_step_time"] == pytest.approx(1.0)
+
+
+def test_a_rollback_predicts_nothing():
+    steps = steps_table([0] * 40 + [1] * 10, {0: 0.2, 1: 0.1})
+    decisions = pd.DataFrame([{"global_step": 39, "plan_version": 1, "adopted": True,
+                               "current_predicted_step_time_s": 0.2, "predicted_step_time_s": 0.1,
+                               "rest_of_step_s": None}])
+    assert predicted_vs_measured(steps, decisions, interval=20) is None
