@@ -89,3 +89,20 @@ def test_a_fit_that_looks_before_ray_trains_snapshot_is_written_still_takes_the_
     _write(remote / "run" / "attempts.json", "[]")
     _write(remote / "run" / "checkpoint_000000003" / "state.pt")
     assert not run.has_ray_snapshot() and run.continues_a_run()
+
+
+def test_the_store_says_when_the_tables_did_not_reach_the_uri(tmp_path):
+    """checkpoint_reached is False when the copy fails, so that rank 0 leaves the checkpoint
+    unreported (training/reporting.py): a resume from it would lack its steps' rows."""
+    from hetero_ray.metrics.store import MetricsStore
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the run's folder would go")
+    for name in ("run-a", "run-b"):
+        (tmp_path / name).mkdir()  # the driver makes the run's folder before its store
+    good = MetricsStore(str(tmp_path / "run-a"), "a", remote_run_uri=f"file://{tmp_path / 'bucket' / 'a'}")
+    bad = MetricsStore(str(tmp_path / "run-b"), "b", remote_run_uri=f"file://{blocker / 'b'}")
+    for store in (good, bad):
+        store.begin_attempt(0, 1)
+    assert good.checkpoint_reached() is True
+    assert bad.checkpoint_reached() is False

@@ -263,20 +263,22 @@ class MetricsStore:
         """Pending rows become Parquet parts (see :meth:`RunWriter.flush`)."""
         self._writer.flush()
 
-    def checkpoint_reached(self) -> None:
+    def checkpoint_reached(self) -> bool:
         """A checkpoint is about to be reported, its step rows already here: on URI storage
         the tables go there first, so a driver that crashes leaves them beside every
         checkpoint Ray Train registered (training/reporting.py waits for this; see
-        :mod:`hetero_ray.metrics.remote_copy`). A copy that fails is said, and tried again at
-        the next checkpoint; training goes on."""
+        :mod:`hetero_ray.metrics.remote_copy`). False when the copy failed (said here): the
+        checkpoint is then not reported, and the next one copies again."""
         if self._remote_run_uri is None or self._finalized:
-            return
+            return True
         self._writer.flush()
         try:
             remote_copy.upload_tables(self.run_dir, self._remote_run_uri)
         except OSError as e:
             logger.warning("the run's tables could not be copied to %s (%s); trying again at the next checkpoint",
                            self._remote_run_uri, e)
+            return False
+        return True
 
     def finalize(self) -> dict[str, Optional[str]]:
         """Writes what is pending and merges every table into its final Parquet file.

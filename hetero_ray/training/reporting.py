@@ -9,7 +9,8 @@ A report is ``ray.train.report`` with three things added:
   rank 0 alone — Ray Train's usual pattern — carries it;
 - the step rows recorded so far are in the metrics store before the checkpoint that
   covers them is registered, so a crash right after it loses no step; on URI storage
-  they are at the URI by then too (a resume on another machine finds them);
+  they are at the URI by then too (a resume on another machine finds them), and a
+  checkpoint whose rows did not get there is not reported;
 - the metrics also go to the run's ``reports`` table (rank 0), next to the step records.
 
 Every rank must call it the same number of times (``ray.train.report`` is a barrier).
@@ -62,8 +63,8 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
             _write_state(session, checkpoint, position, loader)
         session.flush_records()
         dir_name = _checkpoint_dir_name(session, position.global_step, _restored_checkpoint_name())
-        if session.settings.tables_to_uri:
-            _copy_tables_before_the_checkpoint(session)
+        if session.settings.tables_to_uri and not _copy_tables_before_the_checkpoint(session):
+            checkpoint, dir_name = None, None  # a resume from it would lack its steps' rows
     if session.identity.rank == 0:
         session.store.add_report.remote({
             "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.identity.attempt,
@@ -72,22 +73,31 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
     ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
 
 
-def _copy_tables_before_the_checkpoint(session: WorkerSession) -> None:
-    """Collective. On URI storage the tables reach it before Ray Train registers the
-    checkpoint (metrics/remote_copy.py). Copied after, a driver that died in between left
-    a resume on another machine a checkpoint past the steps the URI's tables held: the rows
-    of those steps were lost. Every rank has flushed its rows; this all-reduce says so to
-    rank 0, which has the store copy the tables and waits for it (a copy that fails or
-    outlasts the timeout is logged, and training goes on: the next checkpoint copies again)."""
-    flushed = torch.zeros(1, dtype=torch.int64, device=session.identity.collective_device)
-    dist.all_reduce(flushed)
-    if session.identity.rank != 0:
-        return
-    try:
-        ray.get(session.store.checkpoint_reached.remote(), timeout=TABLE_COPY_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - a slow or restarting store must not stop training
-        logger.warning("the run's tables did not reach the storage URI before this checkpoint (%s: %s); "
-                       "the next checkpoint copies them again", type(e).__name__, e)
+def _copy_tables_before_the_checkpoint(session: WorkerSession) -> bool:
+    """Collective; whether the tables reached the storage URI, on every rank.
+
+    On URI storage the tables reach it before Ray Train registers the checkpoint
+    (metrics/remote_copy.py). Copied after, a driver that died in between left a resume on
+    another machine a checkpoint past the steps the URI's tables held: the rows of those
+    steps were lost. Every rank has flushed its rows; this all-reduce says so to rank 0,
+    which has the store copy the tables and waits for it, then tells every rank how it
+    went. A copy that failed (the store gone with a crashed driver, a URI that refused it)
+    means no rank reports its checkpoint this time: training goes on, and the next
+    checkpoint copies again."""
+    device = session.identity.collective_device
+    dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=device))
+    copied = torch.ones(1, dtype=torch.int64, device=device)
+    if session.identity.rank == 0:
+        try:
+            copied[0] = int(bool(ray.get(session.store.checkpoint_reached.remote(), timeout=TABLE_COPY_TIMEOUT_S)))
+        except Exception as e:  # noqa: BLE001 - a slow or restarting store must not stop training
+            logger.warning("the run's tables did not reach the storage URI (%s: %s)", type(e).__name__, e)
+            copied[0] = 0
+        if not copied[0]:
+            logger.warning("this checkpoint is not reported: a resume from it would lack the rows of its steps at "
+                           "the storage URI; the next checkpoint copies the tables again")
+    dist.broadcast(copied, src=0)
+    return bool(copied[0])
 
 
 def check_loss_is_finite(loss, global_step: int, rank: int) -> None:
