@@ -221,11 +221,18 @@ def _uri_holds_step_zero(run_remote) -> bool:
     return False
 
 
+_RUN_PROCESS_TITLES = ("ray::TrainController", "ray::RayTrainWorker", "ray::MetricsStore", "ray::PlannerActor")
+
+
 def _wait_until_the_crashed_run_is_gone(name: str, timeout_s: float) -> None:
-    """Until no Ray Train controller and none of the run's own actors (store, planner) live:
-    a killed driver's actors in this test's cluster die a moment after it."""
+    """Until no Ray Train controller and none of the run's own actors (store, planner) live,
+    and none of their processes runs: a killed driver's actors in this test's cluster die a
+    moment after it, and Ray calls an actor dead before its process has ended (the old store
+    then still copied tables, and the old controller still registered a checkpoint, while
+    the resume took the tables back). No other run lives in this cluster meanwhile."""
     import time
 
+    import psutil
     from ray.util.state import list_actors
 
     from hetero_ray.runtime.actors import EXPERIMENT_ROLES, get_actor
@@ -239,6 +246,10 @@ def _wait_until_the_crashed_run_is_gone(name: str, timeout_s: float) -> None:
                 found.append(role)
             except ValueError:
                 pass
+        for process in psutil.process_iter(["cmdline"]):
+            title = " ".join(process.info["cmdline"] or [])
+            if title.startswith(_RUN_PROCESS_TITLES):
+                found.append(f"process {process.pid} {title[:40]}")
         return found
 
     deadline = time.monotonic() + timeout_s
@@ -291,7 +302,7 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
     # The killed driver's Ray Train controller lives in this test's cluster and dies a moment
     # after it, still writing its snapshot (storage.RunStorage.continues_a_run: the race, tested
     # in test_remote_copy.py). Here: the resume once it and the run's actors are gone.
-    _wait_until_the_crashed_run_is_gone(uri_driver.NAME, timeout_s=60)
+    _wait_until_the_crashed_run_is_gone(uri_driver.NAME, timeout_s=120)
     at_the_uri = _steps_held(run_remote)
     checkpoints = sorted(p.name for p in run_remote.glob("checkpoint_*"))
 
