@@ -64,11 +64,13 @@ def _name_taken(experiment_name: str, option: str, actor_names: list[str]) -> st
 
 
 def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
-                node_id: Optional[str] = None, **kwargs: Any) -> "ray.actor.ActorHandle":
+                node_id: Optional[str] = None, wait: bool = True, **kwargs: Any) -> "ray.actor.ActorHandle":
     """Starts the experiment's actor for ``role`` and returns once it is up.
 
     Args:
         node_id: pin the actor to this node (e.g. the driver's, where the run directory is).
+        wait: False returns at once (its name is taken already); :func:`wait_until_started`
+            then waits, so that two actors start side by side.
 
     Raises:
         UserError: the name is taken: another run of this experiment started in the moment
@@ -89,12 +91,19 @@ def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
         handle = ray.remote(cls).options(**options).remote(*args, **kwargs)
     except ray.exceptions.ActorAlreadyExistsError:
         raise UserError(_name_taken(experiment_name, "experiment name", [name])) from None
+    if wait:
+        wait_until_started(handle, name)
+    return handle
+
+
+def wait_until_started(handle, name: str) -> None:
+    """Returns once the actor is up; kills it (its name must not block the next run) and
+    raises when it is not up within :data:`ACTOR_START_TIMEOUT_S` or its constructor failed."""
     try:
         _wait_until_started(handle, name)
     except BaseException:
-        kill_actor(handle)  # its name must not block the next run
+        kill_actor(handle)
         raise
-    return handle
 
 
 def _wait_until_started(handle, name: str) -> None:
@@ -116,12 +125,13 @@ def get_actor(experiment_name: str, role: str) -> "ray.actor.ActorHandle":
     return ray.get_actor(actor_name(experiment_name, role), namespace=RAY_NAMESPACE)
 
 
-def start_metrics_store(experiment_name: str, run_dir: str, node_id: str, remote_run_uri: Optional[str] = None):
+def start_metrics_store(experiment_name: str, run_dir: str, node_id: str, remote_run_uri: Optional[str] = None,
+                        wait: bool = True):
     return start_actor(
         MetricsStore, experiment_name, METRICS_STORE_ROLE, run_dir, experiment_name,
         max_recent_steps=int(env_float(STORE_MAX_RECENT_STEPS_ENV_VAR, DEFAULT_STORE_MAX_RECENT_STEPS)),
         parquet_flush_interval_s=env_float(PARQUET_FLUSH_INTERVAL_S_ENV_VAR, DEFAULT_PARQUET_FLUSH_INTERVAL_S),
-        remote_run_uri=remote_run_uri, node_id=node_id,
+        remote_run_uri=remote_run_uri, node_id=node_id, wait=wait,
     )
 
 

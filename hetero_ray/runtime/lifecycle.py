@@ -20,7 +20,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import ray
 
-from hetero_ray.constants import DEFAULT_PROGRESS_INTERVAL_S, PROGRESS_INTERVAL_S_ENV_VAR, env_float
+from hetero_ray.constants import (
+    DEFAULT_PROGRESS_INTERVAL_S, METRICS_STORE_ROLE, PROGRESS_INTERVAL_S_ENV_VAR, actor_name, env_float,
+)
 from hetero_ray.errors import RunInterrupted
 from hetero_ray.runtime import actors, storage
 from hetero_ray.runtime.finishing import finish_run
@@ -75,11 +77,16 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
         RunInterrupted: Ctrl-C or SIGTERM stopped training (``spec.interruption`` phrases it).
     """
     node_id = ray.get_runtime_context().get_node_id()
-    store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri)
+    # The two start side by side (each is a process importing torch: seconds).
+    store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri, wait=False)
+    planner = None
     try:
         planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
+        actors.wait_until_started(store, actor_name(spec.experiment_name, METRICS_STORE_ROLE))
     except BaseException:
-        actors.kill_actor(store)  # the run's name must not stay taken
+        for actor in (planner, store):  # the run's name must not stay taken
+            if actor is not None:
+                actors.kill_actor(actor)
         raise
     started = time.time()
     error: Optional[BaseException] = None
