@@ -190,7 +190,6 @@ class _StepInfo:
         return self.max_busy_time_s + (self.comm_time_s if math.isfinite(self.comm_time_s) else 0.0)
 
 
-
 class Balancer:
     def __init__(self, policy: Policy, rebalance_interval: int, window_steps: int = 32,
                  achieved_window_steps: Optional[int] = None, global_batch_size: Optional[int] = None):
@@ -433,26 +432,28 @@ class Balancer:
         finally:
             self.policy.caps = memory_caps
 
+    def _complete_steps_of(self, version: int) -> list[_StepInfo]:
+        """The complete steps run under ``version`` that have a busy time, oldest first."""
+        return [i for i in self._steps.values()
+                if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
+
     def _step_time_of(self, version: int, num_steps: int) -> Optional[float]:
         """Slowest-rank busy time plus all-reduce (kept mean) of the newest ``num_steps`` complete steps run
         under ``version`` (as many as the new plan is judged on; None: fewer were seen)."""
-        times = [i.cost_s for i in self._steps.values()
-                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
-        times = times[-num_steps:]
+        times = [i.cost_s for i in self._complete_steps_of(version)][-num_steps:]
         return kept_mean_s(times) if len(times) == num_steps else None
 
     def _rest_of_step_s(self, version: int) -> Optional[float]:
         """The mean step time of ``version``'s newest complete steps (at most
         ``window_steps``) beyond its slowest rank's mean busy time and the mean all-reduce:
         what a prediction from mean curves leaves out (None: fewer than 3 steps)."""
-        infos = [i for i in self._steps.values()
-                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0
-                 and math.isfinite(i.step_time_s) and self._is_full(i.local_batch_sizes.values())]
+        infos = [i for i in self._complete_steps_of(version)
+                 if math.isfinite(i.step_time_s) and self._is_full(i.local_batch_sizes.values())]
         infos = infos[-self.window_steps:]
         if len(infos) < 3:
             return None
-        ranks_in = [r for r, b in infos[-1].local_batch_sizes.items() if b > 0]
-        slowest_busy_s = max(statistics.fmean(i.busy_time_s.get(r, 0.0) for i in infos) for r in ranks_in)
+        busy_s = self._mean_busy_times(infos)
+        slowest_busy_s = max(busy_s[r] for r, b in infos[-1].local_batch_sizes.items() if b > 0)
         comm = [i.comm_time_s for i in infos if math.isfinite(i.comm_time_s)]
         comm_s = statistics.fmean(comm) if comm else 0.0
         return max(0.0, statistics.fmean(i.step_time_s for i in infos) - slowest_busy_s - comm_s)
@@ -505,9 +506,10 @@ class Balancer:
 
     def _busy_times_of(self, version: int, num_steps: int) -> tuple[float, ...]:
         """Each rank's mean busy time over the newest ``num_steps`` complete steps of ``version``."""
-        infos = [i for i in self._steps.values()
-                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
-        infos = infos[-num_steps:]
+        return self._mean_busy_times(self._complete_steps_of(version)[-num_steps:])
+
+    def _mean_busy_times(self, infos: list[_StepInfo]) -> tuple[float, ...]:
+        """Each rank's mean busy time over ``infos`` (0 where it was out; NaN: no steps)."""
         return tuple(statistics.fmean(i.busy_time_s.get(r, 0.0) for i in infos) if infos else math.nan
                      for r in range(self.num_workers))
 
