@@ -40,16 +40,16 @@ test-torch-oldest:
 
 ## Benchmarks print figures and ratios (minutes each; not part of the tests).
 bench: setup
-	$(PY) jobs/bench_solver.py
-	$(PY) jobs/bench_overhead.py
-	$(PY) jobs/bench_balance.py --speed-change 100:1:0.5 --homogeneous-check
-	$(PY) jobs/bench_allocator.py
-	$(PY) jobs/bench_profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (docs/benchmarks.md)
-	$(PY) jobs/bench_dashboard.py
+	$(PY) benchmarks/solver.py
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/balance.py --speed-change 100:1:0.5 --homogeneous-check
+	$(PY) benchmarks/allocator.py
+	$(PY) benchmarks/profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (docs/benchmarks.md)
+	$(PY) benchmarks/dashboard.py
 	$(PY) benchmarks/bench_first_step.py
 	# These two need a writable cgroup v1 cpu controller (they say so and go on without one).
 	-$(PY) benchmarks/bench_first_step.py --nodes 2 --num-workers 2 --quota 0.33
-	-$(PY) jobs/bench_cgroup_cluster.py --cold-start --steps 480
+	-$(PY) benchmarks/cgroup_cluster.py --cold-start --steps 480
 
 ## The GPU check (benchmarks/gpu_check.py): NVML, the profile's curves, GPU alone vs GPU + CPU
 ## ranks, the API on CUDA, NCCL; one table, logs in one folder. Exits 2 where there is no GPU.

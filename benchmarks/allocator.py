@@ -9,20 +9,23 @@ time per step, the minor page faults per step, the step-to-step coefficient of v
 (synchronous ranks wait for the unluckiest one, so jitter costs throughput) and the
 process's peak RSS.
 
-    python jobs/bench_allocator.py [--batch-sizes 64,192] [--steps 60] [--rounds 3] [--json out.json]
+    python benchmarks/allocator.py [--batch-sizes 64,192] [--steps 60] [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
 
-from hetero_ray.formatting import format_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+
+from hetero_ray.formatting import format_table  # noqa: E402
 
 SIDES = ("glibc default", "hetero_ray")
 _WARMUP_STEPS = 10
@@ -32,7 +35,7 @@ def measure_steps(model: str, batch_size: int, steps: int) -> dict:
     """In this process: per-step CPU time and page faults of ``steps`` training steps."""
     import torch
 
-    from hetero_ray.profiling.model_probe import make_batch
+    from hetero_ray.training.data import random_batch
     from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model, compute_loss
 
@@ -41,7 +44,7 @@ def measure_steps(model: str, batch_size: int, steps: int) -> dict:
     torch.manual_seed(0)
     net = build_model(model, spec)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-    inputs, targets = make_batch(spec, batch_size)
+    inputs, targets = random_batch(spec, batch_size)
     cpu_s, faults = [], []
     for step in range(_WARMUP_STEPS + steps):
         faults0, cpu0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt, time.thread_time()
@@ -67,7 +70,7 @@ def _child(side: str, model: str, batch_size: int, steps: int) -> None:
 
 
 def _run_side(side: str, model: str, batch_size: int, steps: int) -> dict:
-    done = subprocess.run([sys.executable, "-m", __name__, "--child", side, "--model", model,
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", side, "--model", model,
                            "--batch-sizes", str(batch_size), "--steps", str(steps)],
                           capture_output=True, text=True)
     if done.returncode != 0:

@@ -1,4 +1,7 @@
-"""``hetero-ray bench``: the same short training under each policy, against the ideal.
+"""The policies on the same short training, against the ideal.
+
+    python benchmarks/balance.py [--model simple_cnn] [--emulate-speeds 1,1,0.5,0.25] [--steps 160]
+        [--speed-change 100:1:0.5] [--homogeneous-check] [--cold-start] [--plain-anchor] [--json bench.json]
 
 For every policy the same job runs on the same workers (by default four emulated devices
 at speeds 1, 1, 0.5, 0.25 of the real one); :mod:`benchmarks.balance_analysis` turns each
@@ -9,17 +12,97 @@ the ranks' own throughput, steps to balance, where the rest of the ideal went), 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import sys
 import time
 from typing import Optional
 
-import pandas as pd
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 
-from benchmarks.balance_analysis import (
+import pandas as pd  # noqa: E402
+
+from benchmarks.balance_analysis import (  # noqa: E402
     FACTORS, ROLLING_STEPS, PolicyRun, analyse, cluster_throughput, cold_start_figures, jitter_ceiling,
     own_throughputs, steady_samples_per_s,
 )
-from hetero_ray.formatting import format_table
+from hetero_ray.config import POLICIES  # noqa: E402
+from hetero_ray.errors import ConfigError, UserError  # noqa: E402
+from hetero_ray.flags import float_list, speed_change  # noqa: E402
+from hetero_ray.formatting import format_table  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="compare the policies on the same short training against the "
+                                                 "ideal (Σ of the devices' own throughput)")
+    parser.add_argument("--address", help="Ray cluster to run on (default: RAY_ADDRESS or a local Ray)")
+    parser.add_argument("--model", default="simple_cnn", help="(default %(default)s)")
+    parser.add_argument("--emulate-speeds", type=float_list, default=[1.0, 1.0, 0.5, 0.25],
+                        help="per-rank emulated speed (default 1,1,0.5,0.25); 'none' for real devices only")
+    parser.add_argument("--no-emulation", action="store_true", help="real devices only (a real heterogeneous cluster)")
+    parser.add_argument("--num-workers", type=int, help="default: one per emulated speed")
+    parser.add_argument("--batch-size", type=int, default=192, help="global batch (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=160, help="steps per policy (default %(default)s)")
+    parser.add_argument("--rebalance-interval", type=int, default=20, help="(default %(default)s)")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated (default %(default)s)")
+    parser.add_argument("--speed-change", type=speed_change, metavar="STEP:RANK:SPEED",
+                        help="also run optimal with this emulated slowdown mid-run (adaptation)")
+    parser.add_argument("--homogeneous-check", action="store_true",
+                        help="also run optimal without emulation and count plan changes (thrashing)")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="also run optimal from equal shares without profiling, against the profiled run")
+    parser.add_argument("--plain-anchor", action="store_true",
+                        help="also run plain Ray Train (TorchTrainer, equal shares, same model and global batch) "
+                             "and print each policy ÷ it")
+    parser.add_argument("--output-dir", help="where the bench's runs go (default runs/bench-<time>)")
+    parser.add_argument("--json", help="write the figures to this file")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Fills the defaults that depend on other flags and refuses what cannot run.
+
+    Raises:
+        ConfigError: a bad flag, named.
+    """
+    if args.no_emulation:
+        args.emulate_speeds = None
+    args.num_workers = args.num_workers or (len(args.emulate_speeds) if args.emulate_speeds else 2)
+    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown or not args.policies:
+        raise ConfigError(f"--policies must be a comma-separated subset of {', '.join(POLICIES)}; got {unknown}")
+    if args.emulate_speeds and len(args.emulate_speeds) != args.num_workers:
+        raise ConfigError(f"--emulate-speeds has {len(args.emulate_speeds)} values but --num-workers is {args.num_workers}")
+    if args.speed_change and args.speed_change["rank"] >= args.num_workers:
+        raise ConfigError(f"--speed-change rank {args.speed_change['rank']} does not exist with {args.num_workers} workers")
+    for flag, value in (("--batch-size", args.batch_size), ("--steps", args.steps),
+                        ("--rebalance-interval", args.rebalance_interval)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if args.batch_size < args.num_workers:
+        raise ConfigError(f"--batch-size {args.batch_size} is smaller than the {args.num_workers} workers")
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ConfigError as e:
+        parser.error(str(e))
+    try:
+        result = run_bench(args)
+    except UserError as e:  # e.g. a cluster that cannot hold the workers
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    print_result(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+        print(f"figures: {args.json}")
+    return 0
 
 
 def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_changes=None,
@@ -246,3 +329,7 @@ def _print_factors(result: dict) -> None:
     print("\nwhere the rest went: efficiency = balance (the split: the balancer's part) × jitter (each step "
           "waits for its unluckiest rank) × synchronisation (all-reduce, optimizer, loop)")
     print(format_table(["policy", "efficiency", "balance", "jitter", "synchronisation", "jitter ceiling"], rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

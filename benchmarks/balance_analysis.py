@@ -1,4 +1,4 @@
-"""The figures of ``hetero-ray bench``, from a run's step records (pure: no Ray, no I/O).
+"""The figures of the policies' benchmark (:mod:`benchmarks.balance`), from a run's step records (pure: no Ray, no I/O).
 
 In each policy's run, each rank's own ("solo") throughput is measured from its busy
 time — compute plus emulation pad, never the time spent waiting for the others — and the

@@ -17,10 +17,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 from typing import Optional
 
-from hetero_ray.formatting import format_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+
+from hetero_ray.formatting import format_table  # noqa: E402
 
 
 def steady_rate(step_end_times: list[float], global_batch_size: int) -> float:
@@ -105,3 +108,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,7 @@ Equal local batches ``B/n``, ``ray.train.torch.prepare_model`` (DDP with its def
 equal-weight average), no per-step records, no plan, no emulation. It does get
 hetero_ray's allocator setting (:mod:`hetero_ray.training.allocator`), so that the
 comparison measures what hetero_ray's machinery costs; what the setting itself gains is
-``jobs/bench_allocator.py``'s figure. Same model, same
+``benchmarks/allocator.py``'s figure. Same model, same
 in-memory data and the same global batch as the hetero_ray run it is compared with.
 Rank 0 writes its step end times to ``result_path`` (the benchmark runs on one machine).
 """

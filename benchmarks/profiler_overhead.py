@@ -12,8 +12,8 @@ the drift of a shared machine (±10 % between minutes on 2 cores) stays out of t
   :class:`~hetero_ray.training.resource_sampler.ResourceSampler` at the same interval;
   the figure is the median block step time on / off. No Ray, ~20 s.
 
-    python jobs/bench_profiler_overhead.py [--rounds 3] [--steps 150] [--json out.json]
-    python jobs/bench_profiler_overhead.py --in-process [--blocks 30] [--batch-size 32]
+    python benchmarks/profiler_overhead.py [--rounds 3] [--steps 150] [--json out.json]
+    python benchmarks/profiler_overhead.py --in-process [--blocks 30] [--batch-size 32]
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
-from hetero_ray.formatting import format_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+
+from hetero_ray.formatting import format_table  # noqa: E402
 
 PROFILE_INTERVAL = 10  # steps between readings: the default the loop runs with
 TARGET_RATIO = 1.02
@@ -52,7 +55,7 @@ def in_process_ratio(model: str, batch_size: int, blocks: int, steps_per_block: 
     """Median step time with a sampler over without, alternating blocks of steps."""
     import torch
 
-    from hetero_ray.profiling.model_probe import make_batch
+    from hetero_ray.training.data import random_batch
     from hetero_ray.training.data import spec_for
     from hetero_ray.training.models import build_model, compute_loss
     from hetero_ray.training.resource_sampler import ResourceSampler
@@ -62,7 +65,7 @@ def in_process_ratio(model: str, batch_size: int, blocks: int, steps_per_block: 
     torch.manual_seed(0)
     net = build_model(model, spec)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    inputs, targets = make_batch(spec, batch_size)
+    inputs, targets = random_batch(spec, batch_size)
     device = torch.device("cpu")
     sampler = ResourceSampler(device, interval_steps=interval)
     step = 0
@@ -176,3 +179,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,7 @@ Prints, per run:
 * identical workers (``optimal``, no emulation; ``--homogeneous-runs`` runs of
   ``--homogeneous-steps``): plan changes — the target is 0 in every run;
 * emulated devices (speeds 1, 1, 0.5, 0.25): plan changes (it must still move);
-* the capped-node testbed (``jobs/bench_cgroup_cluster.py``, one node at ⅓ core;
+* the capped-node testbed (``benchmarks/cgroup_cluster.py``, one node at ⅓ core;
   ``--capped-runs`` runs): ``optimal`` ÷ ``static`` samples/s (target ≥ 1.8);
 * for every ``optimal`` run: the longest a plan more than 10 % slower than its
   predecessor stayed in force (target: at most one rebalance interval), and predicted ÷
@@ -165,11 +165,11 @@ def _capped_run(args, index: int, output_dir: str) -> dict:
 
 
 def _capped_run_once(args, index: int, output_dir: str) -> dict:
-    """One run of jobs/bench_cgroup_cluster.py (static and optimal), in its own process."""
+    """One run of benchmarks/cgroup_cluster.py (static and optimal), in its own process."""
     from hetero_ray.metrics import run_files
 
     out = os.path.join(output_dir, f"capped-{index}.json")
-    command = [sys.executable, os.path.join(REPO_ROOT, "jobs", "bench_cgroup_cluster.py"), "--steps",
+    command = [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "cgroup_cluster.py"), "--steps",
                str(args.capped_steps), "--policies", "static,optimal", "--no-plain-anchor", "--json", out]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True)
@@ -258,7 +258,7 @@ def print_result(result: dict) -> None:
         print(f"\nemulated speeds {','.join(f'{s:g}' for s in EMULATED_SPEEDS)} (optimal): it must still move")
         print(format_table(["run", *head], [[i + 1, *row(r)] for i, r in enumerate(result["emulated"])]))
     if result["capped"]:
-        print("\ncapped-node testbed (2 nodes, one at 1/3 core; jobs/bench_cgroup_cluster.py): target optimal ÷ "
+        print("\ncapped-node testbed (2 nodes, one at 1/3 core; benchmarks/cgroup_cluster.py): target optimal ÷ "
               "static ≥ 1.8 and no >10 %-worse plan in force beyond one interval")
         rows = []
         for i, r in enumerate(result["capped"]):

@@ -1,4 +1,4 @@
-"""Balancer benchmark (`ray job submit` entrypoint; same flags as `hetero-ray bench`).
+"""The policies' benchmark as a `ray job submit` entrypoint (the flags of benchmarks/balance.py).
 
     python jobs/bench_balance.py --speed-change 100:1:0.5 --homogeneous-check --json bench.json
 
@@ -12,8 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hetero_ray.cli.main import main  # noqa: E402
+from benchmarks.balance import main  # noqa: E402
 from jobs.job_paths import resolve_output_paths  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *resolve_output_paths("bench", sys.argv[1:])]))
+    sys.exit(main(resolve_output_paths("bench", sys.argv[1:])))

@@ -33,10 +33,11 @@ def job_output_root(environ: Optional[dict] = None) -> str:
 
 def resolve_output_paths(command: str, argv: Sequence[str], environ: Optional[dict] = None,
                          emit: Callable[[str], None] = lambda line: print(line, flush=True)) -> list[str]:
-    """``argv`` for ``hetero-ray <command>`` with its output paths made absolute in a Ray job.
+    """``argv`` for ``hetero-ray <command>`` (``bench``: benchmarks/balance.py) with its
+    output paths made absolute in a Ray job.
 
     Args:
-        command: ``train``, ``bench`` or ``profile``.
+        command: ``train``, ``profile`` or ``bench``.
         argv: the flags after the command, as given to the entrypoint.
 
     Returns:
@@ -47,10 +48,15 @@ def resolve_output_paths(command: str, argv: Sequence[str], environ: Optional[di
     argv = list(argv)
     if not in_ray_job(environ):
         return argv
-    from hetero_ray.cli.main import build_parser
-
     # The real parser: defaults, abbreviations and --flag=value read exactly as main() will.
-    args, _ = build_parser().parse_known_args([command, *argv])
+    if command == "bench":
+        from benchmarks.balance import build_parser
+
+        args, _ = build_parser().parse_known_args(argv)
+    else:
+        from hetero_ray.cli.main import build_parser
+
+        args, _ = build_parser().parse_known_args([command, *argv])
     root = job_output_root(environ)
     added: list[str] = []
     output_dir = getattr(args, "output_dir", None)

@@ -381,7 +381,7 @@ def test_estimates_for_1024_ranks_fit_every_rank():
     assert len(snapshot.rank) == n and snapshot.fresh.all() and (snapshot.num_batch_sizes == 2).all()
     assert (snapshot.beta_s_per_sample > 0).all()
     best = min(_timed(est.estimates) for _ in range(5))
-    # A figure, not a check: `jobs/bench_solver.py` measures it.
+    # A figure, not a check: `benchmarks/solver.py` measures it.
     print(f"\nestimates snapshot, {n} ranks × {w} records: {best * 1e3:.1f} ms (best of 5)")
 
 

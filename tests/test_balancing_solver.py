@@ -153,7 +153,7 @@ def test_1024_ranks_are_solved_to_within_one_sample_of_the_optimum():
         t0 = time.perf_counter()
         solve_split(alphas, betas, 32 * n)
         timings.append(time.perf_counter() - t0)
-    # A figure, not a check (the target is 5 ms): `jobs/bench_solver.py` measures it.
+    # A figure, not a check (the target is 5 ms): `benchmarks/solver.py` measures it.
     print(f"\nsolve_split, 1024 ranks: {min(timings) * 1e3:.2f} ms (best of 7)")
 
 

@@ -1,5 +1,5 @@
-"""`hetero-ray bench`: the figures it prints, from step records (pure), one real run, and the command
-without the repository's benchmarks/ (an installed wheel)."""
+"""The policies' benchmark (benchmarks/balance.py): the figures it prints, from step records
+(pure), one real run, and its refusal of bad flags before anything runs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from benchmarks.balance_analysis import (
     own_throughputs,
     steps_to_balance,
 )
-from tests.cli import run_cli
 
 
 def step_table(busy_per_rank: list[list[float]], sizes: list[int], step_time_s=None) -> pd.DataFrame:
@@ -140,9 +139,12 @@ def test_a_cold_start_is_measured_against_the_profiled_run_and_timed_to_its_fina
 @pytest.mark.usefixtures("ray_session")
 def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code, stdout, _ = run_cli(["bench", "--model", "mlp", "--emulate-speeds", "1,0.5", "--batch-size", "64",
-                               "--steps", "40", "--rebalance-interval", "10", "--policies", "static,optimal",
-                               "--cold-start", "--output-dir", str(tmp_path / "runs"), "--json", str(out)], capsys)
+    from benchmarks.balance import main
+
+    code = main(["--model", "mlp", "--emulate-speeds", "1,0.5", "--batch-size", "64", "--steps", "40",
+                 "--rebalance-interval", "10", "--policies", "static,optimal", "--cold-start",
+                 "--output-dir", str(tmp_path / "runs"), "--json", str(out)])
+    stdout = capsys.readouterr().out
     assert code == 0, stdout
     assert "jitter ceiling" in stdout and "efficiency" in stdout and "synchronisation" in stdout
     result = json.loads(out.read_text())
@@ -161,11 +163,17 @@ def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
     assert (tmp_path / "runs" / "bench.html").exists()
 
 
-def test_bench_without_the_repository_says_where_the_harness_is(tmp_path, monkeypatch, capsys):
-    import hetero_ray.cli.bench
+@pytest.mark.parametrize("argv, says", [
+    (["--policies", "static,fastest"], "--policies must be a comma-separated subset"),
+    (["--emulate-speeds", "1,0.5", "--num-workers", "3"], "--emulate-speeds has 2 values but --num-workers is 3"),
+    (["--speed-change", "10:4:0.5"], "--speed-change rank 4 does not exist with 4 workers"),
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--batch-size", "2"], "--batch-size 2 is smaller than the 4 workers"),
+])
+def test_bench_refuses_bad_flags_before_anything_runs(tmp_path, capsys, argv, says):
+    from benchmarks.balance import main
 
-    monkeypatch.setattr(hetero_ray.cli.bench, "REPO_ROOT", str(tmp_path))  # as an installed wheel: no benchmarks/
-    code, _, stderr = run_cli(["bench", "--output-dir", str(tmp_path / "runs")], capsys)
-    assert code == 2
-    assert "benchmarks/ folder" in stderr and "clone the repository" in stderr
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--output-dir", str(tmp_path / "runs")])
+    assert stopped.value.code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()

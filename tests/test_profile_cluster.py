@@ -3,7 +3,7 @@
 The cgroup test adds a second Ray node to the session cluster whose processes are capped
 at a third of a core (TESTING.md) and checks that profiling measures it clearly slower than
 the head node without being told (about three times on an idle machine: the test prints the
-figure, jobs/bench_cgroup_cluster.py measures it with the balancer).
+figure, benchmarks/cgroup_cluster.py measures it with the balancer).
 """
 
 from __future__ import annotations

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-# hetero-ray bench still imports these two from here.
-from hetero_ray.flags import float_list, speed_change  # noqa: F401
-
 
 class ErrorExitParser(argparse.ArgumentParser):
     """argparse exits with code 2 on bad flags already; this adds the hint to --help."""

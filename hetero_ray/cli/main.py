@@ -3,7 +3,6 @@
     hetero-ray train --model simple_cnn --num-workers 4 --emulate-speeds 1,1,0.5,0.25
     hetero-ray profile --model simple_cnn --json nodes.json
     hetero-ray plan --profile nodes.json --batch-size 512 --workers gpu,cpu*3
-    hetero-ray bench
     hetero-ray dashboard --runs-dir runs
     hetero-ray report runs/my-run
 
@@ -24,7 +23,7 @@ from hetero_ray.errors import (
     TRAINING_FAILED_EXIT_CODE, USER_ERROR_EXIT_CODE, RunInterrupted, TrainingFailed, UserError,
 )
 
-SUBCOMMANDS = ("train", "profile", "plan", "bench", "dashboard", "report")
+SUBCOMMANDS = ("train", "profile", "plan", "dashboard", "report")
 
 
 def build_parser() -> ErrorExitParser:

@@ -191,17 +191,6 @@ def ram_bound_batch_size(per_sample_bytes: float, fixed_bytes: float, available_
     return int(min(limit, max(0, math.floor(budget / per_sample_bytes))))
 
 
-def make_batch(spec, batch_size: int, generator: Optional[torch.Generator] = None,
-               device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random batch shaped like the data (inputs, targets); on the host unless ``device``."""
-    shape = (batch_size, *spec.input_shape)
-    if spec.kind == "text":
-        return (torch.randint(0, spec.num_classes, shape, generator=generator, device=device),
-                torch.randint(0, spec.num_classes, shape, generator=generator, device=device))
-    return (torch.randn(shape, generator=generator, device=device),
-            torch.randint(0, spec.num_classes, (batch_size,), generator=generator, device=device))
-
-
 class StepRunner:
     """Runs and times the forward+backward step of one model on one device."""
 

@@ -63,13 +63,12 @@ def builtin_recipe(model: str, dataset: Optional[str] = None) -> ProfileModel:
     """A built-in model (``hetero-ray train --model``) as a recipe, on synthetic data of ``dataset``'s shapes."""
     import functools
 
-    from hetero_ray.profiling.model_probe import make_batch
-    from hetero_ray.training.data import spec_for
+    from hetero_ray.training.data import random_batch, spec_for
     from hetero_ray.training.models import build_model
 
     spec = spec_for(model, dataset)
     return ProfileModel(build=functools.partial(build_model, model, spec),
-                        make_batch=functools.partial(make_batch, spec), compute_loss=builtin_loss, name=model)
+                        make_batch=functools.partial(random_batch, spec), compute_loss=builtin_loss, name=model)
 
 
 def builtin_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:

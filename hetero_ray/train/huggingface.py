@@ -98,7 +98,7 @@ class RayTrainReportCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if control.should_save:
             return
-        from hetero_ray.train import report
+        from hetero_ray.train.worker import report
 
         report(_merged_logs(state))
 
@@ -106,7 +106,7 @@ class RayTrainReportCallback(TrainerCallback):
         import ray.train
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-        from hetero_ray.train import report
+        from hetero_ray.train.worker import report
 
         metrics = _merged_logs(state)
         saved = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -148,7 +148,7 @@ def prepare_trainer(trainer):
             this rank's.
     """
     _require_transformers("prepare_trainer")
-    from hetero_ray.train import get_device, prepare_model
+    from hetero_ray.train.worker import get_device, prepare_model
 
     if not isinstance(trainer, transformers.Trainer):
         raise UserError(f"hetero_ray.train.prepare_trainer takes a transformers.Trainer, got {type(trainer).__name__}")
@@ -290,7 +290,7 @@ def _prepared_loader(trainer):
     and that dataset."""
     from transformers.utils import is_datasets_available
 
-    from hetero_ray.train import prepare_data_loader
+    from hetero_ray.train.worker import prepare_data_loader
 
     if trainer.train_dataset is None:
         raise UserError("Trainer: training requires a train_dataset")

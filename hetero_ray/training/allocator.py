@@ -5,7 +5,7 @@ PyTorch's CPU tensors come from ``malloc``. glibc serves large blocks (activatio
 few MB and up) with a fresh ``mmap`` and gives them back with ``munmap`` when freed, so
 every step maps, faults in and zeroes its activations again: for ``simple_cnn`` on a
 2-core VM that was ~6,100 page faults and ~10 % of the step's CPU time at batch 192, and
-~40,000 faults and 20–25 % at batch 280 (``jobs/bench_allocator.py``). Raising glibc's
+~40,000 faults and 20–25 % at batch 280 (``benchmarks/allocator.py``). Raising glibc's
 mmap and trim thresholds keeps the freed blocks in the heap for the next step; the price
 is that the peak of a step stays resident — which it is again a step later anyway. (It
 did not measurably lower the step-to-step jitter there: that is the machine's.) (Intel's

@@ -62,6 +62,17 @@ def spec_for(model: str, dataset: Optional[str] = None) -> DataSpec:
     return DataSpec("image", classes, IMAGE_SHAPE)
 
 
+def random_batch(spec: DataSpec, batch_size: int, generator: Optional[torch.Generator] = None,
+                 device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random batch shaped like the data (inputs, targets); on the host unless ``device``."""
+    shape = (batch_size, *spec.input_shape)
+    if spec.kind == "text":
+        return (torch.randint(0, spec.num_classes, shape, generator=generator, device=device),
+                torch.randint(0, spec.num_classes, shape, generator=generator, device=device))
+    return (torch.randn(shape, generator=generator, device=device),
+            torch.randint(0, spec.num_classes, (batch_size,), generator=generator, device=device))
+
+
 def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """``fn`` applied to every tensor in nested tuples, lists (named tuples too) and dicts
     of a batch; other values are kept. Moves batches to a device, pins them, lists them."""

@@ -1,7 +1,7 @@
 """Benchmark: the performance app on a long run, and what a live refresh sends.
 
-    .venv/bin/python jobs/bench_dashboard.py                 # 1,000,000 step rows (4 ranks × 250k steps)
-    .venv/bin/python jobs/bench_dashboard.py --rows 200000 --keep /tmp/big-run
+    .venv/bin/python benchmarks/dashboard.py                 # 1,000,000 step rows (4 ranks × 250k steps)
+    .venv/bin/python benchmarks/dashboard.py --rows 200000 --keep /tmp/big-run
 
 1. Writes a synthetic run directory (Parquet through the STEPS schema of
    ``hetero_ray.metrics.records``; plans, epochs, decisions, config, attempts) and times,

@@ -1,7 +1,7 @@
 """Benchmark of the split solver (target: ≤ 5 ms for 1,024 ranks) and of the estimator.
 
-    .venv/bin/python jobs/bench_solver.py            # default sizes 8, 64, 1024, 4096
-    .venv/bin/python jobs/bench_solver.py --repeats 200 --ranks 1024
+    .venv/bin/python benchmarks/solver.py            # default sizes 8, 64, 1024, 4096
+    .venv/bin/python benchmarks/solver.py --repeats 200 --ranks 1024
 
 Prints the median wall time of ``solve_split`` per number of ranks (random heterogeneous
 α_i, β_i, global batch 32 samples per rank; with and without per-rank caps) and its ratio

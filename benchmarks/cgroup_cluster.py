@@ -1,8 +1,8 @@
 """The balancer on a real, unannounced straggler: a two-node Ray cluster on this machine
 where one node's processes are capped by a cgroup to a third of a core.
 
-    sudo-capable Linux with the cgroup v1 cpu controller; runs `hetero-ray bench` on it:
-    python jobs/bench_cgroup_cluster.py [--quota 0.33] [--steps 160] [--no-plain-anchor] [--json out.json]
+    sudo-capable Linux with the cgroup v1 cpu controller; runs the policies' benchmark (benchmarks/balance.py) on it:
+    python benchmarks/cgroup_cluster.py [--quota 0.33] [--steps 160] [--no-plain-anchor] [--json out.json]
 
 Each node offers one CPU, so each holds one training worker. Nothing tells hetero_ray
 which node is slow: profiling and the balancer must find out.
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.local_cluster import (  # noqa: E402
     cgroup_unusable_reason, free_port, set_cpu_quota, start_node, wait_for_nodes,
 )
-from hetero_ray.cli.main import main as hetero_ray_main  # noqa: E402
+from benchmarks.balance import main as bench_main  # noqa: E402
 
 
 def main() -> int:
@@ -51,14 +51,14 @@ def main() -> int:
         set_cpu_quota(nodes[1], args.quota, period_us=int(args.period_ms * 1000))
         print(f"[bench] cluster at {address}: head (1 CPU) + a node capped at {args.quota} core "
               f"per {args.period_ms:g} ms", flush=True)
-        argv = ["bench", "--address", address, "--no-emulation", "--num-workers", "2", "--steps", str(args.steps),
+        argv = ["--address", address, "--no-emulation", "--num-workers", "2", "--steps", str(args.steps),
                 "--batch-size", str(args.batch_size), "--policies", args.policies,
                 "--output-dir", os.path.join(log_dir, "runs")] + ([] if args.no_plain_anchor else ["--plain-anchor"])
         if args.json:
             argv += ["--json", args.json]
         if args.cold_start:
             argv.append("--cold-start")
-        return hetero_ray_main(argv)
+        return bench_main(argv)
     finally:
         import ray  # not at the top: hetero_ray sets the auth mode before Ray is first imported
 
