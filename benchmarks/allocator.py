@@ -35,9 +35,9 @@ def measure_steps(model: str, batch_size: int, steps: int) -> dict:
     """In this process: per-step CPU time and page faults of ``steps`` training steps."""
     import torch
 
-    from hetero_ray.training.data import random_batch
-    from hetero_ray.training.data import spec_for
-    from hetero_ray.training.models import build_model, compute_loss
+    from hetero_ray.builtin.data import random_batch
+    from hetero_ray.builtin.data import spec_for
+    from hetero_ray.builtin.models import build_model, compute_loss
 
     torch.set_num_threads(1)
     spec = spec_for(model)

@@ -50,8 +50,8 @@ class Images(torch.utils.data.Dataset):
 
 
 def _model():
-    from hetero_ray.training.data import DataSpec
-    from hetero_ray.training.models import build_model
+    from hetero_ray.builtin.data import DataSpec
+    from hetero_ray.builtin.models import build_model
 
     torch.manual_seed(0)
     return build_model("simple_cnn", DataSpec("image", 10, (3, 32, 32)))

@@ -51,8 +51,8 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 def loop(config):
-    from hetero_ray.training.data import load_dataset
-    from hetero_ray.training.models import build_model, compute_loss
+    from hetero_ray.builtin.data import load_dataset
+    from hetero_ray.builtin.models import build_model, compute_loss
     context = ray.train.get_context()
     data = load_dataset("synthetic_image", num_samples=config["batch"] * 4, eval_samples=64, seed=0)
     model = ray.train.torch.prepare_model(build_model("simple_cnn", data.spec))

@@ -20,10 +20,10 @@ def plain_train_loop(loop_config: dict) -> None:
     import ray.train.torch
     import torch
 
+    from hetero_ray.builtin.data import load_dataset
+    from hetero_ray.builtin.models import build_model, compute_loss
+    from hetero_ray.builtin.optim import make_optimizer
     from hetero_ray.training.allocator import keep_freed_memory
-    from hetero_ray.training.data import load_dataset
-    from hetero_ray.training.models import build_model, compute_loss
-    from hetero_ray.training.optim import make_optimizer
 
     keep_freed_memory()
     context = ray.train.get_context()

@@ -37,8 +37,8 @@ TARGET_RATIO = 1.02
 def run_with_interval(output_dir: str, name: str, profile_interval: int, *, model: str, batch_size: int,
                       steps: int, num_workers: int) -> float:
     """Steady samples/s of one short training run with the in-training profiler at ``profile_interval``."""
+    from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
-    from hetero_ray.runtime.driver import run_training
 
     config = TrainConfig(
         model=model, dataset="synthetic_image", num_samples=batch_size * (steps + 1), batch_size=batch_size,
@@ -55,9 +55,9 @@ def in_process_ratio(model: str, batch_size: int, blocks: int, steps_per_block: 
     """Median step time with a sampler over without, alternating blocks of steps."""
     import torch
 
-    from hetero_ray.training.data import random_batch
-    from hetero_ray.training.data import spec_for
-    from hetero_ray.training.models import build_model, compute_loss
+    from hetero_ray.builtin.data import random_batch
+    from hetero_ray.builtin.data import spec_for
+    from hetero_ray.builtin.models import build_model, compute_loss
     from hetero_ray.training.resource_sampler import ResourceSampler
 
     torch.set_num_threads(1)  # one worker's share on this machine

@@ -10,7 +10,7 @@ and the profiler's :class:`~hetero_ray.profiling.node_profiler.ProfileConfig`. E
 also declares its flag (:func:`hetero_ray.flags.setting`): ``hetero-ray train``'s
 parser is built from these parts.
 
-:func:`hetero_ray.preflight.check` then checks files, directories and the cluster before
+:func:`hetero_ray.builtin.preflight.check` then checks files, directories and the cluster before
 anything is written.
 """
 
@@ -482,7 +482,7 @@ for _name, _part_name in _PART_OF.items():  # config.batch_size reads config.opt
 # on the global batch only (its size, the samples in it, their order), never on the ranks,
 # their speeds or the plan, so settings of those may change and take effect at the
 # resume. Every other setting changes the math, the data order or what each epoch is
-# measured on, and must repeat the run's first value (hetero_ray.preflight refuses
+# measured on, and must repeat the run's first value (hetero_ray.builtin.preflight refuses
 # otherwise, naming each). A setting added to TrainConfig is compared unless listed here.
 RESUME_MAY_CHANGE = frozenset({
     # how long: training continues to the new end (a cosine schedule decays over the new total)

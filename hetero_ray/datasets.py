@@ -42,7 +42,7 @@ class CIFAR10(torch.utils.data.Dataset):
     name = "cifar10"  # hetero-ray train's --dataset
 
     def __init__(self, data_dir: str, train: bool = True, verify_checksums: bool = True):
-        from hetero_ray.training.data import load_dataset
+        from hetero_ray.builtin.data import load_dataset
 
         bundle = load_dataset(self.name, data_dir=data_dir, verify_checksums=verify_checksums)
         self._split = bundle.train if train else bundle.eval
@@ -55,7 +55,7 @@ class CIFAR10(torch.utils.data.Dataset):
         Raises:
             UserError: naming the path, what was expected there and what to do.
         """
-        from hetero_ray.training.data import check_data_dir
+        from hetero_ray.builtin.data import check_data_dir
 
         check_data_dir(cls.name, data_dir, verify_checksums=verify_checksums)
 

@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hetero_ray.builtin.checkpointing import STATE_FILE, load_state, save_state
 from hetero_ray.metrics import run_files
 from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, registered_checkpoint_names
-from hetero_ray.training.checkpointing import STATE_FILE, load_state, save_state
 from tests.cli import run_cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +50,8 @@ JOB = ["--model", "mlp", "--num-samples", "256", "--eval-samples", "64", "--batc
 @pytest.fixture(scope="module")
 def trained_run(ray_session, tmp_path_factory):
     """A real finished run with registered checkpoints; cases copy and damage it."""
+    from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
-    from hetero_ray.runtime.driver import run_training
 
     config = TrainConfig(model="mlp", num_samples=256, eval_samples=64, batch_size=32, epochs=1, num_workers=2,
                          policy="static", profile=False, checkpoint_every=4, max_failures=0,
@@ -91,8 +91,8 @@ def resume_args(output_dir, name: str, *extra: str) -> list[str]:
 
 
 def other_model_weights(model: str = "simple_cnn") -> dict:
-    from hetero_ray.training.data import spec_for
-    from hetero_ray.training.models import build_model
+    from hetero_ray.builtin.data import spec_for
+    from hetero_ray.builtin.models import build_model
 
     return build_model(model, spec_for(model)).state_dict()
 
@@ -267,7 +267,7 @@ def test_every_setting_is_compared_or_may_change_on_resume():
     names the run, or is compared (and recorded in every checkpoint's fingerprint)."""
     from hetero_ray.config import RESUME_MAY_CHANGE, RUN_IDENTITY, TrainConfig, changed_on_resume, \
         resume_fixed_fields, setting_names
-    from hetero_ray.training.checkpointing import run_fingerprint
+    from hetero_ray.builtin.checkpointing import run_fingerprint
 
     fields = list(setting_names())
     assert RESUME_MAY_CHANGE <= set(fields) and RUN_IDENTITY <= set(fields), "a listed name is not a field"
@@ -300,7 +300,7 @@ def count_train_workers() -> int:
 @pytest.mark.ray
 def test_a_worker_meeting_a_bad_checkpoint_stops_the_run_without_retries(trained_run, tmp_path, capsys,
                                                                          monkeypatch):
-    from hetero_ray import preflight
+    from hetero_ray.builtin import preflight
 
     run_dir = copy_run(trained_run, tmp_path, "corrupted-later")
     truncate(latest_checkpoint_dir(run_dir))

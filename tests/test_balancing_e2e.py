@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(ray_session, fast_config):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     common = dict(model="mlp", num_samples=600, batch_size=48, epochs=3, seed=5, lr=0.1)
     reference = run_training(fast_config(num_workers=1, experiment_name="reference", **common))
@@ -55,7 +55,7 @@ def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(ray_session, fas
 def test_emulated_speeds_reach_the_first_plan_only_through_the_ranks_own_measurements(ray_session, fast_config):
     """--emulate-speeds is read by the emulator alone: the node profile measures one machine
     (both ranks alike), and the first plan comes from each rank timing its own padded step."""
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     run = run_training(fast_config(experiment_name="warm-up", model="simple_cnn", policy="optimal", profile=True,
                                    emulate_speeds=[1.0, 0.25], batch_size=64, num_samples=128,

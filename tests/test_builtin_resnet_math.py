@@ -18,9 +18,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from hetero_ray.builtin.data import DataSpec
+from hetero_ray.builtin.models import build_model, compute_loss
 from hetero_ray.training.batchnorm import convert_batchnorm
-from hetero_ray.training.data import DataSpec
-from hetero_ray.training.models import build_model, compute_loss
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 
 LOCAL_BATCH_SIZES = [7, 3, 2]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hetero_ray.training.checkpointing import checkpoint_dir_name, next_checkpoint_count
+from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
 from hetero_ray.training.reporting import _checkpoint_dir_name
 
 

@@ -154,7 +154,7 @@ def test_profiles_that_cannot_give_a_curve_are_refused(tmp_path):
 
 # ---------------------------------------------------------------------------- the warm-up pads to the curve
 def test_the_warm_up_measures_the_curve_not_the_machine():
-    from hetero_ray.profiling.recipe import builtin_recipe
+    from hetero_ray.builtin.recipe import builtin_recipe
     from hetero_ray.training.warmup import measure_rank
 
     slow_flat = DeviceCurve(floor_s=0.030, alpha_s=0.0, beta_s_per_sample=0.0, source="flat 30 ms")

@@ -22,7 +22,7 @@ H100 = os.path.join(os.path.dirname(__file__), "data", "h100_resnet18_nodes.json
 
 
 def test_busy_times_follow_the_device_curves(ray_session, fast_config):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     config = fast_config(
         num_workers=2, batch_size=32, num_samples=32 * 16, experiment_name="curves", rebalance_interval=1,

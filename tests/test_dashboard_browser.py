@@ -42,8 +42,8 @@ def train(config, retries: int = 1):
     sometimes cannot tell that the controller is alive on a loaded 2-core machine."""
     import shutil
 
+    from hetero_ray.builtin.driver import run_training
     from hetero_ray.errors import TrainingFailed
-    from hetero_ray.runtime.driver import run_training
 
     try:
         return run_training(config, emit=lambda line: None)
@@ -205,8 +205,8 @@ def test_cluster_page(server, page, runs_dir):
 
 
 def test_balancer_page(server, page, runs_dir):
-    from hetero_ray_dashboards.pages.balancer import DECISIONS_SHOWN
     from hetero_ray.metrics import run_files
+    from hetero_ray_dashboards.pages.balancer import DECISIONS_SHOWN
 
     # Emulated speeds 1 and 0.5 under --policy optimal: the balancer decides at the first
     # rebalance point its records reach, and every decision is in decisions.parquet.

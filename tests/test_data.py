@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.cifar_files import read_batch, write_cifar10, write_cifar100, write_py2_pickle
+from hetero_ray.builtin.data import DataSplit, check_data_dir, download_dataset, load_dataset
+from hetero_ray.builtin.models import build_model, compute_loss, eval_batch_stats
 from hetero_ray.errors import ConfigError, UserError
-from hetero_ray.training.data import DataSplit, check_data_dir, download_dataset, load_dataset
-from hetero_ray.training.models import build_model, compute_loss, eval_batch_stats
+from tests.cifar_files import read_batch, write_cifar10, write_cifar100, write_py2_pickle
 
 CIFAR10_DIR = "cifar-10-batches-py"
 

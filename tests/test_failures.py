@@ -31,8 +31,8 @@ import torch
 
 from benchmarks.local_cluster import local_cluster
 from hetero_ray.constants import METRICS_STORE_ROLE, PLANNER_ROLE
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 from hetero_ray.runtime.actors import get_actor
+from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -57,8 +57,8 @@ WEIGHTS_TOLERANCE_OTHER_WORLD_SIZE = 2e-2
 @pytest.fixture(scope="module")
 def reference(ray_session, tmp_path_factory):
     """The uninterrupted run: its final weights and accuracy are what every scenario must reach."""
+    from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
-    from hetero_ray.runtime.driver import run_training
 
     config = TrainConfig(num_workers=REFERENCE_WORKERS, policy="static", profile=False, max_failures=0,
                          output_dir=str(tmp_path_factory.mktemp("reference")), experiment_name="reference", **JOB)
@@ -141,7 +141,7 @@ def crash_planner(experiment: str) -> dict:
 
 
 def run_in_process(fast_config, name: str, **overrides):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     values = dict(JOB, num_workers=2, emulate_speeds=[0.25, 0.25], max_failures=2, experiment_name=name)
     values.update(overrides)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from hetero_ray.builtin.recipe import builtin_recipe
 from hetero_ray.profiling import inventory
 from hetero_ray.profiling.gpu import (
     INVENTORY_FIELDS, SAMPLE_FIELDS, GpuReader, NoGpuReader, NvmlGpuReader, gpu_reader,
@@ -133,7 +134,7 @@ def test_a_cpu_only_node_on_a_gpu_machine_is_profiled_as_cpu_only():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available: the fake's GPUs would be confused with the real ones")
     node = {"node_id": "c" * 56, "ip": "10.0.0.7", "resources": {"CPU": 2.0}, "labels": {}}
-    config = ProfileConfig(microbench_s=0.05, model="mlp", batch_sizes=(4, 8))
+    config = ProfileConfig(microbench_s=0.05, model=builtin_recipe("mlp"), batch_sizes=(4, 8))
     capability = NodeProfiler(config, gpu_reader=FakeGpuReader(count=1), node=node).run()
     assert capability.ok, capability.error
     assert [d.kind for d in capability.devices] == ["cpu"]

@@ -55,7 +55,7 @@ def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_back():
-    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
+    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True, cache_dir=None)  # a cache misses moved files
     assert import_cycles(graph) == []
 
 
@@ -97,5 +97,5 @@ def test_the_installed_package_imports_nothing_from_the_checkouts_scripts():
     done = subprocess.run([sys.executable, "-c", _IMPORT_ALL], capture_output=True, text=True, cwd=REPO_ROOT,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    modules = grimp.build_graph(*PACKAGES).modules
+    modules = grimp.build_graph(*PACKAGES, cache_dir=None).modules
     assert set(done.stdout.split()) == {m for m in modules if not m.endswith(".__main__")}  # every one of them

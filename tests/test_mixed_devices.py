@@ -40,7 +40,7 @@ def gpu_and_cpu_nodes(ray_session, tmp_path):
 
 
 def test_worker_devices_place_workers_by_node_label(ray_session, fast_config, tmp_path):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     with gpu_and_cpu_nodes(ray_session, tmp_path) as by_label:
         result = run_training(fast_config(model="mlp", num_workers=2, num_samples=256, batch_size=32,

@@ -5,9 +5,9 @@ import torch
 from torch import nn
 
 from hetero_ray import config
+from hetero_ray.builtin.data import DataSpec, load_dataset
+from hetero_ray.builtin.models import MODEL_NAMES, build_model, compute_loss, eval_batch_stats
 from hetero_ray.errors import ConfigError
-from hetero_ray.training.data import DataSpec, load_dataset
-from hetero_ray.training.models import MODEL_NAMES, build_model, compute_loss, eval_batch_stats
 
 IMAGE_SPEC = DataSpec("image", 10, (3, 32, 32))
 TEXT_SPEC = DataSpec("text", 256, (64,))

@@ -9,6 +9,7 @@ only): one sees the output folder read-only, one sees other CIFAR files at the s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import sys
 
 import pytest
 
+from hetero_ray.builtin.data import load_dataset
 from hetero_ray.runtime.cluster import NodeResources
 from hetero_ray.runtime.node_checks import (
     DatasetFingerprint, DatasetRef, NodeProbe, driver_marker, fingerprint, hosting_nodes, probe, problems,
@@ -90,7 +92,9 @@ def test_probe_writes_nothing_and_creates_no_folder(tmp_path):
 def test_fingerprint_tells_copies_apart(tmp_path):
     def of(folder, seed, num_train=250):
         write_cifar10(tmp_path / folder, num_train=num_train, seed=seed)
-        return fingerprint(DatasetRef("cifar10", str(tmp_path / folder), verify_checksums=False))
+        data_dir = str(tmp_path / folder)
+        return fingerprint(DatasetRef("cifar10", data_dir, functools.partial(
+            load_dataset, "cifar10", data_dir=data_dir, verify_checksums=False)))
 
     same, other, shorter = of("a", 0), of("b", 1), of("c", 0, num_train=200)
     assert same == of("a2", 0) and same.num_samples == 250

@@ -97,9 +97,9 @@ def test_the_cli_flag_reaches_every_worker_of_the_built_in_job(monkeypatch, tmp_
     """The flag is in the settings each worker of `hetero-ray train`'s job gets (built as
     the driver builds them; no Ray needed: the trainer is only made, not run)."""
     import hetero_ray.training.entry
+    from hetero_ray.builtin.driver import _make_trainer
     from hetero_ray.cli.main import build_parser
     from hetero_ray.cli.train import config_from_args
-    from hetero_ray.runtime.driver import _make_trainer
 
     monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # the driver sets it
     worker_settings = {}
@@ -118,7 +118,7 @@ def test_the_cli_flag_reaches_every_worker_of_the_built_in_job(monkeypatch, tmp_
 def test_the_built_in_job_stops_on_a_nan_loss_unless_told_to_train_on(ray_session, fast_config, allowed):
     """`hetero-ray train --allow-non-finite-loss` reaches the built-in loop (an absurd
     learning rate makes the weights, and so the loss, overflow within a few steps)."""
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     config = fast_config(lr=1e30, allow_non_finite_loss=allowed, experiment_name=f"nan-builtin-{allowed}")
     if allowed:

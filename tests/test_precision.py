@@ -39,7 +39,7 @@ def _step_losses(run_dir: str) -> np.ndarray:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_bf16_on_uneven_workers_follows_fp32_and_one_worker(ray_session, fast_config):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     common = dict(model="mlp", num_samples=960, batch_size=48, epochs=3, max_steps=STEPS, seed=5, lr=0.05)
     uneven = dict(num_workers=3, batch_split=[26, 14, 8],

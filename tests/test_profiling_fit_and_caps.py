@@ -13,12 +13,13 @@ import math
 import numpy as np
 import pytest
 
+from hetero_ray.builtin.data import spec_for
+from hetero_ray.builtin.models import build_model
+from hetero_ray.builtin.recipe import builtin_recipe
 from hetero_ray.profiling.model_probe import (
     CPU_FIXED_STATE_FACTOR, DEFAULT_PROBE_BATCH_SIZES, ProbeResult, fit_probe, measure_busy_times, probe_model,
     ram_bound_batch_size, search_max_batch_size,
 )
-from hetero_ray.training.data import spec_for
-from hetero_ray.training.models import build_model
 
 
 class FakeClock:
@@ -211,7 +212,7 @@ def test_ram_bound_is_the_fraction_of_available_ram_over_the_per_sample_bytes():
 def test_ram_fraction_cap_of_a_real_model_matches_a_fake_allocator_of_that_size():
     """The CPU probe's cap, given a RAM size, is what an allocator of ram_fraction·RAM admits."""
     gib = 1024**3
-    small = probe_model("mlp", "cpu", batch_sizes=(8, 16), repeats=1, num_threads=1, ram_fraction=0.5,
+    small = probe_model(builtin_recipe("mlp"), "cpu", batch_sizes=(8, 16), repeats=1, num_threads=1, ram_fraction=0.5,
                         available_ram_bytes=gib, time_budget_s=1.0)
     assert small.max_batch_size_method == "ram-fraction"
     assert small.per_sample_bytes > 3 * 32 * 32 * 4  # at least the input image itself
@@ -220,13 +221,13 @@ def test_ram_fraction_cap_of_a_real_model_matches_a_fake_allocator_of_that_size(
                                      fixed=CPU_FIXED_STATE_FACTOR * parameter_bytes)
     searched = search_max_batch_size(allocator.run, oom_errors=(FakeOutOfMemory,), on_oom=allocator.empty_cache)
     assert abs(searched.max_batch_size - small.max_batch_size) <= 1
-    large = probe_model("mlp", "cpu", batch_sizes=(8, 16), repeats=1, num_threads=1, ram_fraction=0.5,
+    large = probe_model(builtin_recipe("mlp"), "cpu", batch_sizes=(8, 16), repeats=1, num_threads=1, ram_fraction=0.5,
                         available_ram_bytes=2 * gib, time_budget_s=1.0)
     assert large.max_batch_size == pytest.approx(2 * small.max_batch_size, rel=0.05)
 
 
 def test_real_probe_on_cpu_gives_a_positive_curve():
-    result = probe_model("simple_cnn", "cpu", batch_sizes=(4, 16), repeats=2, num_threads=1, time_budget_s=3.0)
+    result = probe_model(builtin_recipe("simple_cnn"), "cpu", batch_sizes=(4, 16), repeats=2, num_threads=1, time_budget_s=3.0)
     assert result.fit.predict_s(1) > 0 and result.fit.beta_s_per_sample >= 0
     sizes = [row["batch_size"] for row in result.probe_rows()]
     # the given sizes, then doublings while the step stayed flat

@@ -165,7 +165,8 @@ def test_finish_run_writes_a_summary_whatever_piece_fails(tmp_path):
     open(run_files.table_path(run_dir, "epochs"), "wb").close()  # torn
     lines: list[str] = []
     summary, failure = finish_run(run_dir, store=None, planner=None, result=_Result(), wall_time_s=1.0, error=None,
-                                  summary_base={"experiment_name": "x"}, emit=lines.append, write_final_model=True)
+                                  summary_base={"experiment_name": "x"}, emit=lines.append,
+                                  final_model=lambda directory: {})
     with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
         on_disk = json.load(f)
     assert on_disk["status"] == "failed" and summary["status"] == "failed"

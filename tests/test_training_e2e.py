@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_three_uneven_workers_train_the_weights_of_one(ray_session, fast_config):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     common = dict(model="mlp", num_samples=400, batch_size=48, epochs=2, max_steps=12, seed=3, lr=0.1)
     one = run_training(fast_config(num_workers=1, experiment_name="one", **common))
@@ -36,8 +36,8 @@ def test_three_uneven_workers_train_the_weights_of_one(ray_session, fast_config)
 
 
 def _initial_weights(model: str, seed: int) -> dict:
-    from hetero_ray.training.data import load_dataset
-    from hetero_ray.training.models import build_model
+    from hetero_ray.builtin.data import load_dataset
+    from hetero_ray.builtin.models import build_model
 
     spec = load_dataset("synthetic_image", num_samples=64, eval_samples=8, seed=seed).spec
     torch.manual_seed(seed)
@@ -45,7 +45,7 @@ def _initial_weights(model: str, seed: int) -> dict:
 
 
 def test_plan_changes_mid_epoch_keep_exactly_once(ray_session, fast_config):
-    from hetero_ray.runtime.driver import run_training
+    from hetero_ray.builtin.driver import run_training
 
     config = fast_config(
         num_workers=3, num_samples=290, batch_size=30, epochs=2, rebalance_interval=1,

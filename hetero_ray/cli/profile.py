@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _check_writable(args.json)
 
+    from hetero_ray.builtin.recipe import builtin_recipe
     from hetero_ray.constants import CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
     from hetero_ray.profiling.capability import write_nodes_json
     from hetero_ray.profiling.node_profiler import profile_cluster
@@ -59,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
                                  include_dashboard=False)
     print(f"[profile] Ray: {'local cluster started' if connection.started_local else connection.address}",
           flush=True)
-    nodes = profile_cluster(model=config.model, batch_sizes=config.batch_sizes,
+    recipe = builtin_recipe(config.model, config.dataset) if config.model else None
+    nodes = profile_cluster(model=recipe, batch_sizes=config.batch_sizes,
                             cpus_per_worker=config.cpus_per_worker, timeout_s=config.timeout_s,
-                            emit=lambda line: print(line, flush=True), dataset=config.dataset,
-                            ram_fraction=config.ram_fraction)
+                            emit=lambda line: print(line, flush=True), ram_fraction=config.ram_fraction)
     print()
     print(profile_report(nodes, config.model))
     if args.json:

@@ -34,8 +34,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero_ray.builtin.driver import run_training
     from hetero_ray.reporting.summary_text import print_run_summary
-    from hetero_ray.runtime.driver import run_training
 
     config = config_from_args(args)
     try:

@@ -54,7 +54,8 @@ import torch
 from hetero_ray.planning.cost_model import CurveFit, fit_curve
 from hetero_ray.profile_defaults import DEFAULT_PROBE_BATCH_SIZES, DEFAULT_RAM_FRACTION  # noqa: F401 (re-exported)
 from hetero_ray.profiling.microbench import torch_threads
-from hetero_ray.training.data import map_tensors
+from hetero_ray.profiling.recipe import ProfileModel
+from hetero_ray.tensors import map_tensors
 
 DEFAULT_REPEATS = 3  # blocks per size: their median rejects one disturbed block
 # Each timing is the mean of back-to-back steps spanning ≥ 0.3 s: a CPU quota throttles in
@@ -334,10 +335,9 @@ def _grown_doublings(kept: Sequence[int], step_s: dict[int, float]) -> int:
 
 
 def probe_model(
-    model,
+    recipe: ProfileModel,
     device: torch.device,
     *,
-    dataset: Optional[str] = None,
     batch_sizes: Sequence[int] = DEFAULT_PROBE_BATCH_SIZES,
     repeats: int = DEFAULT_REPEATS,
     num_threads: Optional[int] = None,
@@ -347,17 +347,14 @@ def probe_model(
     search_time_budget_s: float = DEFAULT_SEARCH_TIME_BUDGET_S,
     on_stage: Callable[[str], None] = lambda stage: None,
 ) -> ProbeResult:
-    """Probes ``model`` on ``device``; see the module docstring.
+    """Probes the model of ``recipe`` on ``device``; see the module docstring.
 
     Args:
-        model: a :class:`~hetero_ray.profiling.recipe.ProfileModel`, or the name of a
-            built-in model (probed on synthetic data of ``dataset``'s shapes).
+        recipe: how to build the model, make its batches and compute its loss (a
+            built-in model's: :func:`hetero_ray.builtin.recipe.builtin_recipe`).
         available_ram_bytes: the RAM the CPU cap is a fraction of (default: what psutil
             reports as available now).
     """
-    from hetero_ray.profiling.recipe import ProfileModel, builtin_recipe
-
-    recipe = model if isinstance(model, ProfileModel) else builtin_recipe(model, dataset)
     model_name = recipe.name
     device = torch.device(device)
     sizes = sorted({int(b) for b in batch_sizes})

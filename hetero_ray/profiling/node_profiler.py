@@ -26,12 +26,13 @@ from hetero_ray import validate
 from hetero_ray.config import DATASETS, MODELS
 from hetero_ray.errors import ConfigError
 from hetero_ray.flags import int_list, setting
-from hetero_ray.profiling.capability import (
-    CPU, FAILED, GPU, DeviceCapability, NodeCapability,
-)
 from hetero_ray.profile_defaults import (  # noqa: F401 (re-exported)
     DEFAULT_MICROBENCH_S, DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
 )
+from hetero_ray.profiling.capability import (
+    CPU, FAILED, GPU, DeviceCapability, NodeCapability,
+)
+from hetero_ray.profiling.recipe import ProfileModel
 
 PROGRESS_EVERY_S = 5.0  # "still profiling …" lines while nodes are busy
 STAGE_QUERY_TIMEOUT_S = 1.0
@@ -46,7 +47,8 @@ class ProfileConfig:
     settings: its parser is generated from them.
     """
 
-    # A built-in model's name or a ProfileModel; None: inventory and micro-benchmarks only.
+    # A ProfileModel; a built-in model's name as the --model flag gives it, which the command
+    # turns into its recipe before profiling; None: inventory and micro-benchmarks only.
     model: Any = setting(None, f"also probe this model: one of {', '.join(MODELS)}")
     dataset: Optional[str] = setting(  # shapes of its samples
         None, f"sample shapes for --model: one of {', '.join(DATASETS)} (default: the model's synthetic data)")
@@ -64,8 +66,6 @@ class ProfileConfig:
     probe_cpu_on_gpu_nodes: bool = False  # GPU nodes train on their GPUs; skip the CPU probe
 
     def __post_init__(self):
-        from hetero_ray.profiling.recipe import ProfileModel
-
         if self.model is not None and not isinstance(self.model, ProfileModel):
             validate.choice("--model", self.model, MODELS)
         if self.dataset is not None:
@@ -190,8 +190,7 @@ class NodeProfiler:
         if self.config.model and probe:
             try:
                 result = timed(f"{label} model probe", lambda: probe_model(
-                    self.config.model, torch_device, dataset=self.config.dataset,
-                    batch_sizes=self.config.batch_sizes, num_threads=self.config.num_threads,
+                    self.config.model, torch_device, batch_sizes=self.config.batch_sizes, num_threads=self.config.num_threads,
                     ram_fraction=self.config.ram_fraction,
                     on_stage=lambda s: self._set_stage(f"{label} {s}")))
                 device.alpha_s = result.fit.alpha_s
@@ -248,7 +247,6 @@ def profile_cluster(
     emit: Callable[[str], None] = print,
     planner=None,
     *,
-    dataset: Optional[str] = None,
     ram_fraction: float = DEFAULT_RAM_FRACTION,
     microbench_s: float = DEFAULT_MICROBENCH_S,
     experiment_name: Optional[str] = None,
@@ -259,8 +257,9 @@ def profile_cluster(
     """Profiles every alive node of the connected Ray cluster in parallel.
 
     Args:
-        model: also probe this model (busy-time line, largest batch): a built-in model's
-            name or a :class:`~hetero_ray.profiling.recipe.ProfileModel`; None for hardware only.
+        model: also probe this model (busy-time line, largest batch): a
+            :class:`~hetero_ray.profiling.recipe.ProfileModel` (a built-in model's:
+            :func:`hetero_ray.builtin.recipe.builtin_recipe`); None for hardware only.
         batch_sizes: probe batch sizes (default 8, 16, 32, 64).
         cpus_per_worker: CPUs each profiler takes (and threads it uses): one worker's share.
         timeout_s: for the whole cluster; nodes not done by then are reported as failed.
@@ -288,7 +287,10 @@ def profile_cluster(
     from hetero_ray.constants import RAY_NAMESPACE
     from hetero_ray.profiling.inventory import node_facts
 
-    config = ProfileConfig(model=model, dataset=dataset,
+    if model is not None and not isinstance(model, ProfileModel):
+        raise ConfigError(f"profile_cluster(model=...) takes a ProfileModel (a built-in model's: "
+                          f"hetero_ray.builtin.recipe.builtin_recipe({model!r})), got {type(model).__name__}")
+    config = ProfileConfig(model=model,
                            batch_sizes=tuple(batch_sizes or DEFAULT_PROBE_BATCH_SIZES),
                            cpus_per_worker=cpus_per_worker, timeout_s=timeout_s,
                            ram_fraction=ram_fraction, microbench_s=microbench_s)

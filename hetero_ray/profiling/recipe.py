@@ -4,7 +4,7 @@ Profiling measures the model that will train: on every node, its forward, loss a
 backward at a few batch sizes (the busy-time line ``t(b) = α + β·b``) and its largest batch.
 A user of :class:`~hetero_ray.HeteroTrainer` hands the recipe over in
 ``HeteroConfig(profile_model=ProfileModel(...))``; the built-in CLI models are recipes too
-(:func:`builtin_recipe`), so there is one probe for both.
+(:func:`hetero_ray.builtin.recipe.builtin_recipe`), so there is one probe for both.
 
     ProfileModel(build=MyNet,                                    # () -> nn.Module
                  make_batch=lambda b: (torch.randn(b, 3, 32, 32), # batch size -> (inputs, targets)
@@ -17,7 +17,7 @@ by Ray (module-level functions, lambdas and ``functools.partial`` all are).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -58,22 +58,3 @@ class ProfileModel:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"ProfileModel(name=...) must be a non-empty string, got {self.name!r}")
 
-
-def builtin_recipe(model: str, dataset: Optional[str] = None) -> ProfileModel:
-    """A built-in model (``hetero-ray train --model``) as a recipe, on synthetic data of ``dataset``'s shapes."""
-    import functools
-
-    from hetero_ray.training.data import random_batch, spec_for
-    from hetero_ray.training.models import build_model
-
-    spec = spec_for(model, dataset)
-    return ProfileModel(build=functools.partial(build_model, model, spec),
-                        make_batch=functools.partial(random_batch, spec), compute_loss=builtin_loss, name=model)
-
-
-def builtin_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """The built-in models' loss (token-level for the language model)."""
-    from hetero_ray.training.models import compute_loss
-
-    inputs, targets = batch
-    return compute_loss(model(inputs), targets)

@@ -10,7 +10,7 @@ import os
 
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.metrics.run_files import read_json
-from hetero_ray.training.checkpointing import POSITION_FILE
+from hetero_ray.training.checkpoint_names import POSITION_FILE
 
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 

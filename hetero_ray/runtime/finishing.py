@@ -25,15 +25,17 @@ from hetero_ray.runtime.failures import failure_for_user
 def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: Optional[BaseException],
                summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
                emit: Callable[[str], None] = print, *,
-               write_final_model: bool = False,
+               final_model: Optional[Callable[[str], Any]] = None,
                interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
-    """Merges the tables, writes summary.json (and, for built-in runs, the final model);
-    never raises.
+    """Merges the tables, writes summary.json (and the final model, when the job says how
+    to read it from its last checkpoint); never raises.
 
     Each piece is guarded on its own: a piece that fails is said (``emit``) and the next
     one runs, so summary.json is written with whatever could be read.
 
     Args:
+        final_model: reads the trained model's state from a checkpoint's directory; it is
+            saved as the run's model file. None: a user's loop keeps its own checkpoints.
         interrupted_by: the signal's name when one stopped training before its end: the
             summary says ``interrupted`` (not ``finished``), and there is no final model.
 
@@ -53,10 +55,10 @@ def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: 
     except Exception as e:  # noqa: BLE001 - still summarise what is on disk
         emit(f"[hetero_ray] warning: metrics store could not finalise ({e}); reading parts")
     _guarded(emit, "removing unregistered checkpoints", _remove_unregistered_checkpoints, run_dir)
-    if (write_final_model and error is None and interrupted_by is None and result is not None
+    if (final_model is not None and error is None and interrupted_by is None and result is not None
             and result.checkpoint is not None):
         try:
-            _write_final_model(result.checkpoint, os.path.join(run_dir, run_files.MODEL_FILE))
+            _write_final_model(result.checkpoint, final_model, os.path.join(run_dir, run_files.MODEL_FILE))
         except Exception as e:  # noqa: BLE001 - the run's outcome: it failed to deliver its model
             error = e
     steps, epochs, plans = (_read_table(run_dir, table, emit) for table in ("steps", "epochs", "plans"))
@@ -131,16 +133,14 @@ def _bottlenecks(steps, nodes: Optional[list[dict]]) -> list[dict]:
         return [{"error": f"bottleneck analysis failed: {e}"}]
 
 
-def _write_final_model(checkpoint, path: str) -> None:
+def _write_final_model(checkpoint, read_model: Callable[[str], Any], path: str) -> None:
     import torch
 
-    from hetero_ray.training.checkpointing import load_state
-
     with checkpoint.as_directory() as directory:
-        state = load_state(directory)
+        model = read_model(directory)
     tmp = path + ".tmp"
     try:
-        torch.save(state.model, tmp)
+        torch.save(model, tmp)
         run_files.fsync_file(tmp)  # on disk before the rename makes it the final model
         os.replace(tmp, path)
     except BaseException:

@@ -1,5 +1,5 @@
 """One run from its actors to its finished files: the part that ``hetero-ray train``
-(:mod:`hetero_ray.runtime.driver`) and ``HeteroTrainer.fit()`` share.
+(:mod:`hetero_ray.builtin.driver`) and ``HeteroTrainer.fit()`` share.
 
 The caller has done every check and created the run directory; :func:`run_lifecycle`
 then starts the metrics store and the planner, profiles the nodes (if asked), runs Ray
@@ -35,12 +35,11 @@ from hetero_ray.runtime.progress import ProgressPrinter
 class ProfilingSpec:
     """How to profile the nodes for the first plan (see :class:`NodeProfiling`)."""
 
-    model: Any  # a built-in model's name, or the user's ProfileModel
+    model: Any  # a ProfileModel: the user's, or a built-in model's recipe
     batch_sizes: list[int]
     cpus_per_worker: float
     timeout_s: float
     uses_gpus: bool  # the nodes with GPUs are then profiled before the workers' start, the others after the first plan
-    dataset: Optional[str] = None  # a built-in model's input shape comes from its dataset
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,9 @@ class RunSpec:
     interruption: Callable[[int, dict[str, Any]], RunInterrupted]  # (signal, summary) → what to raise
     profiling: Optional[ProfilingSpec] = None
     total_steps: Optional[int] = None  # for the progress line's "of N"; None when unknown
-    write_final_model: bool = False  # built-in runs only: a user's loop keeps its own checkpoint
+    # Reads the trained model's state from the last checkpoint's directory, saved as the
+    # run's model file (the built-in job); None: a user's loop keeps its own checkpoints.
+    final_model: Optional[Callable[[str], Any]] = None
     remote_run_uri: Optional[str] = None  # URI storage: the tables are copied there (each checkpoint, the end)
 
 
@@ -116,7 +117,7 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
             wall_time_s = time.time() - started
             nodes = _profiled_nodes(profiling, wait=stopped_by is None, emit=emit)
             summary, failure = finish_run(spec.run_dir, store, planner, result, wall_time_s, error,
-                                          spec.summary_base, nodes, emit, write_final_model=spec.write_final_model,
+                                          spec.summary_base, nodes, emit, final_model=spec.final_model,
                                           interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
         finally:
             try:
@@ -148,8 +149,7 @@ def _start_profiling(spec: RunSpec, store, planner, emit: Callable[[str], None])
     if recipe is None:
         return None
     profiling = NodeProfiling(spec.run_dir, store, planner, spec.experiment_name, recipe.model, recipe.batch_sizes,
-                              cpus_per_worker=recipe.cpus_per_worker, timeout_s=recipe.timeout_s,
-                              dataset=recipe.dataset, emit=emit)
+                              cpus_per_worker=recipe.cpus_per_worker, timeout_s=recipe.timeout_s, emit=emit)
     profiling.start(uses_gpus=recipe.uses_gpus)
     return profiling
 

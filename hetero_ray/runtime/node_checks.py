@@ -1,7 +1,7 @@
 """Multi-node preflight: every node that will host a worker can write the run's folder, sees
 the driver's copy of it, and sees the dataset the driver checked.
 
-The driver's own checks (:mod:`hetero_ray.preflight`) look at the driver's disk only; on a
+The driver's own checks (:mod:`hetero_ray.builtin.preflight`) look at the driver's disk only; on a
 cluster, workers on other nodes write checkpoints into the run directory and read
 ``--data-dir`` themselves. A node whose copy of the folder is read-only (or a different,
 unshared disk) fails the run at its first checkpoint; a node with other CIFAR files
@@ -29,7 +29,7 @@ import os
 import secrets
 import tempfile
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from hetero_ray.constants import DEFAULT_NODE_CHECK_TIMEOUT_S, NODE_CHECK_TIMEOUT_S_ENV_VAR, env_float
 from hetero_ray.errors import UserError
@@ -44,7 +44,10 @@ class DatasetRef:
 
     name: str
     data_dir: str
-    verify_checksums: bool = True
+    # Loads it as a worker does, on whichever node calls it: something with ``train`` and
+    # ``eval`` splits, each with ``inputs`` and ``targets`` tensors. The job gives it
+    # (for the built-in job, :func:`hetero_ray.builtin.data.load_dataset`).
+    load: Optional[Callable[[], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -136,9 +139,7 @@ def fingerprint(dataset: DatasetRef) -> DatasetFingerprint:
     """
     import numpy as np
 
-    from hetero_ray.training.data import load_dataset
-
-    bundle = load_dataset(dataset.name, data_dir=dataset.data_dir, verify_checksums=dataset.verify_checksums)
+    bundle = dataset.load()
     digest = hashlib.md5()
     for split in (bundle.train, bundle.eval):
         for tensor in (split.inputs, split.targets):
@@ -172,7 +173,7 @@ def problems(probes: dict[str, NodeProbe], nodes: list[NodeResources], run_dir: 
              unanswered: list[str], timeout_s: float) -> list[str]:
     """One line per node that cannot host workers, with what to do; empty when all can.
 
-    ``expected`` is the driver's view of the dataset (the copy :mod:`hetero_ray.preflight`
+    ``expected`` is the driver's view of the dataset (the copy :mod:`hetero_ray.builtin.preflight`
     already checked): a node that differs from it trains on other samples.
     """
     found = []
@@ -248,11 +249,3 @@ def check_nodes(run_dir: str, selectors: Optional[list[dict]] = None, dataset: O
         emit(f"[hetero_ray] {len(nodes)} nodes can write {run_dir}"
              + (f" and see the same {dataset.name} ({expected.num_samples} training samples)" if dataset else ""))
 
-
-def dataset_of(config) -> Optional[DatasetRef]:
-    """The file dataset a :class:`~hetero_ray.config.TrainConfig` reads, or None (synthetic)."""
-    from hetero_ray.config import FILE_DATASETS
-
-    if config.dataset not in FILE_DATASETS:
-        return None
-    return DatasetRef(config.dataset, os.path.abspath(config.data_dir), config.verify_checksums)

@@ -60,10 +60,9 @@ class NodeProfiling:
     verdicts."""
 
     def __init__(self, run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
-                 cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
-                 emit: Callable[[str], None] = print):
+                 cpus_per_worker: float, timeout_s: float, emit: Callable[[str], None] = print):
         self._args = (run_dir, store, planner, experiment_name, model, batch_sizes)
-        self._kwargs = dict(cpus_per_worker=cpus_per_worker, timeout_s=timeout_s, dataset=dataset, emit=emit)
+        self._kwargs = dict(cpus_per_worker=cpus_per_worker, timeout_s=timeout_s, emit=emit)
         self._planner, self._emit, self.timeout_s = planner, emit, timeout_s
         self._nodes: Optional[list[dict]] = None
         self._thread: Optional[threading.Thread] = None
@@ -156,12 +155,11 @@ def split_by_gpus(nodes: Sequence) -> tuple[list[str], list[str]]:
 
 
 def profile_nodes(run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
-                  cpus_per_worker: float, timeout_s: float, dataset: Optional[str] = None,
-                  emit: Callable[[str], None] = print,
+                  cpus_per_worker: float, timeout_s: float, emit: Callable[[str], None] = print,
                   reserve_cpus: bool = True, node_ids: Optional[Sequence[str]] = None,
                   known: Sequence[dict] = ()) -> list[dict]:
     """Profiles every node (or the nodes ``node_ids``) for the planner (hardware and
-    ``model``: a built-in name or a ProfileModel); hands the profiles to the planner, and
+    ``model``: a ProfileModel); hands the profiles to the planner, and
     them with the ``known`` ones (node dicts profiled before) to the store and nodes.json.
 
     Returns the node profiles, known ones first (the node dicts of ``nodes.json``), for the
@@ -170,7 +168,7 @@ def profile_nodes(run_dir: str, store, planner, experiment_name: str, model, bat
     from hetero_ray.profiling.capability import NodeCapability, capabilities_document, write_nodes_json
     from hetero_ray.profiling.node_profiler import model_name, profile_cluster
 
-    profiled = profile_cluster(model=model, dataset=dataset, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
+    profiled = profile_cluster(model=model, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
                                timeout_s=timeout_s, emit=emit, planner=planner, experiment_name=experiment_name,
                                reserve_cpus=reserve_cpus, node_ids=node_ids)
     again = {n.node_id for n in profiled}

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from hetero_ray.training.data import map_tensors
+from hetero_ray.tensors import map_tensors
 
 
 class RankShard(torch.utils.data.Sampler):

@@ -52,8 +52,8 @@ import torch
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import GlobalSampler
+from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
-from hetero_ray.training.data import map_tensors
 from hetero_ray.training.rejoin import bring_back, brings_back
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession

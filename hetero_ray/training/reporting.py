@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.errors import UserError
-from hetero_ray.training.checkpointing import checkpoint_dir_name, next_checkpoint_count
+from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.session import WorkerSession
 

@@ -6,22 +6,22 @@ rank i see at step s" is exactly the sampler's answer.
 
 :func:`load_dataset`, :func:`check_data_dir` and :func:`download_dataset` take a name of
 :data:`hetero_ray.config.DATASETS`: the synthetic ones are generated from the seed by
-:mod:`hetero_ray.training.synthetic`, CIFAR is read from ``--data-dir`` by
-:mod:`hetero_ray.training.cifar` (files checked before they are unpickled).
+:mod:`hetero_ray.builtin.synthetic`, CIFAR is read from ``--data-dir`` by
+:mod:`hetero_ray.builtin.cifar` (files checked before they are unpickled).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
+from hetero_ray.builtin import cifar, synthetic
+from hetero_ray.builtin.cifar import IMAGE_SHAPE
+from hetero_ray.builtin.synthetic import SYNTHETIC_IMAGE_CLASSES, SYNTHETIC_TEXT_SEQ_LEN, SYNTHETIC_TEXT_VOCAB
 from hetero_ray.config import DATASETS, FILE_DATASETS
 from hetero_ray.errors import ConfigError
-from hetero_ray.training import cifar, synthetic
-from hetero_ray.training.cifar import IMAGE_SHAPE
-from hetero_ray.training.synthetic import SYNTHETIC_IMAGE_CLASSES, SYNTHETIC_TEXT_SEQ_LEN, SYNTHETIC_TEXT_VOCAB
 
 
 @dataclass(frozen=True)
@@ -71,19 +71,6 @@ def random_batch(spec: DataSpec, batch_size: int, generator: Optional[torch.Gene
                 torch.randint(0, spec.num_classes, shape, generator=generator, device=device))
     return (torch.randn(shape, generator=generator, device=device),
             torch.randint(0, spec.num_classes, (batch_size,), generator=generator, device=device))
-
-
-def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """``fn`` applied to every tensor in nested tuples, lists (named tuples too) and dicts
-    of a batch; other values are kept. Moves batches to a device, pins them, lists them."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, (list, tuple)):
-        mapped = [map_tensors(b, fn) for b in batch]
-        return type(batch)(*mapped) if hasattr(batch, "_fields") else type(batch)(mapped)
-    if isinstance(batch, dict):
-        return type(batch)({k: map_tensors(v, fn) for k, v in batch.items()})
-    return batch
 
 
 class DataSplit:

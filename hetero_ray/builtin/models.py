@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetero_ray.builtin.data import DataSpec
 from hetero_ray.config import MODELS, TEXT_MODELS
 from hetero_ray.errors import ConfigError
-from hetero_ray.training.data import DataSpec
 
 MODEL_NAMES = MODELS
 

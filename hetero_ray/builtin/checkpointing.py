@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,9 +21,9 @@ from hetero_ray.config import resume_fixed_fields
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import Position
+from hetero_ray.training.checkpoint_names import POSITION_FILE
 
 STATE_FILE = "state.pt"
-POSITION_FILE = "position.json"  # readable without torch, e.g. to pick the latest checkpoint
 FORMAT_VERSION = 1
 
 
@@ -47,34 +46,6 @@ def run_fingerprint(config) -> dict:
     fingerprint = {name: getattr(config, name) for name in resume_fixed_fields()}
     fingerprint["global_batch_size"] = fingerprint.pop("batch_size")
     return fingerprint
-
-
-# Checkpoint folders are named after the position they resume at: ``checkpoint_<global
-# step>``, plus ``_<n>`` for the n-th further checkpoint at the same step (a report with
-# no step trained since the last, e.g. right after a resume).
-_CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)(?:_(\d+))?")
-
-
-def checkpoint_dir_name(global_step: int, count: int) -> str:
-    """The folder of the ``count``-th checkpoint (0, 1, …) taken at ``global_step``."""
-    name = f"checkpoint_{global_step:09d}"
-    return name if count == 0 else f"{name}_{count}"
-
-
-def next_checkpoint_count(global_step: int, taken_here: int, restored_name: Optional[str]) -> int:
-    """Which count the next checkpoint at ``global_step`` takes: after the ``taken_here``
-    this worker group took, and after the checkpoint it resumed from (``restored_name``).
-
-    Counting only this group's checkpoints would give a report made right after a resume
-    the very name of the checkpoint it resumed from — Ray Train's registered latest, the
-    only resumable one — and Ray would copy into it: a crash during that copy tears it.
-    Older checkpoints never clash: their steps are smaller, or at the same step their
-    counts are smaller than the restored one's.
-    """
-    match = _CHECKPOINT_NAME.fullmatch(restored_name or "")
-    if match and int(match.group(1)) == global_step:
-        return max(taken_here, int(match.group(2) or 0) + 1)
-    return taken_here
 
 
 def capture_rng() -> dict:
@@ -116,8 +87,8 @@ def model_shapes(model: str, dataset: str) -> dict[str, tuple[int, ...]]:
     Built on the meta device: no memory, no arithmetic, milliseconds even for resnet50,
     so the driver can check a checkpoint before any worker starts.
     """
-    from hetero_ray.training.data import spec_for
-    from hetero_ray.training.models import build_model
+    from hetero_ray.builtin.data import spec_for
+    from hetero_ray.builtin.models import build_model
 
     with torch.device("meta"):
         net = build_model(model, spec_for(model, dataset))

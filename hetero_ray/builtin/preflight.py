@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import tempfile
 
+from hetero_ray.builtin.checkpointing import load_state, model_shapes, run_fingerprint
 from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
 from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir
-from hetero_ray.training.checkpointing import load_state, model_shapes, run_fingerprint
 
 
 def run_dir_of(config: TrainConfig) -> str:
@@ -24,7 +24,7 @@ def run_dir_of(config: TrainConfig) -> str:
 def check(config: TrainConfig) -> str:
     """Validates data, output and resume state; returns the run directory's path."""
     if config.dataset in FILE_DATASETS:
-        from hetero_ray.training.data import check_data_dir
+        from hetero_ray.builtin.data import check_data_dir
 
         check_data_dir(config.dataset, config.data_dir, download=config.download,
                        verify_checksums=config.verify_checksums)

@@ -13,8 +13,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from hetero_ray.builtin.models import eval_batch_stats
 from hetero_ray.planning.plan import Plan, largest_remainder
-from hetero_ray.training.models import eval_batch_stats
 
 EVAL_BATCH_SIZE = 256  # memory bound for evaluation only; does not affect results
 

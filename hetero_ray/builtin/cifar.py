@@ -7,7 +7,7 @@ The batch files are untrusted input (a shared folder, a copy from somewhere): by
 each must have the md5 that torchvision publishes for the official archive before it is
 unpickled, and it is unpickled by a restricted unpickler that builds only what the format
 holds (dicts, lists, strings, numbers, numpy arrays), so a planted pickle cannot run code.
-:func:`hetero_ray.training.data.load_dataset` wraps what :func:`read` returns as a dataset.
+:func:`hetero_ray.builtin.data.load_dataset` wraps what :func:`read` returns as a dataset.
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ import functools
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import ray
 
-from hetero_ray import preflight
+from hetero_ray.builtin import preflight
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
@@ -78,7 +78,7 @@ def _run_training(config: TrainConfig, held: contextlib.ExitStack, locked: bool,
     use_gpu = device_mode == "gpu"  # Ray reserves GPUs only when every worker has one
     cluster.check_capacity(config.min_workers or config.num_workers, config.cpus_per_worker,
                            1.0 if use_gpu else 0.0, config.cluster.label_selectors())
-    node_checks.check_nodes(run_dir, config.cluster.label_selectors(), node_checks.dataset_of(config), emit)
+    node_checks.check_nodes(run_dir, config.cluster.label_selectors(), _dataset_ref(config), emit)
     backend = config.backend if config.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and not use_gpu:
         raise UserError("--backend nccl needs every worker on a GPU; use --backend gloo (or auto) with CPU "
@@ -86,7 +86,7 @@ def _run_training(config: TrainConfig, held: contextlib.ExitStack, locked: bool,
 
     actors.check_name_free(config.experiment_name, "--experiment-name")  # a live run of this name: refuse
     if config.download:  # once, here: workers downloading into one folder would collide
-        from hetero_ray.training.data import download_dataset
+        from hetero_ray.builtin.data import download_dataset
 
         download_dataset(config.dataset, config.data_dir)
     _create_run_dir(run_dir, config, held, locked)
@@ -164,8 +164,8 @@ def _make_trainer(config: TrainConfig, run_dir: str, device_mode: str, backend: 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from hetero_ray.builtin.loop import train_loop_per_worker
     from hetero_ray.training.entry import call_for
-    from hetero_ray.training.loop import train_loop_per_worker
     from hetero_ray.training.session import WorkerSettings
 
     # Waiting for room must end: Ray Train gives up starting a group after this long. An
@@ -225,7 +225,7 @@ def _warmup_settings(config: TrainConfig, device_mode: str) -> dict:
     time the model to agree on the curves' common factor (training/curve_emulation.py)."""
     if not (((config.emulate_speeds or device_mode != "cpu") and config.profile) or config.emulate_devices):
         return {}
-    from hetero_ray.profiling.recipe import builtin_recipe
+    from hetero_ray.builtin.recipe import builtin_recipe
 
     return {"warmup_model": builtin_recipe(config.model, config.dataset),
             "warmup_batch_sizes": config.probe_batch_sizes()}
@@ -234,8 +234,10 @@ def _warmup_settings(config: TrainConfig, device_mode: str) -> dict:
 def _run_spec(config: TrainConfig, run_dir: str, device_mode: str, total_steps: int) -> RunSpec:
     profiling = None
     if config.profile:
-        profiling = ProfilingSpec(config.model, config.probe_batch_sizes(), config.cpus_per_worker,
-                                  config.profile_timeout_s, uses_gpus=device_mode != "cpu", dataset=config.dataset)
+        from hetero_ray.builtin.recipe import builtin_recipe
+
+        profiling = ProfilingSpec(builtin_recipe(config.model, config.dataset), config.probe_batch_sizes(),
+                                  config.cpus_per_worker, config.profile_timeout_s, uses_gpus=device_mode != "cpu")
     return RunSpec(
         experiment_name=config.experiment_name,
         run_dir=run_dir,
@@ -254,8 +256,27 @@ def _run_spec(config: TrainConfig, run_dir: str, device_mode: str, total_steps: 
         interruption=functools.partial(_interrupted, run_dir),
         profiling=profiling,
         total_steps=total_steps,
-        write_final_model=True,
+        final_model=_trained_model,
     )
+
+
+def _dataset_ref(config: TrainConfig) -> Optional[node_checks.DatasetRef]:
+    """The file dataset the run reads, for the nodes' check; None for a synthetic one."""
+    from hetero_ray.builtin.data import load_dataset
+    from hetero_ray.config import FILE_DATASETS
+
+    if config.dataset not in FILE_DATASETS:
+        return None
+    data_dir = os.path.abspath(config.data_dir)
+    return node_checks.DatasetRef(config.dataset, data_dir, functools.partial(
+        load_dataset, config.dataset, data_dir=data_dir, verify_checksums=config.verify_checksums))
+
+
+def _trained_model(checkpoint_dir: str) -> dict:
+    """The model's state in a built-in checkpoint: the run's final model."""
+    from hetero_ray.builtin.checkpointing import load_state
+
+    return load_state(checkpoint_dir).model
 
 
 def _describe_checkpoint(run_dir: str) -> str:
@@ -279,13 +300,13 @@ def _device_mode(config: TrainConfig) -> str:
 
 
 def _total_steps(config: TrainConfig) -> int:
+    from hetero_ray.builtin.optim import total_steps
     from hetero_ray.config import FILE_DATASETS
     from hetero_ray.sampler import GlobalSampler
-    from hetero_ray.training.optim import total_steps
 
     num_samples = config.num_samples
     if config.dataset in FILE_DATASETS:  # the files decide; loading them here takes ~1 s
-        from hetero_ray.training.data import load_dataset
+        from hetero_ray.builtin.data import load_dataset
 
         num_samples = len(load_dataset(config.dataset, data_dir=config.data_dir, seed=config.seed,
                                        verify_checksums=config.verify_checksums).train)

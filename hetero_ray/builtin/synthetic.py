@@ -3,7 +3,7 @@
 They come out identical on every process and every machine: only integer draws and
 uniform floats (exact on every CPU) feed plain element-wise arithmetic, never a
 transcendental function whose last bit could differ between an x86 and an ARM node.
-:func:`hetero_ray.training.data.load_dataset` wraps them as a dataset.
+:func:`hetero_ray.builtin.data.load_dataset` wraps them as a dataset.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from hetero_ray.training.cifar import IMAGE_SHAPE
+from hetero_ray.builtin.cifar import IMAGE_SHAPE
 
 Samples = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), one row per sample
 

@@ -30,21 +30,21 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import hetero_ray.train
-from hetero_ray.config import TrainConfig
-from hetero_ray.training import session as worker_session
-from hetero_ray.training.checkpointing import (
+from hetero_ray.builtin.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
+from hetero_ray.builtin.data import DatasetBundle, as_batch, load_dataset
+from hetero_ray.builtin.evaluation import evaluate
+from hetero_ray.builtin.models import build_model, compute_loss
+from hetero_ray.builtin.optim import make_lr_scheduler, make_optimizer
+from hetero_ray.config import TrainConfig
+from hetero_ray.training import session as worker_session
 from hetero_ray.training.current_step import StepNotes
-from hetero_ray.training.data import DatasetBundle, as_batch, load_dataset
 from hetero_ray.training.epoch_totals import EpochTotals
-from hetero_ray.training.evaluation import evaluate
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.loader import PlanFollowingLoader
-from hetero_ray.training.models import build_model, compute_loss
-from hetero_ray.training.reporting import check_loss_is_finite
-from hetero_ray.training.optim import make_lr_scheduler, make_optimizer
 from hetero_ray.training.precision import Precision
+from hetero_ray.training.reporting import check_loss_is_finite
 
 
 GRAD_SCALER_KEY = "grad_scaler"  # fp16's loss scale and its growth tracker, in the checkpoint's extra
