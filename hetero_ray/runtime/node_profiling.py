@@ -108,14 +108,7 @@ class NodeProfiling:
     def _run_after_first_plan(self, node_ids: list[str]) -> None:
         """The CPU-only nodes of a GPU cluster, once the first plan is made: until then
         their probes would compete with the ranks' warm-up for the nodes' CPUs."""
-        while not self._finishing.is_set():
-            try:
-                if ray.get(self._planner.info.remote(), timeout=30).get("plan") is not None:
-                    break
-            except Exception:  # noqa: BLE001 - a planner restarting: ask again
-                pass
-            self._finishing.wait(FIRST_PLAN_POLL_S)
-        else:
+        if not wait_for_first_plan(self._first_plan_made, self._finishing, FIRST_PLAN_POLL_S):
             return  # the run ended before its first plan: nothing waits for these profiles
         try:
             self._nodes = profile_nodes(*self._args, reserve_cpus=False, node_ids=node_ids, known=self._nodes or (),
@@ -125,6 +118,12 @@ class NodeProfiling:
         except Exception as e:  # noqa: BLE001 - training goes on without them
             self._emit(f"[hetero_ray] warning: profiling the CPU-only nodes failed ({type(e).__name__}: {e}); "
                        "training goes on without their profiles")
+
+    def _first_plan_made(self) -> bool:
+        try:
+            return ray.get(self._planner.info.remote(), timeout=30).get("plan") is not None
+        except Exception:  # noqa: BLE001 - a planner restarting: ask again
+            return False
 
     def _run_beside(self) -> None:
         try:
@@ -145,6 +144,20 @@ class NodeProfiling:
             self._emit("[hetero_ray] waiting for the node profiling to finish…")
             self._thread.join(timeout=self.first_plan_wait_s)
         return self._nodes
+
+
+def wait_for_first_plan(first_plan_made: Callable[[], bool], finishing: threading.Event, poll_s: float) -> bool:
+    """Whether the first plan was made, asking every ``poll_s`` until it is or the run
+    ends (``finishing``). A run that ends between two questions is asked once more: a
+    short run can make its first plan and finish within one poll, and its CPU-only nodes
+    must still be profiled for nodes.json."""
+    while True:
+        ending = finishing.is_set()
+        if first_plan_made():
+            return True
+        if ending:
+            return False
+        finishing.wait(poll_s)
 
 
 def split_by_gpus(nodes: Sequence) -> tuple[list[str], list[str]]:
