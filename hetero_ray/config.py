@@ -6,7 +6,7 @@ emulation, profiling, fault tolerance, output), each a frozen dataclass that che
 own fields when it is built; :class:`TrainConfig` then checks the rules that join parts
 (the global batch against the workers, one share per rank, …). The checks are
 :mod:`hetero_ray.validate`'s, shared with :class:`~hetero_ray.hetero_config.HeteroConfig`
-and the profiler's :class:`~hetero_ray.profiling.node_profiler.ProfileConfig`. Every field
+and the profiler's :class:`~hetero_ray.profiling.profile_config.ProfileConfig`. Every field
 also declares its flag (:func:`hetero_ray.flags.setting`): ``hetero-ray train``'s
 parser is built from these parts.
 
@@ -323,6 +323,7 @@ class ProfilingConfig:
         metavar="SECONDS")
 
     def __post_init__(self):
+        validate.switch("--profile", self.profile)
         if self.profile_batch_sizes is not None:
             _store(self, profile_batch_sizes=validate.probe_sizes("--profile-batch-sizes", self.profile_batch_sizes))
         validate.non_negative_int("--profile-interval", self.profile_interval)
@@ -363,6 +364,45 @@ class OutputConfig:
             )
         if not self.output_dir:
             raise ConfigError("--output-dir must not be empty")
+        validate.switch("--record-sample-ids", self.record_sample_ids)
+
+
+# --- the rules that join parts: TrainConfig's, and HeteroConfig's with its own words
+
+
+def check_shares(plan: PlanConfig, batch_size: int) -> None:
+    """The plan's shares add up to the global batch (known before the workers are)."""
+    if plan.batch_split is not None:
+        validate.shares("--batch-split", plan.batch_split, batch_size, "--batch-size")
+    for change in plan.plan_changes or ():
+        validate.shares(f"--plan-change at step {change['global_step']}", change["local_batch_sizes"], batch_size,
+                        "--batch-size", may_leave_out=True)
+
+
+def check_ranks(plan: PlanConfig, emulation: EmulationConfig, batch_size: int, num_workers: int) -> None:
+    """What depends on the number of workers (the most a run may have): a sample per
+    worker in every step, one value per rank in every per-rank setting."""
+    if batch_size < num_workers:
+        raise ConfigError(f"--batch-size {batch_size} is smaller than --num-workers {num_workers}: every worker "
+                          "needs at least one sample per step; raise the global batch or use fewer workers")
+    if plan.batch_split is not None:
+        validate.per_rank("--batch-split", plan.batch_split, num_workers)
+    for change in plan.plan_changes or ():
+        validate.per_rank(f"--plan-change at step {change['global_step']}", change["local_batch_sizes"], num_workers)
+    if emulation.emulate_speeds is not None:
+        validate.per_rank("--emulate-speeds", emulation.emulate_speeds, num_workers)
+    for change in emulation.emulate_speed_changes or ():
+        if change["rank"] >= num_workers:
+            raise ConfigError(f"--emulate-speed-change rank {change['rank']} does not exist with "
+                              f"--num-workers {num_workers}")
+    if emulation.emulate_devices is not None:
+        validate.per_rank("--emulate-devices", emulation.emulate_devices, num_workers)
+
+
+def default_of(part: type, name: str) -> Any:
+    """A part's default for ``name``: what another front end on the same part defaults to."""
+    found = next(f for f in dataclasses.fields(part) if f.name == name)
+    return found.default_factory() if found.default is dataclasses.MISSING else found.default
 
 
 TITLE = "hetero_ray.title"  # a part's heading in --help
@@ -405,32 +445,13 @@ class TrainConfig:
 
     def _check_across_parts(self) -> None:
         """The rules that join parts (each part has checked its own fields)."""
-        batch_size, num_workers = self.batch_size, self.num_workers
-        if batch_size < num_workers:
+        check_ranks(self.plan, self.emulation, self.batch_size, self.num_workers)
+        if self.dataset not in FILE_DATASETS and self.num_samples < self.batch_size:
             raise ConfigError(
-                f"--batch-size {batch_size} is smaller than --num-workers {num_workers}: "
-                "every worker needs at least one sample per step; raise the global batch or use fewer workers"
-            )
-        if self.dataset not in FILE_DATASETS and self.num_samples < batch_size:
-            raise ConfigError(
-                f"--num-samples {self.num_samples} is smaller than --batch-size {batch_size}; "
+                f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}; "
                 "one epoch would not fill one global batch"
             )
-        if self.batch_split is not None:
-            validate.per_rank("--batch-split", self.batch_split, num_workers)
-            validate.shares("--batch-split", self.batch_split, batch_size, "--batch-size")
-        for change in self.plan_changes or ():
-            name = f"--plan-change at step {change['global_step']}"
-            validate.per_rank(name, change["local_batch_sizes"], num_workers)
-            validate.shares(name, change["local_batch_sizes"], batch_size, "--batch-size", may_leave_out=True)
-        if self.emulate_speeds is not None:
-            validate.per_rank("--emulate-speeds", self.emulate_speeds, num_workers)
-        for change in self.emulate_speed_changes or ():
-            if change["rank"] >= num_workers:
-                raise ConfigError(f"--emulate-speed-change rank {change['rank']} does not exist with "
-                                  f"--num-workers {num_workers}")
-        if self.emulate_devices is not None:
-            validate.per_rank("--emulate-devices", self.emulate_devices, num_workers)
+        check_shares(self.plan, self.batch_size)
 
     @classmethod
     def from_dict(cls, settings: dict) -> "TrainConfig":

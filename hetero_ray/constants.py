@@ -73,8 +73,9 @@ GPU_MODEL_LABEL = "hetero-ray.io/gpu-model"  # e.g. "nvidia-a100-sxm4-40gb" (low
 # while the newest is being written must still leave a complete one.
 CHECKPOINTS_TO_KEEP = 2
 
-# Ray Train's own files (checkpoints, manager snapshot) live in this folder of the run
-# directory, so `--resume` finds them by the run directory alone.
+# Where versions before HeteroTrainer became the one driver kept Ray Train's own files
+# (checkpoints, manager snapshot) in a `hetero-ray train` run directory; now they sit in
+# the run directory itself, as in every HeteroTrainer run.
 RAY_TRAIN_SUBDIR = "ray_train"
 
 

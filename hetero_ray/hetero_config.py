@@ -1,22 +1,30 @@
 """``HeteroConfig``: what hetero_ray adds to a Ray Train run — the global batch and how it
 is shared out — validated when it is built.
 
-The names are those of ``hetero-ray train``'s flags (``--policy`` is ``policy``,
-``--rebalance-interval`` is ``rebalance_interval``, …), with the defaults of the CLI.
-Settings that depend on the number of workers (a per-rank list) are checked again by
+The names are those of ``hetero-ray train``'s settings (``--policy`` is ``policy``,
+``--rebalance-interval`` is ``rebalance_interval``, …), and so are the checks and the
+defaults: a ``HeteroConfig`` is made of the same parts as the built-in job's
+:class:`~hetero_ray.config.TrainConfig` (the plan, emulation, profiling, …), which check
+their own fields, and the rules that join them are the same functions. Only the words
+differ: an error a part raises names ``--policy`` to a CLI user and ``HeteroConfig.policy``
+here. Settings that depend on the number of workers (a per-rank list) are checked again by
 :class:`~hetero_ray.trainer.HeteroTrainer`, which knows it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from hetero_ray import validate
-from hetero_ray.config import POLICIES, emulated_devices
+from hetero_ray.config import (
+    ClusterConfig, EmulationConfig, FaultToleranceConfig, OptimizationConfig, OutputConfig, PlanConfig,
+    ProfilingConfig, check_ranks, check_shares, default_of, setting_flag, setting_names,
+)
 from hetero_ray.errors import ConfigError
-from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
 from hetero_ray.profiling.recipe import ProfileModel
 
 
@@ -66,70 +74,59 @@ class HeteroConfig:
     """
 
     global_batch_size: int
-    policy: str = "optimal"  # minimise the predicted step time with the fitted cost model
+    policy: str = default_of(PlanConfig, "policy")
     batch_split: Optional[tuple[int, ...]] = None
-    rebalance_interval: int = 20  # steps: often enough to follow a device, rare enough to measure
-    rebalance_threshold: float = 0.05  # adopt only if the predicted step time drops > 5 %
-    rebalance_cooldown: int = 0
+    rebalance_interval: int = default_of(PlanConfig, "rebalance_interval")
+    rebalance_threshold: float = default_of(PlanConfig, "rebalance_threshold")
+    rebalance_cooldown: int = default_of(PlanConfig, "rebalance_cooldown")
     emulate_speeds: Optional[tuple[float, ...]] = None
     emulate_speed_changes: Optional[tuple[dict, ...]] = None
     plan_changes: Optional[tuple[dict, ...]] = None
-    seed: int = 0
-    record_sample_ids: bool = False
-    profile_interval: int = 10  # steps between in-training readings (a daemon thread reads)
+    seed: int = default_of(OptimizationConfig, "seed")
+    record_sample_ids: bool = default_of(OutputConfig, "record_sample_ids")
+    profile_interval: int = default_of(ProfilingConfig, "profile_interval")
     output_dir: Optional[str] = None
-    profile: bool = True
+    profile: bool = default_of(ProfilingConfig, "profile")
     profile_model: Optional[ProfileModel] = None
     profile_batch_sizes: Optional[tuple[int, ...]] = None
-    profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S  # profiler start and the probes of every node
+    profile_timeout_s: float = default_of(ProfilingConfig, "profile_timeout_s")
     worker_devices: Optional[tuple[str, ...]] = None
-    allow_non_finite_loss: bool = False  # a NaN loss is almost always a bug or a divergence: stop
+    allow_non_finite_loss: bool = default_of(FaultToleranceConfig, "allow_non_finite_loss")
     emulate_devices: Optional[tuple[str, ...]] = None
 
     def __post_init__(self):
-        validate.positive_int("HeteroConfig.global_batch_size", self.global_batch_size)
-        validate.choice("HeteroConfig.policy", self.policy, POLICIES)
-        validate.positive_int("HeteroConfig.rebalance_interval", self.rebalance_interval)
-        validate.fraction_below_one("HeteroConfig.rebalance_threshold", self.rebalance_threshold, of="the step time")
-        validate.non_negative_int("HeteroConfig.rebalance_cooldown", self.rebalance_cooldown)
-        validate.non_negative_int("HeteroConfig.seed", self.seed)
-        validate.non_negative_int("HeteroConfig.profile_interval", self.profile_interval)
-        validate.switch("HeteroConfig.profile", self.profile)
-        validate.switch("HeteroConfig.record_sample_ids", self.record_sample_ids)
-        validate.switch("HeteroConfig.allow_non_finite_loss", self.allow_non_finite_loss)
+        with in_api_words():
+            OptimizationConfig(batch_size=self.global_batch_size, seed=self.seed)
+            plan = PlanConfig(policy=self.policy, batch_split=self.batch_split,
+                              rebalance_interval=self.rebalance_interval,
+                              rebalance_threshold=self.rebalance_threshold,
+                              rebalance_cooldown=self.rebalance_cooldown, plan_changes=self.plan_changes)
+            emulation = EmulationConfig(emulate_speeds=self.emulate_speeds,
+                                        emulate_speed_changes=self.emulate_speed_changes,
+                                        emulate_devices=self.emulate_devices)
+            profiling = ProfilingConfig(profile=self.profile, profile_batch_sizes=self.profile_batch_sizes,
+                                        profile_interval=self.profile_interval,
+                                        profile_timeout_s=self.profile_timeout_s)
+            FaultToleranceConfig(allow_non_finite_loss=self.allow_non_finite_loss)
+            OutputConfig(record_sample_ids=self.record_sample_ids)
+            if self.worker_devices is not None:
+                devices = validate.device_kinds("--worker-devices", self.worker_devices)
+                self._store(worker_devices=ClusterConfig(num_workers=len(devices), worker_devices=devices).worker_devices)
+            check_shares(plan, self.global_batch_size)
+        object.__setattr__(self, "plan", plan)
+        object.__setattr__(self, "emulation", emulation)
+        for part, names in ((plan, ("batch_split", "plan_changes")), (profiling, ("profile_batch_sizes",)),
+                            (emulation, ("emulate_speeds", "emulate_speed_changes", "emulate_devices"))):
+            self._store(**{name: getattr(part, name) for name in names if getattr(part, name) is not None})
         object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
                               f"make_batch=...), got {type(self.profile_model).__name__}")
-        if self.profile_batch_sizes is not None:
-            self._store(profile_batch_sizes=validate.probe_sizes("HeteroConfig.profile_batch_sizes",
-                                                                 self.profile_batch_sizes))
-        validate.positive_number("HeteroConfig.profile_timeout_s", self.profile_timeout_s, unit="seconds")
-        if self.worker_devices is not None:
-            self._store(worker_devices=validate.device_kinds("HeteroConfig.worker_devices", self.worker_devices))
-        if self.batch_split is not None:
-            self._store(batch_split=validate.shares("HeteroConfig.batch_split", self.batch_split,
-                                                    self.global_batch_size, "HeteroConfig.global_batch_size"))
-        if self.emulate_speeds is not None:
-            self._store(emulate_speeds=validate.fractions("HeteroConfig.emulate_speeds", self.emulate_speeds,
-                                                          of="the real speed"))
-        if self.emulate_speed_changes is not None:
-            self._store(emulate_speed_changes=validate.speed_changes("HeteroConfig.emulate_speed_changes",
-                                                                     self.emulate_speed_changes))
-        if self.emulate_devices is not None:
-            self._store(emulate_devices=emulated_devices("HeteroConfig.emulate_devices", self.emulate_devices))
-            if self.profile_model is None:
-                raise ConfigError("HeteroConfig.emulate_devices needs a profile_model: every rank times its step "
-                                  "before step 0 to find how much slower than the curves this machine must run; "
-                                  "pass HeteroConfig(profile_model=hetero_ray.ProfileModel(build=..., "
-                                  "make_batch=...))")
-        if self.plan_changes is not None:
-            changes = validate.plan_changes("HeteroConfig.plan_changes", self.plan_changes)
-            for change in changes:
-                validate.shares(f"HeteroConfig.plan_changes at step {change['global_step']}",
-                                change["local_batch_sizes"], self.global_batch_size, "HeteroConfig.global_batch_size",
-                                may_leave_out=True)
-            self._store(plan_changes=changes)
+        if self.emulate_devices is not None and self.profile_model is None:
+            raise ConfigError("HeteroConfig.emulate_devices needs a profile_model: every rank times its step "
+                              "before step 0 to find how much slower than the curves this machine must run; "
+                              "pass HeteroConfig(profile_model=hetero_ray.ProfileModel(build=..., "
+                              "make_batch=...))")
 
     def _store(self, **values) -> None:
         """Keeps the checked form of sequences, as tuples (a frozen config holds no lists)."""
@@ -138,32 +135,14 @@ class HeteroConfig:
 
     def check_workers(self, max_workers: int) -> None:
         """What depends on the number of workers (the most the run may have)."""
-        if self.global_batch_size < max_workers:
-            raise ConfigError(
-                f"HeteroConfig.global_batch_size {self.global_batch_size} is smaller than the {max_workers} "
-                "workers of ScalingConfig: every worker needs at least one sample per step; raise the global "
-                "batch or use fewer workers"
-            )
-        workers = "ScalingConfig.num_workers"
-        if self.batch_split is not None:
-            validate.per_rank("HeteroConfig.batch_split", self.batch_split, max_workers, workers)
-        if self.emulate_speeds is not None:
-            validate.per_rank("HeteroConfig.emulate_speeds", self.emulate_speeds, max_workers, workers)
-        if self.worker_devices is not None:
-            validate.per_rank("HeteroConfig.worker_devices", self.worker_devices, max_workers, workers)
-        if self.emulate_devices is not None:
-            validate.per_rank("HeteroConfig.emulate_devices", self.emulate_devices, max_workers, workers)
-        for change in self.emulate_speed_changes or ():
-            if change["rank"] >= max_workers:
-                raise ConfigError(f"HeteroConfig.emulate_speed_changes: rank {change['rank']} does not exist "
-                                  f"with {max_workers} workers")
-        for change in self.plan_changes or ():
-            validate.per_rank(f"HeteroConfig.plan_changes at step {change['global_step']}",
-                              change["local_batch_sizes"], max_workers, workers)
+        with in_api_words():
+            check_ranks(self.plan, self.emulation, self.global_batch_size, max_workers)
+            if self.worker_devices is not None:
+                validate.per_rank("--worker-devices", self.worker_devices, max_workers)
 
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.planning.policies.PolicyConfig`."""
-        return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
+        return self.plan.policy_config()
 
     @property
     def profiles_nodes(self) -> bool:
@@ -183,3 +162,20 @@ class HeteroConfig:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields["profile_model"] = self.profile_model.name if self.profile_model is not None else None
         return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+
+
+# The CLI's flags as HeteroTrainer's arguments name them: the parts' checks speak in flags.
+_API_NAMES = {"--batch-size": "HeteroConfig.global_batch_size", "--num-workers": "ScalingConfig.num_workers",
+              **{flag: f"HeteroConfig.{f.name}" for f in dataclasses.fields(HeteroConfig) if f.name in setting_names()
+                 for flag in (setting_flag(f.name), "--" + f.name.replace("_", "-"))}}
+_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+@contextlib.contextmanager
+def in_api_words() -> Iterator[None]:
+    """Re-raises a part's :class:`ConfigError` with each flag it names as the API names it
+    (``--policy`` → ``HeteroConfig.policy``)."""
+    try:
+        yield
+    except ConfigError as e:
+        raise ConfigError(_FLAG.sub(lambda flag: _API_NAMES.get(flag[0], flag[0]), str(e))) from None

@@ -13,8 +13,11 @@ user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
 ``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
 (:mod:`hetero_ray.training.entry`), and writes the run's tables and ``summary.json`` —
 also when training fails — where the dashboard and ``hetero-ray report`` read them.
-Everything after the checks is :mod:`hetero_ray.runtime.lifecycle`, which ``hetero-ray
-train`` runs too.
+Everything after the checks is :mod:`hetero_ray.runtime.lifecycle`.
+
+It is the one driver path: ``hetero-ray train`` builds a ``HeteroTrainer`` for the
+built-in job and calls ``fit()`` (:mod:`hetero_ray.builtin.driver`), handing over what a
+user's loop does not have, as values (:class:`~hetero_ray.runtime.job.JobFacts`).
 """
 
 from __future__ import annotations
@@ -23,20 +26,26 @@ import contextlib
 import dataclasses
 import functools
 import os
+import signal
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig
 
 from hetero_ray.config import _EXPERIMENT_NAME, default_experiment_name
-from hetero_ray.constants import CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
+from hetero_ray.constants import (
+    CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
+    DEFAULT_PLACEMENT_TIMEOUT_S, PLACEMENT_TIMEOUT_S_ENV_VAR, env_float,
+)
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
-from hetero_ray.runtime import actors, cluster, node_checks, run_lock, storage
+from hetero_ray.profiling.profile_config import ProfileConfig
+from hetero_ray.runtime import actors, checkpoints, cluster, node_checks, run_dir, run_lock, storage
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
+from hetero_ray.runtime.job import API_JOB, JobFacts
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
@@ -67,7 +76,7 @@ class HeteroTrainer:
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
                  scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
                  hetero_config: Optional[HeteroConfig] = None, torch_config: Optional[TorchConfig] = None,
-                 emit: Callable[[str], None] = print):
+                 emit: Callable[[str], None] = print, _job: JobFacts = API_JOB):
         if not callable(train_loop_per_worker):
             raise ConfigError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
         takes_config(train_loop_per_worker)  # raises for a loop with more than one argument
@@ -102,6 +111,7 @@ class HeteroTrainer:
         self._torch_config = torch_config
         self._name = name
         self._emit = emit
+        self._job = _job
 
     def fit(self) -> Result:
         """Trains; returns Ray Train's ``Result`` (metrics, checkpoint, path).
@@ -119,14 +129,16 @@ class HeteroTrainer:
         with contextlib.ExitStack() as held:
             locked = os.path.isdir(run.run_dir)
             if locked:
-                held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
+                held.enter_context(run_lock.acquire(run.run_dir, self._job.words.locked_advice))
             return self._fit(run, held, locked)
 
     def _fit(self, run: storage.RunStorage, held: contextlib.ExitStack, locked: bool) -> Result:
         """Checks, then trains; ``held`` keeps the run directory's lock until fit() returns."""
-        hetero = self._hetero
+        hetero, job = self._hetero, self._job
         resuming = run.continues_a_run()
-        if not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
+        if job.check_run_dir is not None:
+            job.check_run_dir()
+        elif not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
             raise UserError(f"{run.run_dir} already holds a run without a checkpoint to continue from; choose "
                             "another RunConfig(name=...) (nothing was overwritten)")
         cpus_per_worker = float((self._scaling.resources_per_worker or {}).get("CPU", 1))
@@ -134,20 +146,20 @@ class HeteroTrainer:
                                      timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
                                      join_local_cluster=True)
         use_gpu = bool(self._scaling.use_gpu)
-        selectors = hetero.label_selectors()
+        selectors = self._label_selectors()
         cluster.check_capacity(self._min_workers, cpus_per_worker, 1.0 if use_gpu else 0.0, selectors)
         if run.remote_run_uri is None:  # checkpoints go to a path every worker node writes
-            node_checks.check_nodes(run.run_dir, selectors, emit=self._emit)
-        actors.check_name_free(self._name, "RunConfig(name=...)")  # a live run of this name: refuse
-        os.makedirs(run.run_dir, exist_ok=True)
-        if not locked:
-            held.enter_context(run_lock.acquire(run.run_dir, _LOCKED_ADVICE))
+            node_checks.check_nodes(run.run_dir, selectors, job.dataset, emit=self._emit)
+        actors.check_name_free(self._name, job.words.name_setting)  # a live run of this name: refuse
+        created = run_dir.make(run.run_dir, held, locked, job.words)
         if resuming and storage.take_back_tables(run):
             self._emit(f"[hetero_ray] the run's tables were taken back from {run.remote_run_uri}")
-        run_files.write_json(os.path.join(run.run_dir, run_files.CONFIG_FILE),
-                             {"hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path})
-        self._emit(f"[hetero_ray] run {self._name}: {'resuming; ' if resuming else ''}files in {run.run_dir}"
+        run_dir.write_settings(run.run_dir, job.settings if job.settings is not None else {
+            "hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path}, created, job.words)
+        self._emit(f"[hetero_ray] run {self._name}: files in {run.run_dir}"
                    + (f", copied to {run.remote_run_uri} at each checkpoint" if run.remote_run_uri else ""))
+        if resuming:
+            self._emit(f"[hetero_ray] resuming from {checkpoints.describe_latest(run.run_dir)}")
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
@@ -158,10 +170,20 @@ class HeteroTrainer:
         self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
         return finished.result
 
+    def _label_selectors(self) -> Optional[list[dict]]:
+        """Where each worker may run: its device's node label, or the ScalingConfig's own selectors."""
+        return self._hetero.label_selectors() or getattr(self._scaling, "label_selector", None) or None
+
     def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
         from ray.train.torch import TorchTrainer
 
         hetero = self._hetero
+        # Waiting for room must end: Ray Train gives up starting a group after this long. An
+        # elastic run would rather continue at once with the workers it can have than wait for
+        # the full size, so losing a node costs seconds, not a minute.
+        elastic = self._min_workers < self._max_workers
+        os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(env_float(
+            PLACEMENT_TIMEOUT_S_ENV_VAR, DEFAULT_ELASTIC_START_TIMEOUT_S if elastic else DEFAULT_PLACEMENT_TIMEOUT_S))
         settings = WorkerSettings(
             experiment_name=self._name, global_batch_size=hetero.global_batch_size, seed=hetero.seed,
             rebalance_interval=hetero.rebalance_interval, device_mode=device_mode,
@@ -176,6 +198,7 @@ class HeteroTrainer:
                                                   and hetero.profiles_nodes) or hetero.emulate_devices else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
             allow_non_finite_loss=hetero.allow_non_finite_loss, tables_to_uri=run.remote_run_uri is not None,
+            end_global_step=self._job.total_steps,
         )
         user = self._run_config
         run_config = RunConfig(
@@ -198,11 +221,12 @@ class HeteroTrainer:
         return list(hetero.profile_batch_sizes or probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
 
     def _run_spec(self, run: storage.RunStorage, use_gpu: bool, cpus_per_worker: float) -> RunSpec:
-        hetero = self._hetero
+        hetero, job = self._hetero, self._job
         profiling = None
         if hetero.profiles_nodes:
-            profiling = ProfilingSpec(hetero.profile_model, self._probe_batch_sizes(), cpus_per_worker,
-                                      hetero.profile_timeout_s, uses_gpus=use_gpu)
+            profiling = ProfilingSpec(ProfileConfig(model=hetero.profile_model, batch_sizes=self._probe_batch_sizes(),
+                                                    cpus_per_worker=cpus_per_worker,
+                                                    timeout_s=hetero.profile_timeout_s), uses_gpus=use_gpu)
         return RunSpec(
             experiment_name=self._name,
             run_dir=run.run_dir,
@@ -213,6 +237,7 @@ class HeteroTrainer:
                 "experiment_name": self._name,
                 "model": hetero.profile_model.name if hetero.profile_model is not None else None,
                 "dataset": None,
+                **job.summary_names,
                 "policy": hetero.policy,
                 "num_workers": self._max_workers,
                 "global_batch_size": hetero.global_batch_size,
@@ -220,23 +245,23 @@ class HeteroTrainer:
             },
             interruption=functools.partial(self._interrupted, run),
             profiling=profiling,
+            total_steps=job.total_steps,
+            final_model=job.final_model,
             remote_run_uri=run.remote_run_uri,
         )
 
     def _interrupted(self, run: storage.RunStorage, signum: int, summary: dict[str, Any]) -> RunInterrupted:
-        """What a stop raises: how to continue, where a checkpoint was reported before it."""
-        recorded = (f"interrupted by {SIGNAL_NAMES[signum]} at global step {summary['global_steps']}: summary.json "
-                    f"says \"interrupted\", and the steps trained so far are in {run.run_dir}")
+        """What a stop raises: how far the run got, and how to continue it from the last
+        checkpoint reported before the stop (the message says when there is none)."""
+        words = self._job.words
+        name = SIGNAL_NAMES[signum] + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+        recorded = (f"interrupted by {name} at global step {summary['global_steps']}: summary.json says "
+                    f"\"interrupted\", and the steps trained so far are in {run.run_dir}")
         if not run.has_ray_snapshot():  # what fit() continues from (see fit)
             return RunInterrupted(f"{recorded}. No checkpoint was reported before the stop, so there is nothing to "
-                                  "continue: fit() again under another RunConfig(name=...)", signum, resumable=False)
-        return RunInterrupted(f"{recorded}; fit() again with RunConfig(name={self._name!r}) and the same storage "
-                              "continues from the last checkpoint", signum, resumable=True)
-
-
-# What a fit() refused by the run directory's lock can do (run_lock.acquire names the holder).
-_LOCKED_ADVICE = ("Wait for that run to end, or stop it, then fit() again with the same RunConfig(name=...) and "
-                  "storage to continue it; or choose another RunConfig(name=...)")
+                                  f"continue: {words.start_afresh}", signum, resumable=False)
+        return RunInterrupted(f"{recorded}. {words.continues(self._name)} continues from "
+                              f"{checkpoints.describe_latest(run.run_dir)}", signum, resumable=True)
 
 
 def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:

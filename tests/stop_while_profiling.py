@@ -20,6 +20,7 @@ from hetero_ray import ProfileModel
 from hetero_ray.constants import RAY_NAMESPACE
 from hetero_ray.errors import RunInterrupted
 from hetero_ray.metrics import run_files
+from hetero_ray.profiling.profile_config import ProfileConfig
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from tests.api_jobs import make_model, random_batch
 
@@ -42,8 +43,9 @@ def main(run_dir: str) -> int:
         summary_base={"experiment_name": NAME, "policy": "static", "num_workers": 2, "global_batch_size": 8},
         interruption=lambda signum, summary: RunInterrupted(f"interrupted at {summary['global_steps']}", signum,
                                                             resumable=False),
-        profiling=ProfilingSpec(ProfileModel(build=slow_model, make_batch=random_batch), [2, 4], cpus_per_worker=1.0,
-                                timeout_s=120.0, uses_gpus=True),
+        profiling=ProfilingSpec(ProfileConfig(model=ProfileModel(build=slow_model, make_batch=random_batch),
+                                              batch_sizes=(2, 4), cpus_per_worker=1.0, timeout_s=120.0),
+                                uses_gpus=True),
     )
 
     def no_training(first_plan_wait_s: float):

@@ -106,7 +106,7 @@ def test_config_json_names_the_profile_model():
 def test_global_batch_smaller_than_the_workers_is_refused():
     from ray.train import ScalingConfig
 
-    with pytest.raises(ConfigError, match="global_batch_size 2 is smaller than the 3 workers"):
+    with pytest.raises(ConfigError, match="HeteroConfig.global_batch_size 2 is smaller than ScalingConfig.num_workers 3"):
         HeteroTrainer(_loop, scaling_config=ScalingConfig(num_workers=3), hetero_config=HeteroConfig(global_batch_size=2))
 
 

@@ -35,7 +35,7 @@ import torch
 
 from hetero_ray.builtin.checkpointing import STATE_FILE, load_state, save_state
 from hetero_ray.metrics import run_files
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, registered_checkpoint_names
+from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, ray_train_dir, registered_checkpoint_names
 from tests.cli import run_cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,7 +141,7 @@ def other_shapes(checkpoint_dir: str) -> None:
 
 
 def corrupt_config(checkpoint_dir: str) -> None:
-    run_dir = os.path.dirname(os.path.dirname(checkpoint_dir))
+    run_dir = os.path.dirname(checkpoint_dir)  # Ray Train's checkpoints sit in the run directory
     with open(os.path.join(run_dir, run_files.CONFIG_FILE), "w") as f:
         f.write('{"model": "mlp", ')
 
@@ -398,7 +398,7 @@ def assert_failed_cleanly(run_dir: str, out: str, err: str) -> None:
     leftovers = [os.path.join(root, name) for root, _, names in os.walk(run_dir) for name in names
                  if name.startswith(".tmp-") or name.endswith(".tmp")]
     assert not leftovers, leftovers
-    train_dir = os.path.join(run_dir, "ray_train")
+    train_dir = ray_train_dir(run_dir)
     names = os.listdir(train_dir) if os.path.isdir(train_dir) else []
     folders = {n for n in names if n.startswith("checkpoint_") and os.path.isdir(os.path.join(train_dir, n))}
     assert folders <= registered_checkpoint_names(run_dir), "a checkpoint cut short is still there"
@@ -550,7 +550,7 @@ def test_failures_become_one_message_a_person_can_act_on():
     upload = failure_for_user(WorkerGroupError("rank 0 failed", {0: OSError(errno.ENOSPC, "No space left on device")}),
                               "/r", 30)
     assert isinstance(upload, TrainingFailed)
-    assert "disk full at /r/ray_train while saving a checkpoint" in str(upload)
+    assert "disk full at /r while saving a checkpoint" in str(upload)
 
     other = failure_for_user(WorkerGroupError("rank 1 failed", {1: RuntimeError("gloo timeout")}), "/r", 3)
     assert isinstance(other, TrainingFailed) and str(other).startswith("training failed: ")

@@ -129,20 +129,32 @@ def test_a_config_json_of_an_older_version_still_loads():
 def test_one_profile_timeout_default_everywhere():
     from hetero_ray import HeteroConfig
     from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
-    from hetero_ray.profiling.node_profiler import ProfileConfig
+    from hetero_ray.profiling.profile_config import ProfileConfig
 
     assert TrainConfig().profile_timeout_s == ProfileConfig().timeout_s == DEFAULT_PROFILE_TIMEOUT_S
     assert HeteroConfig(global_batch_size=8).profile_timeout_s == DEFAULT_PROFILE_TIMEOUT_S
 
 
-def test_hetero_config_has_the_defaults_of_the_cli():
+def test_hetero_config_is_checked_by_the_parts_of_the_cli_in_its_own_words():
+    """One set of checks: a value the CLI refuses naming its flag, HeteroConfig refuses
+    naming its field; the rules that join parts are the same functions."""
     from hetero_ray import HeteroConfig
 
-    api, cli = HeteroConfig(global_batch_size=8), TrainConfig()
-    shared = {f.name for f in dataclasses.fields(HeteroConfig)} & set(setting_names())
-    shared.remove("output_dir")  # not the same thing: where the tables of a run on a URI storage go
-    assert {"policy", "rebalance_interval", "rebalance_threshold", "profile_timeout_s", "seed"} <= shared
-    assert {name: getattr(api, name) for name in shared} == {name: getattr(cli, name) for name in shared}
+    for settings, api, flag in [
+        (dict(policy="fastest"), "HeteroConfig.policy must be one of", "--policy must be one of"),
+        (dict(rebalance_cooldown=-1), "HeteroConfig.rebalance_cooldown must be", "--rebalance-cooldown must be"),
+        (dict(profile_timeout_s=-1), "HeteroConfig.profile_timeout_s must be", "--profile-timeout must be"),
+        (dict(emulate_speeds=[0]), "HeteroConfig.emulate_speeds values must be", "--emulate-speeds values must be"),
+        (dict(batch_split=[3, 3]), "HeteroConfig.batch_split sums to 6, but HeteroConfig.global_batch_size is 8",
+         "--batch-split sums to 6, but --batch-size is 8"),
+    ]:
+        with pytest.raises(ConfigError) as from_api:
+            HeteroConfig(global_batch_size=8, **settings)
+        with pytest.raises(ConfigError) as from_cli:
+            TrainConfig(batch_size=8, num_workers=2, **settings)
+        assert api in str(from_api.value) and flag in str(from_cli.value)
+        assert str(from_api.value).replace(api, flag).replace("HeteroConfig.global_batch_size", "--batch-size") \
+            == str(from_cli.value)
 
 
 # --- the CLI is generated from the parts
@@ -207,7 +219,7 @@ def _profile_args(*flags: str):
 
 def test_every_profile_setting_has_a_flag_and_the_flags_defaults_are_the_configs():
     from hetero_ray.cli.profile import config_from_args
-    from hetero_ray.profiling.node_profiler import ProfileConfig
+    from hetero_ray.profiling.profile_config import ProfileConfig
 
     args = _profile_args()
     # A field added to ProfileConfig without a flag lands in this difference.

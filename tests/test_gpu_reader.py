@@ -10,7 +10,8 @@ from hetero_ray.profiling import inventory
 from hetero_ray.profiling.gpu import (
     INVENTORY_FIELDS, SAMPLE_FIELDS, GpuReader, NoGpuReader, NvmlGpuReader, gpu_reader,
 )
-from hetero_ray.profiling.node_profiler import NodeProfiler, ProfileConfig
+from hetero_ray.profiling.node_profiler import NodeProfiler
+from hetero_ray.profiling.profile_config import ProfileConfig
 from tests.fakes import FakeGpuReader
 
 GIB = 1024**3

@@ -99,3 +99,17 @@ def test_the_installed_package_imports_nothing_from_the_checkouts_scripts():
     assert done.returncode == 0, done.stderr[-3000:]
     modules = grimp.build_graph(*PACKAGES, cache_dir=None).modules
     assert set(done.stdout.split()) == {m for m in modules if not m.endswith(".__main__")}  # every one of them
+
+
+def test_the_configuration_from_hetero_ray_train_walks_down_the_layers(capsys):
+    """From the flags to the TorchTrainer, no call climbs back up the layers
+    (scripts/config_walk.py traces it)."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+    try:
+        import config_walk
+    finally:
+        sys.path.remove(os.path.join(REPO_ROOT, "scripts"))
+    code = config_walk.main(["--model", "mlp", "--num-workers", "2", "--worker-devices", "gpu,cpu"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "hetero_ray.trainer" in out and "hetero_ray.builtin.driver" in out, out

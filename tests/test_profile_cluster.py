@@ -18,7 +18,9 @@ import pytest
 from benchmarks.local_cluster import CFS_PERIOD_US, cgroup_unusable_reason, set_cpu_quota, start_node
 from hetero_ray.builtin.recipe import builtin_recipe
 from hetero_ray.profiling.capability import NodeCapability
-from hetero_ray.profiling.node_profiler import NodeProfiler, profile_cluster
+from hetero_ray.profiling.cluster_profiling import profile_cluster
+from hetero_ray.profiling.node_profiler import NodeProfiler
+from hetero_ray.profiling.profile_config import ProfileConfig
 from tests.fakes import FakeGpuReader
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -58,8 +60,8 @@ def test_profile_cluster_measures_the_session_node(ray_session):
     planner = Planner.remote()
     lines: list[str] = []
     started = time.monotonic()
-    nodes = profile_cluster(model=builtin_recipe("simple_cnn"), timeout_s=120, emit=lines.append, planner=planner,
-                            experiment_name="test-profile")
+    nodes = profile_cluster(ProfileConfig(model=builtin_recipe("simple_cnn"), timeout_s=120), emit=lines.append,
+                            planner=planner, experiment_name="test-profile")
     wall_s = time.monotonic() - started
     print(f"\nprofile_cluster: {wall_s:.1f} s wall; on the node {nodes[0].profile_time_s:.1f} s "
           f"({nodes[0].stage_times_s})\n" + "\n".join(lines))
@@ -85,7 +87,7 @@ def test_profile_cluster_measures_the_session_node(ray_session):
 
 def test_a_node_past_the_timeout_is_reported_failed_not_raised(ray_session):
     lines: list[str] = []
-    nodes = profile_cluster(model=builtin_recipe("simple_cnn"), timeout_s=0.5, emit=lines.append)
+    nodes = profile_cluster(ProfileConfig(model=builtin_recipe("simple_cnn"), timeout_s=0.5), emit=lines.append)
     assert [n.status for n in nodes] == ["failed"]
     assert "timed out after 0.5 s" in nodes[0].error
     assert nodes[0].resources.get("CPU") == 8  # what the driver knows about the node is kept
@@ -189,7 +191,7 @@ def test_a_capped_node_measures_about_a_third_as_fast(ray_session, capped_node):
     measured = []
     for attempt in range(2):  # a second chance only if a shared machine skewed the first
         lines: list[str] = []
-        nodes = profile_cluster(model=builtin_recipe("simple_cnn"), timeout_s=180, emit=lines.append)
+        nodes = profile_cluster(ProfileConfig(model=builtin_recipe("simple_cnn"), timeout_s=180), emit=lines.append)
         print("\n" + "\n".join(lines))
         by_id = {n.node_id: n for n in nodes}
         assert len(nodes) == 2 and all(n.ok for n in nodes), [n.error for n in nodes]
@@ -223,7 +225,7 @@ class NvmlBrokenOnTheCappedNode(NodeProfiler):
 
 def test_a_node_whose_nvml_fails_is_reported_and_the_other_completes(ray_session, capped_node):
     lines: list[str] = []
-    nodes = profile_cluster(timeout_s=180, emit=lines.append, microbench_s=0.3,
+    nodes = profile_cluster(ProfileConfig(timeout_s=180, microbench_s=0.3), emit=lines.append,
                             profiler_cls=NvmlBrokenOnTheCappedNode)
     by_id = {n.node_id: n for n in nodes}
     assert by_id[capped_node].status == "failed"

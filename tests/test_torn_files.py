@@ -17,7 +17,7 @@ from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import SCHEMAS
 from hetero_ray.metrics.run_writer import WAL_FILE
 from hetero_ray.metrics.store import MetricsStore
-from hetero_ray.runtime.finishing import finish_run
+from hetero_ray.runtime.finishing import Outcome, finish_run
 from tests.test_metrics_store import step_row
 
 PLAN = {"plan_version": 0, "first_global_step": 0, "epoch": 0, "step": 0, "attempt": 0, "num_workers": 2,
@@ -164,7 +164,7 @@ def test_finish_run_writes_a_summary_whatever_piece_fails(tmp_path):
                                               schema=SCHEMAS["steps"]), 1)
     open(run_files.table_path(run_dir, "epochs"), "wb").close()  # torn
     lines: list[str] = []
-    summary, failure = finish_run(run_dir, store=None, planner=None, result=_Result(), wall_time_s=1.0, error=None,
+    summary, failure = finish_run(run_dir, store=None, planner=None, outcome=Outcome(_Result(), wall_time_s=1.0),
                                   summary_base={"experiment_name": "x"}, emit=lines.append,
                                   final_model=lambda directory: {})
     with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
@@ -186,8 +186,8 @@ def test_finish_run_survives_a_summary_that_cannot_be_built(tmp_path, monkeypatc
     run_dir = str(tmp_path)
     run_files.write_part(run_dir, "steps", pa.Table.from_pylist([step_row(0, 0)], schema=SCHEMAS["steps"]), 1)
     lines: list[str] = []
-    summary, failure = finish_run(run_dir, None, None, None, 1.0, None, {"experiment_name": "x"}, emit=lines.append,
-                                  interrupted_by="SIGTERM")
+    summary, failure = finish_run(run_dir, None, None, Outcome(None, 1.0, interrupted_by="SIGTERM"),
+                                  {"experiment_name": "x"}, emit=lines.append)
     with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
         on_disk = json.load(f)
     assert on_disk["status"] == "interrupted" and on_disk["global_steps"] == 1 and failure is None

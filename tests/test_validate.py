@@ -61,7 +61,7 @@ def test_validators_return_what_the_configs_store():
 
 
 def test_the_profilers_config_names_the_profile_commands_flags():
-    from hetero_ray.profiling.node_profiler import ProfileConfig
+    from hetero_ray.profiling.profile_config import ProfileConfig
 
     with pytest.raises(ConfigError, match="--batch-sizes needs two or more different positive sizes"):
         ProfileConfig(batch_sizes=(8,))

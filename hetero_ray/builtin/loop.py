@@ -36,6 +36,7 @@ from hetero_ray.builtin.checkpointing import (
 from hetero_ray.builtin.data import DatasetBundle, as_batch, load_dataset
 from hetero_ray.builtin.evaluation import evaluate
 from hetero_ray.builtin.models import build_model, compute_loss
+from hetero_ray.builtin import optim
 from hetero_ray.builtin.optim import make_lr_scheduler, make_optimizer
 from hetero_ray.config import TrainConfig
 from hetero_ray.training import session as worker_session
@@ -68,12 +69,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
     """The built-in job on every worker; ``loop_config["train"]`` is the run's TrainConfig."""
     config = TrainConfig.from_dict(loop_config["train"])
     session = worker_session.current("the built-in loop")
-    run_steps = session.settings.end_global_step
 
     # --- data, model, optimiser: functions of the seed and the global batch only
     data = load_dataset(config.dataset, data_dir=config.data_dir, num_samples=config.num_samples,
                         eval_samples=config.eval_samples, seed=config.seed, download=False,
                         verify_checksums=config.verify_checksums)
+    run_steps = optim.run_steps(config, len(data.train))
     torch.manual_seed(config.seed)
     model = hetero_ray.train.prepare_model(build_model(config.model, data.spec))
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)

@@ -37,3 +37,12 @@ def make_lr_scheduler(name: str, optimizer, total_steps: int):
 def total_steps(epochs: int, steps_per_epoch: int, max_steps) -> int:
     planned = epochs * steps_per_epoch
     return planned if max_steps is None else min(planned, max_steps)
+
+
+def run_steps(config, num_samples: int) -> int:
+    """The run's length in global steps: ``config.epochs`` over ``num_samples`` training
+    samples (a :class:`~hetero_ray.config.TrainConfig`), at most its ``max_steps``."""
+    from hetero_ray.sampler import GlobalSampler
+
+    sampler = GlobalSampler(num_samples, config.batch_size, config.seed, config.drop_last)
+    return total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)

@@ -14,7 +14,7 @@ from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
-from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir
+from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, ray_train_dir
 
 
 def run_dir_of(config: TrainConfig) -> str:
@@ -68,10 +68,14 @@ def check_resumable(run_dir: str, config: TrainConfig) -> None:
     that meets a bad one only fails after the cluster has started, and Ray Train would
     retry it ``--max-failures`` times before saying why.
     """
+    if os.path.isdir(os.path.join(run_dir, RAY_TRAIN_SUBDIR)):
+        raise UserError(f"--resume: {run_dir} was written by an earlier hetero_ray, which kept Ray Train's "
+                        f"checkpoints in {RAY_TRAIN_SUBDIR}/ (this one keeps them beside the tables); continue it "
+                        "with the version that started it, or start a new run under another --experiment-name")
     try:
         checkpoint_dir = latest_checkpoint_dir(run_dir) if os.path.isdir(run_dir) else None
     except ValueError as e:  # Ray Train's list of checkpoints, cut short or edited
-        snapshot = os.path.join(run_dir, RAY_TRAIN_SUBDIR, RAY_CHECKPOINT_SNAPSHOT)
+        snapshot = os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)
         raise UserError(f"--resume: {snapshot} is not valid JSON ({e}), so the run's latest checkpoint is "
                         "unknown; start a new run with another --experiment-name") from None
     if checkpoint_dir is None:

@@ -20,11 +20,12 @@ where to write, are written out here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from hetero_ray import flags
 from hetero_ray.errors import UserError
-from hetero_ray.profiling.node_profiler import ProfileConfig
+from hetero_ray.profiling.profile_config import ProfileConfig
 
 HELP = "measure each node's compute, memory bandwidth and (with --model) the model's per-sample cost"
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from hetero_ray.builtin.recipe import builtin_recipe
     from hetero_ray.constants import CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
     from hetero_ray.profiling.capability import write_nodes_json
-    from hetero_ray.profiling.node_profiler import profile_cluster
+    from hetero_ray.profiling.cluster_profiling import profile_cluster
     from hetero_ray.runtime import cluster
 
     connection = cluster.connect(args.address, local_num_cpus=os.cpu_count() or 1,
@@ -60,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
                                  include_dashboard=False)
     print(f"[profile] Ray: {'local cluster started' if connection.started_local else connection.address}",
           flush=True)
+    # The profilers build the model from its recipe: the flags name a built-in one.
     recipe = builtin_recipe(config.model, config.dataset) if config.model else None
-    nodes = profile_cluster(model=recipe, batch_sizes=config.batch_sizes,
-                            cpus_per_worker=config.cpus_per_worker, timeout_s=config.timeout_s,
-                            emit=lambda line: print(line, flush=True), ram_fraction=config.ram_fraction)
+    nodes = profile_cluster(dataclasses.replace(config, model=recipe, dataset=None),
+                            emit=lambda line: print(line, flush=True))
     print()
     print(profile_report(nodes, config.model))
     if args.json:

@@ -13,7 +13,8 @@ Layout of ``<output-dir>/<experiment-name>/``::
     sample_ids.parquet   with --record-sample-ids             }
     summary.json         totals and steady throughput
     model_final.pt       the final model's state_dict
-    ray_train/           Ray Train's checkpoints (what --resume continues from)
+    checkpoint_*/        Ray Train's checkpoints, listed in its checkpoint_manager_snapshot.json
+                         (what --resume continues from)
 
 Every file is written to a temporary name, fsynced, and renamed into place, and the
 folder is fsynced after the rename: the rename is the commit point (as in PyTorch's

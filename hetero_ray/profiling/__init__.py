@@ -1,7 +1,10 @@
 """Profiling: what each node can do before training, and what each rank does while it trains.
 
-- :mod:`~hetero_ray.profiling.node_profiler`: one profiler actor per node → :class:`NodeCapability`
-  (:func:`profile_cluster`), behind ``hetero-ray profile`` and the first plan of ``hetero-ray train``;
+- :mod:`~hetero_ray.profiling.profile_config`: what to profile (``ProfileConfig``, frozen);
+- :mod:`~hetero_ray.profiling.node_profiler`: one node's profile → :class:`NodeCapability`, a plain
+  class; :mod:`~hetero_ray.profiling.cluster_profiling`: one profiler actor per node
+  (:func:`profile_cluster`), behind ``hetero-ray profile`` and a run's first plan;
+  :mod:`~hetero_ray.profiling.node_text`: a profile as one line;
 - :mod:`~hetero_ray.profiling.capability`: the capability records and ``nodes.json`` (what the
   planner makes of them: :mod:`hetero_ray.planning.capacity`);
 - :mod:`~hetero_ray.profiling.inventory`, :mod:`~hetero_ray.profiling.microbench`,

@@ -36,9 +36,9 @@ _POSITION_MARKERS = (POSITION_FILE, os.path.join("hetero_ray", "state.json"))
 
 
 def ray_train_dir(run_dir: str) -> str:
-    """Where Ray Train keeps a run's checkpoints: ``ray_train/`` for runs of
-    ``hetero-ray train``, the run directory itself for HeteroTrainer runs (Ray Train's
-    ``storage_path / name``)."""
+    """Where Ray Train keeps a run's checkpoints: the run directory itself (Ray Train's
+    ``storage_path / name``), or ``ray_train/`` in runs of ``hetero-ray train`` written by
+    versions before it became a user of HeteroTrainer (still read: reports, dashboards)."""
     nested = os.path.join(run_dir, RAY_TRAIN_SUBDIR)
     return nested if os.path.isdir(nested) else run_dir
 
@@ -48,3 +48,24 @@ def registered_checkpoint_names(run_dir: str) -> set[str]:
     snapshot = read_json(os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)) or {}
     results = list(snapshot.get("checkpoint_results") or []) + [snapshot.get("latest_checkpoint_result") or {}]
     return {r["checkpoint_dir_name"] for r in results if r.get("checkpoint_dir_name")}
+
+
+def describe_latest(run_dir: str) -> str:
+    """The checkpoint a resume continues from, for a person: ``the checkpoint at global step
+    40 (epoch 1, step 8): <dir>``; ``the last checkpoint reported`` where the run directory
+    does not hold it (URI storage) or its position cannot be read."""
+    try:
+        directory = latest_checkpoint_dir(run_dir)
+    except ValueError:  # Ray Train's snapshot, cut short: a resume says so
+        directory = None
+    if directory is None:
+        return "the last checkpoint reported"
+    for marker in _POSITION_MARKERS:
+        try:
+            position = (read_json(os.path.join(directory, marker)) or {}).get("position")
+        except ValueError:
+            continue
+        if position:
+            return (f"the checkpoint at global step {position.get('global_step')} "
+                    f"(epoch {position.get('epoch')}, step {position.get('step')}): {directory}")
+    return f"the checkpoint in {directory}"

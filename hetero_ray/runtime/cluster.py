@@ -32,8 +32,11 @@ QUIET_ENV = {
 @dataclass(frozen=True)
 class Connection:
     address: str
-    started_local: bool
+    started_local: bool  # by this process (a second connect, e.g. by HeteroTrainer.fit after the CLI's, says so too)
     dashboard_url: Optional[str]
+
+
+_started_here: Optional[str] = None  # the address of the local Ray this process started
 
 
 def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
@@ -48,8 +51,10 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
     """
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    global _started_here
     if ray.is_initialized():
-        return Connection(ray.get_runtime_context().gcs_address, False, _dashboard_url())
+        address = ray.get_runtime_context().gcs_address
+        return Connection(address, address == _started_here, _dashboard_url())
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None and join_local_cluster:
         address = running_local_cluster()
@@ -58,7 +63,8 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
         # (plain ray.init() would join that one instead).
         ray.init(address="local", num_cpus=local_num_cpus, namespace=RAY_NAMESPACE, include_dashboard=include_dashboard,
                  logging_level="WARNING", log_to_driver=True)
-        return Connection(ray.get_runtime_context().gcs_address, True, _dashboard_url())
+        _started_here = ray.get_runtime_context().gcs_address
+        return Connection(_started_here, True, _dashboard_url())
     _check_reachable(address, timeout_s)
     if prepare_auth_env(address):  # the CLI set it before Ray loaded; a Python caller may not have
         reload_ray_auth_config()

@@ -22,7 +22,7 @@ from ray.train import ControllerError
 # the one place a run can be stopped without counting as a retryable worker failure.
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
-from hetero_ray.constants import METRICS_STORE_ROLE, RAY_TRAIN_SUBDIR
+from hetero_ray.constants import METRICS_STORE_ROLE
 from hetero_ray.errors import TrainingFailed, UserError
 from hetero_ray.metrics.run_writer import DISK_FULL_ERRNOS, free_space
 from hetero_ray.metrics.store import StoreWriteFailed
@@ -212,7 +212,7 @@ def failure_for_user(error: BaseException, run_dir: str, steps_on_disk: int) -> 
         # The error rarely names its file; how much room the run's disk has left tells a
         # full --output-dir from a full temporary folder on a worker.
         where = (f"disk full at {cause.filename}" if getattr(cause, "filename", None) else
-                 f"disk full at {os.path.join(run_dir, RAY_TRAIN_SUBDIR)} while saving a checkpoint "
+                 f"disk full at {run_dir} while saving a checkpoint "
                  f"({free_space(run_dir)})")
         return TrainingFailed(f"training stopped: {where} ({_first_line(cause)}); free space or choose another "
                               f"--output-dir; {recorded}")

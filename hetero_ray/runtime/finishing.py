@@ -10,6 +10,7 @@ failure. summary.json is written with whatever could be read.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import ray
@@ -22,11 +23,22 @@ from hetero_ray.runtime import checkpoints
 from hetero_ray.runtime.failures import failure_for_user
 
 
-def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: Optional[BaseException],
-               summary_base: dict[str, Any], nodes: Optional[list[dict]] = None,
-               emit: Callable[[str], None] = print, *,
+@dataclass(frozen=True)
+class Outcome:
+    """How training ended, as the lifecycle saw it."""
+
+    result: Any  # Ray Train's Result; None when fit() did not return one
+    wall_time_s: float
+    error: Optional[BaseException] = None
+    # The signal's name when one stopped training before its end: the summary says
+    # "interrupted" (not "finished"), and there is no final model.
+    interrupted_by: Optional[str] = None
+    nodes: Optional[list[dict]] = None  # the node profiles, for the bottleneck verdicts
+
+
+def finish_run(run_dir: str, store, planner, outcome: Outcome, summary_base: dict[str, Any], *,
                final_model: Optional[Callable[[str], Any]] = None,
-               interrupted_by: Optional[str] = None) -> tuple[dict[str, Any], Optional[Exception]]:
+               emit: Callable[[str], None] = print) -> tuple[dict[str, Any], Optional[Exception]]:
     """Merges the tables, writes summary.json (and the final model, when the job says how
     to read it from its last checkpoint); never raises.
 
@@ -34,15 +46,15 @@ def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: 
     one runs, so summary.json is written with whatever could be read.
 
     Args:
+        summary_base: summary.json's fields that describe the job, not its outcome.
         final_model: reads the trained model's state from a checkpoint's directory; it is
             saved as the run's model file. None: a user's loop keeps its own checkpoints.
-        interrupted_by: the signal's name when one stopped training before its end: the
-            summary says ``interrupted`` (not ``finished``), and there is no final model.
 
     Returns the summary and, for a failed run, the exception to raise (see
     :func:`failure_for_user`). A store that stopped writing fails the run even when
     training itself finished: its last rows are missing.
     """
+    result, error, interrupted_by = outcome.result, outcome.error, outcome.interrupted_by
     try:
         ray.get(planner.close.remote(), timeout=30)
     except Exception as e:  # noqa: BLE001 - a lost decision row is not worth failing the run
@@ -65,7 +77,7 @@ def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: 
     attempts = _guarded(emit, f"reading {run_files.ATTEMPTS_FILE}", run_files.read_json,
                         os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
     status = "failed" if error is not None else ("interrupted" if interrupted_by else "finished")
-    base = {**summary_base, "wall_time_s": wall_time_s, "status": status, "error": None, "run_dir": run_dir}
+    base = {**summary_base, "wall_time_s": outcome.wall_time_s, "status": status, "error": None, "run_dir": run_dir}
     summary = _guarded(emit, "summarising the run", build_summary, steps, epochs, plans, attempts, base=base)
     if summary is None:  # the outcome is still worth a file: what the run was and how it ended
         summary = {**base, "global_steps": int(steps["global_step"].nunique()) if "global_step" in steps else 0}
@@ -78,7 +90,7 @@ def finish_run(run_dir: str, store, planner, result, wall_time_s: float, error: 
         if failure is None:
             failure = TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}")
         summary["error"] = str(failure)
-    summary["bottlenecks"] = _bottlenecks(steps, nodes)
+    summary["bottlenecks"] = _bottlenecks(steps, outcome.nodes)
     path = os.path.join(run_dir, run_files.SUMMARY_FILE)
     try:
         run_files.write_json(path, summary)

@@ -25,8 +25,9 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import RunInterrupted
 from hetero_ray.runtime import actors, storage
-from hetero_ray.runtime.finishing import finish_run
+from hetero_ray.runtime.finishing import Outcome, finish_run
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
+from hetero_ray.profiling.profile_config import ProfileConfig
 from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.progress import ProgressPrinter
 
@@ -35,10 +36,7 @@ from hetero_ray.runtime.progress import ProgressPrinter
 class ProfilingSpec:
     """How to profile the nodes for the first plan (see :class:`NodeProfiling`)."""
 
-    model: Any  # a ProfileModel: the user's, or a built-in model's recipe
-    batch_sizes: list[int]
-    cpus_per_worker: float
-    timeout_s: float
+    config: ProfileConfig  # its model: a ProfileModel, the user's or a built-in model's recipe
     uses_gpus: bool  # the nodes with GPUs are then profiled before the workers' start, the others after the first plan
 
 
@@ -116,9 +114,9 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
             signals.finishing()
             wall_time_s = time.time() - started
             nodes = _profiled_nodes(profiling, wait=stopped_by is None, emit=emit)
-            summary, failure = finish_run(spec.run_dir, store, planner, result, wall_time_s, error,
-                                          spec.summary_base, nodes, emit, final_model=spec.final_model,
-                                          interrupted_by=SIGNAL_NAMES[stopped_by] if stopped_by else None)
+            outcome = Outcome(result, wall_time_s, error, SIGNAL_NAMES[stopped_by] if stopped_by else None, nodes)
+            summary, failure = finish_run(spec.run_dir, store, planner, outcome, spec.summary_base,
+                                          final_model=spec.final_model, emit=emit)
         finally:
             try:
                 for actor in (planner, store):
@@ -148,8 +146,7 @@ def _start_profiling(spec: RunSpec, store, planner, emit: Callable[[str], None])
     recipe = spec.profiling
     if recipe is None:
         return None
-    profiling = NodeProfiling(spec.run_dir, store, planner, spec.experiment_name, recipe.model, recipe.batch_sizes,
-                              cpus_per_worker=recipe.cpus_per_worker, timeout_s=recipe.timeout_s, emit=emit)
+    profiling = NodeProfiling(spec.run_dir, store, planner, spec.experiment_name, recipe.config, emit=emit)
     profiling.start(uses_gpus=recipe.uses_gpus)
     return profiling
 

@@ -48,6 +48,7 @@ import ray
 
 from hetero_ray.constants import DEVICE_LABEL
 from hetero_ray.metrics import run_files
+from hetero_ray.profiling.profile_config import ProfileConfig
 
 # Beyond the profiling's own timeout: the profilers' start, and handing the result over.
 JOIN_SLACK_S = 30.0
@@ -59,11 +60,11 @@ class NodeProfiling:
     the first plan: the module docstring says which), then :meth:`nodes` for the summary's
     verdicts."""
 
-    def __init__(self, run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
-                 cpus_per_worker: float, timeout_s: float, emit: Callable[[str], None] = print):
-        self._args = (run_dir, store, planner, experiment_name, model, batch_sizes)
-        self._kwargs = dict(cpus_per_worker=cpus_per_worker, timeout_s=timeout_s, emit=emit)
-        self._planner, self._emit, self.timeout_s = planner, emit, timeout_s
+    def __init__(self, run_dir: str, store, planner, experiment_name: str, config: ProfileConfig, *,
+                 emit: Callable[[str], None] = print):
+        self._args = (run_dir, store, planner, experiment_name, config)
+        self._kwargs = dict(emit=emit)
+        self._planner, self._emit, self.timeout_s = planner, emit, config.timeout_s
         self._nodes: Optional[list[dict]] = None
         self._thread: Optional[threading.Thread] = None
         self._finishing = threading.Event()  # the run ended: a profiling still to start does not
@@ -167,26 +168,24 @@ def split_by_gpus(nodes: Sequence) -> tuple[list[str], list[str]]:
     return with_gpus, [n.node_id for n in nodes if n.node_id not in with_gpus]
 
 
-def profile_nodes(run_dir: str, store, planner, experiment_name: str, model, batch_sizes: list[int], *,
-                  cpus_per_worker: float, timeout_s: float, emit: Callable[[str], None] = print,
-                  reserve_cpus: bool = True, node_ids: Optional[Sequence[str]] = None,
-                  known: Sequence[dict] = ()) -> list[dict]:
+def profile_nodes(run_dir: str, store, planner, experiment_name: str, config: ProfileConfig, *,
+                  emit: Callable[[str], None] = print, reserve_cpus: bool = True,
+                  node_ids: Optional[Sequence[str]] = None, known: Sequence[dict] = ()) -> list[dict]:
     """Profiles every node (or the nodes ``node_ids``) for the planner (hardware and
-    ``model``: a ProfileModel); hands the profiles to the planner, and
+    ``config.model``: a ProfileModel); hands the profiles to the planner, and
     them with the ``known`` ones (node dicts profiled before) to the store and nodes.json.
 
     Returns the node profiles, known ones first (the node dicts of ``nodes.json``), for the
     bottleneck analysis.
     """
     from hetero_ray.profiling.capability import NodeCapability, capabilities_document, write_nodes_json
-    from hetero_ray.profiling.node_profiler import model_name, profile_cluster
+    from hetero_ray.profiling.cluster_profiling import profile_cluster
 
-    profiled = profile_cluster(model=model, batch_sizes=batch_sizes, cpus_per_worker=cpus_per_worker,
-                               timeout_s=timeout_s, emit=emit, planner=planner, experiment_name=experiment_name,
+    profiled = profile_cluster(config, emit=emit, planner=planner, experiment_name=experiment_name,
                                reserve_cpus=reserve_cpus, node_ids=node_ids)
     again = {n.node_id for n in profiled}
     nodes = [NodeCapability.from_dict(n) for n in known if n.get("node_id") not in again] + profiled
-    name = model_name(model)
+    name, batch_sizes = config.model_name, list(config.batch_sizes)
     document = capabilities_document(nodes, name, batch_sizes)
     try:
         ray.get(store.set_nodes.remote(document["nodes"]), timeout=30)

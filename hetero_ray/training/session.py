@@ -102,10 +102,9 @@ class WorkerSession:
     memory_caps: Optional[list[Optional[int]]] = None
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
     # Ranks left out and brought back (training/rejoin.py): each plan's group of ranks in,
-    # made when all ranks agree on the plan; the prepared model and the optimisers that
-    # step it, whose state a rank brought back receives.
+    # made when all ranks agree on the plan; the optimisers that step the prepared model,
+    # whose state (and the model's) a rank brought back receives.
     groups: Any = None
-    model: Any = None
     optimizer_watch: Any = None
 
     @property

@@ -1,0 +1,72 @@
+"""``ProfileConfig``: what to profile, validated when it is made, so ``hetero-ray profile``
+and a run's profiling reject the same values.
+
+The fields with a flag (:func:`hetero_ray.flags.setting`) are ``hetero-ray profile``'s
+settings: its parser is generated from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hetero_ray import validate
+from hetero_ray.config import DATASETS, MODELS
+from hetero_ray.errors import ConfigError
+from hetero_ray.flags import int_list, setting
+from hetero_ray.profile_defaults import (
+    DEFAULT_MICROBENCH_S, DEFAULT_PROBE_BATCH_SIZES, DEFAULT_PROFILE_TIMEOUT_S, DEFAULT_RAM_FRACTION,
+)
+from hetero_ray.profiling.recipe import ProfileModel
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What to profile (see the module docstring)."""
+
+    # A ProfileModel; a built-in model's name as the --model flag gives it, which the command
+    # turns into its recipe before profiling; None: inventory and micro-benchmarks only.
+    model: Any = setting(None, f"also probe this model: one of {', '.join(MODELS)}")
+    dataset: Optional[str] = setting(  # shapes of its samples
+        None, f"sample shapes for --model: one of {', '.join(DATASETS)} (default: the model's synthetic data)")
+    batch_sizes: tuple[int, ...] = setting(
+        DEFAULT_PROBE_BATCH_SIZES, "probe batch sizes", type=int_list, metavar="B1,B2,...")
+    cpus_per_worker: float = setting(  # what one training worker gets, so that is what is measured
+        1.0, "CPUs one training worker gets; each profiler takes (and measures with) that many", type=float)
+    ram_fraction: float = setting(  # CPU cap: share of available RAM for one batch
+        DEFAULT_RAM_FRACTION, "CPU nodes: share of available RAM one worker's batch may use", type=float)
+    timeout_s: float = setting(
+        DEFAULT_PROFILE_TIMEOUT_S, "seconds for the whole cluster; nodes not done are reported as failed",
+        name="--timeout", type=float, metavar="TIMEOUT")
+    # No flag: set from Python only (tests shorten the micro-benchmarks).
+    microbench_s: float = DEFAULT_MICROBENCH_S
+    probe_cpu_on_gpu_nodes: bool = False  # GPU nodes train on their GPUs; skip the CPU probe
+
+    def __post_init__(self):
+        if self.model is not None and not isinstance(self.model, ProfileModel):
+            validate.choice("--model", self.model, MODELS)
+        if self.dataset is not None:
+            validate.choice("--dataset", self.dataset, DATASETS)
+            if self.model is None:
+                raise ConfigError("--dataset only shapes the --model probe; pass --model too")
+        object.__setattr__(self, "batch_sizes", tuple(validate.probe_sizes("--batch-sizes", self.batch_sizes or ())))
+        validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
+        validate.positive_number("--timeout", self.timeout_s, unit="seconds")
+        validate.positive_number("microbench_s", self.microbench_s, unit="seconds")
+        validate.fraction("--ram-fraction", self.ram_fraction, of="the available RAM")
+
+    @property
+    def num_threads(self) -> int:
+        return max(1, int(round(self.cpus_per_worker)))
+
+    @property
+    def model_name(self) -> Optional[str]:
+        return model_name(self.model)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def model_name(model) -> Optional[str]:
+    """What nodes.json and the progress lines call ``model`` (a name or a ProfileModel)."""
+    return getattr(model, "name", model)
