@@ -14,6 +14,7 @@ import time
 import pytest
 import ray
 
+from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster
 from hetero_ray.runtime import actors
 from tests.helpers import cpu_device, node
@@ -26,7 +27,7 @@ END = 30  # the run ends at step 30: no plan for point 30 or later
 # Profiled as equally fast (the first plan is 20/20), rank 0's node with the cap above.
 NODES = [node("a", [cpu_device(beta=0.001, cap=CAPS[0])]).to_dict(),
          node("b", [cpu_device(beta=0.001, cap=None)]).to_dict()]
-PLACEMENT = dict(rank_node_ids=["a", "b"], rank_device_kinds=["cpu", "cpu"])
+PLACEMENT = dict(node_ids=["a", "b"], device_kinds=["cpu", "cpu"])
 
 
 def start_run_actors(name: str, run_dir: str) -> tuple:
@@ -70,7 +71,7 @@ def feed_like_the_workers(planner, attempt: int) -> list[dict]:
     plans = []
     for step in range(STEPS):
         if step % INTERVAL == 0:
-            plans.append(ray.get(planner.plan_for.remote(2, step, **PLACEMENT), timeout=30))
+            plans.append(ray.get(planner.plan_for.remote(2, step, RankFacts(**PLACEMENT)), timeout=30))
         plan = plans[-1]
         sizes = plan["local_batch_sizes"]
         rows = [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
@@ -88,7 +89,7 @@ def test_a_restarted_planner_keeps_the_plan_the_caps_and_the_end_step(ray_sessio
     try:
         ray.get(planner.set_capabilities.remote(NODES), timeout=30)
         attempt = ray.get(store.begin_attempt.remote(0, 2), timeout=30)
-        first = ray.get(planner.plan_for.remote(2, 0, **PLACEMENT), timeout=30)
+        first = ray.get(planner.plan_for.remote(2, 0, RankFacts(**PLACEMENT)), timeout=30)
         assert first["local_batch_sizes"] == [20, 20], first
         ray.get(planner.begin_attempt.remote(attempt, 2, 0, end_global_step=END), timeout=30)
 

@@ -16,6 +16,7 @@ import pytest
 
 from hetero_ray.planning.cost_model import fit_curve
 from hetero_ray.planning.estimates import ClusterEstimates
+from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.profiling.model_probe import PROBE_GROWTH_STOP
 
 H100_PROFILE = pathlib.Path(__file__).parent / "data" / "h100_resnet18_nodes.json"
@@ -180,7 +181,7 @@ def test_the_planner_seeds_the_estimates_with_the_first_plans_curves():
 
     planner = Planner(64, "optimal", 10)
     fits = [{"alpha_s": 0.0, "beta_s_per_sample": 0.0, "floor_s": 0.007}, {"alpha_s": 0.001, "beta_s_per_sample": 1e-3}]
-    planner.plan_for(2, 0, rank_fits=fits)
+    planner.plan_for(2, 0, RankFacts(fits=fits))
     planner.begin_attempt(0, 2, 0)
     planner.add_steps([{"rank": r, "global_step": s, "attempt": 0, "plan_version": 0, "local_batch_size": 32,
                         "busy_time_s": 0.007 if r == 0 else 0.033} for s in range(5) for r in range(2)])

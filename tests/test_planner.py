@@ -11,6 +11,7 @@ import os
 from hetero_ray.metrics.run_files import PLANNER_STATE_FILE
 from hetero_ray.planning.balancer import Proposal
 from hetero_ray.planning.planner import Planner
+from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster
 from hetero_ray.runtime.planner_actor import PlannerActor
 from tests.helpers import cpu_device, node
@@ -18,7 +19,7 @@ from tests.helpers import cpu_device, node
 B = 40
 NODES = [node("fast", [cpu_device(beta=0.001, cap=26)]).to_dict(),
          node("slow", [cpu_device(beta=0.004, cap=400)]).to_dict()]
-PLACEMENT = dict(rank_node_ids=["fast", "slow"], rank_device_kinds=["cpu", "cpu"])
+PLACEMENT = dict(node_ids=["fast", "slow"], device_kinds=["cpu", "cpu"])
 
 
 class FakeStore:
@@ -56,14 +57,14 @@ def test_records_feed_the_plan_rank_0_is_given():
     # Profiled as equally fast; rank 0 is really 4x faster, but holds 26 samples at most.
     one.set_capabilities([node("fast", [cpu_device(beta=0.002, cap=26)]).to_dict(),
                           node("slow", [cpu_device(beta=0.002, cap=400)]).to_dict()])
-    first = one.plan_for(2, 0, **PLACEMENT)
+    first = one.plan_for(2, 0, RankFacts(**PLACEMENT))
     assert first["local_batch_sizes"] == [20, 20] and one.caps == [26, 400]
     one.begin_attempt(0, 2, 0, end_global_step=60)
     cluster = SimulatedCluster(alphas=[0.005, 0.005], betas=[0.001, 0.004], noise=0.03, seed=0)
     plan, served, decisions = first, [first], []
     for step in range(60):
         if step % 5 == 0:
-            plan = one.plan_for(2, step, **PLACEMENT)
+            plan = one.plan_for(2, step, RankFacts(**PLACEMENT))
             served.append(plan)
         decisions += one.add_steps(step_rows(cluster, step, plan, attempt=0), now=step * 0.01)
     decisions += one.close()
@@ -115,15 +116,15 @@ def test_a_decision_row_names_the_version_its_plan_was_given():
 def test_a_restarted_planner_serves_the_plan_in_force_and_keeps_counting(tmp_path):
     first = actor(tmp_path)
     first.set_capabilities(NODES)
-    profiled = first.plan_for(2, 0, **PLACEMENT)
+    profiled = first.plan_for(2, 0, RankFacts(**PLACEMENT))
     assert first.info()["caps"] is not None and profiled["local_batch_sizes"][0] <= 26
     first._planner._adopt(Proposal((25, 15), "balancer", row={}))  # as an adoption does
     first._save()
-    in_force = first.plan_for(2, 20, **PLACEMENT)
+    in_force = first.plan_for(2, 20, RankFacts(**PLACEMENT))
 
     again = actor(tmp_path)  # the crashed actor's replacement
     assert again.info()["restored_from"] == [os.path.join(str(tmp_path), PLANNER_STATE_FILE)]
-    assert again.plan_for(2, 40, **PLACEMENT) == in_force  # same version and sizes
+    assert again.plan_for(2, 40, RankFacts(**PLACEMENT)) == in_force  # same version and sizes
     assert again.info()["caps"] == first.info()["caps"]
     again._planner._adopt(Proposal((24, 16), "balancer", row={}))
     assert again.plan_for(2, 45)["version"] == 2  # no version is handed out twice
@@ -132,7 +133,7 @@ def test_a_restarted_planner_serves_the_plan_in_force_and_keeps_counting(tmp_pat
 def test_a_restarted_planner_still_knows_the_group_and_the_end(tmp_path):
     first = actor(tmp_path)
     first.set_capabilities(NODES)
-    first.plan_for(2, 0, **PLACEMENT)
+    first.plan_for(2, 0, RankFacts(**PLACEMENT))
     first.begin_attempt(3, 2, 10, end_global_step=30)
 
     info = actor(tmp_path).info()
@@ -142,15 +143,15 @@ def test_a_restarted_planner_still_knows_the_group_and_the_end(tmp_path):
 def test_a_restarted_planner_still_has_the_node_profiles(tmp_path):
     first = actor(tmp_path)
     first.set_capabilities(NODES)
-    first.plan_for(2, 0, **PLACEMENT)
+    first.plan_for(2, 0, RankFacts(**PLACEMENT))
 
     knows_profiles = planner()
     knows_profiles.set_capabilities(NODES)
-    three_ranks = dict(rank_node_ids=["fast", "slow", "slow"], rank_device_kinds=["cpu"] * 3)
-    expected = knows_profiles.plan_for(3, 0, **three_ranks)
+    three_ranks = dict(node_ids=["fast", "slow", "slow"], device_kinds=["cpu"] * 3)
+    expected = knows_profiles.plan_for(3, 0, RankFacts(**three_ranks))
     # An elastic restart after the crash: the new group's first plan comes from the profiles.
     again = actor(tmp_path)
-    plan = again.plan_for(3, 60, **three_ranks)
+    plan = again.plan_for(3, 60, RankFacts(**three_ranks))
     assert plan["local_batch_sizes"] == expected["local_batch_sizes"] and again.info()["caps"] == knows_profiles.caps
     assert plan["version"] == 1
 
@@ -186,17 +187,17 @@ def test_the_ranks_warm_up_lines_make_the_first_plan_with_the_profiled_caps():
     own warm-up lines decide the first plan, and the node's memory cap still holds."""
     one_node = planner()
     one_node.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
-    placement = dict(rank_node_ids=["n", "n"], rank_device_kinds=["cpu", "cpu"])
+    placement = dict(node_ids=["n", "n"], device_kinds=["cpu", "cpu"])
     fits = [{"alpha_s": 0.0, "beta_s_per_sample": 0.001}, {"alpha_s": 0.0, "beta_s_per_sample": 0.003}]
 
-    plan = one_node.plan_for(2, 0, **placement, rank_fits=fits)
+    plan = one_node.plan_for(2, 0, RankFacts(**placement, fits=fits))
     assert plan["local_batch_sizes"] == [30, 10]  # t = 30 ms on both ranks
     assert plan["reason"] == "optimal: split for the profiled cost model, measured by each rank's warm-up"
     assert one_node.caps == [30, 30]  # the node's 60, shared by its two CPU ranks
 
     profiles_only = planner()
     profiles_only.set_capabilities([node("n", [cpu_device(beta=0.001, cap=60)]).to_dict()])
-    assert profiles_only.plan_for(2, 0, **placement, rank_fits=[fits[0], None])["local_batch_sizes"] == [20, 20]
+    assert profiles_only.plan_for(2, 0, RankFacts(**placement, fits=[fits[0], None]))["local_batch_sizes"] == [20, 20]
 
 
 def test_a_first_plan_waits_for_the_node_profiles_on_their_way(tmp_path):
@@ -205,11 +206,11 @@ def test_a_first_plan_waits_for_the_node_profiles_on_their_way(tmp_path):
     are in it is the profiled plan, with its caps."""
     waiting = actor(tmp_path)
     waiting.await_capabilities()
-    assert waiting.plan_for(2, 0, **PLACEMENT) == {"awaiting": "node profiles"}
-    assert actor(tmp_path).plan_for(2, 0, **PLACEMENT) == {"awaiting": "node profiles"}  # after a crash
+    assert waiting.plan_for(2, 0, RankFacts(**PLACEMENT)) == {"awaiting": "node profiles"}
+    assert actor(tmp_path).plan_for(2, 0, RankFacts(**PLACEMENT)) == {"awaiting": "node profiles"}  # after a crash
 
     waiting.set_capabilities(NODES)
-    profiled = waiting.plan_for(2, 0, **PLACEMENT)
+    profiled = waiting.plan_for(2, 0, RankFacts(**PLACEMENT))
     assert profiled["version"] == 0 and waiting.info()["caps"] is not None
     assert profiled["local_batch_sizes"][0] <= 26
 
@@ -220,13 +221,13 @@ def test_no_wait_where_the_first_plan_needs_no_profiles_or_the_wait_is_over():
         made.await_capabilities()
         return made
 
-    assert "awaiting" not in awaiting(policy="static").plan_for(2, 0, **PLACEMENT)
-    assert awaiting(batch_split=[30, 10]).plan_for(2, 0, **PLACEMENT)["local_batch_sizes"] == [30, 10]
-    gave_up = awaiting().plan_for(2, 0, **PLACEMENT, wait_for_capabilities=False)
+    assert "awaiting" not in awaiting(policy="static").plan_for(2, 0, RankFacts(**PLACEMENT))
+    assert awaiting(batch_split=[30, 10]).plan_for(2, 0, RankFacts(**PLACEMENT))["local_batch_sizes"] == [30, 10]
+    gave_up = awaiting().plan_for(2, 0, RankFacts(**PLACEMENT), wait_for_capabilities=False)
     assert gave_up["local_batch_sizes"] == [20, 20]
     failed = awaiting()
     failed.set_capabilities([])  # profiling failed: nothing more is coming
-    assert failed.plan_for(2, 0, **PLACEMENT)["local_batch_sizes"] == [20, 20]
+    assert failed.plan_for(2, 0, RankFacts(**PLACEMENT))["local_batch_sizes"] == [20, 20]
 
 
 def test_decision_rows_go_to_the_store(tmp_path):
@@ -284,17 +285,17 @@ def test_without_profiles_to_come_the_first_plan_follows_the_ranks_cores(tmp_pat
     first = actor(tmp_path)
     first.first_plan_from_cores()
     cpus = [{"threads": 1, "quota_cores": None}, {"threads": 1, "quota_cores": 0.33}]
-    plan = first.plan_for(2, 0, rank_node_ids=["head", "capped"], rank_device_kinds=["cpu", "cpu"], rank_cpus=cpus)
+    plan = first.plan_for(2, 0, RankFacts(["head", "capped"], ["cpu", "cpu"], cpus=cpus))
     assert plan["local_batch_sizes"] == [30, 10]  # 1 : 0.33 of 40
     assert "CPU cores each rank can use (1, 0.33)" in plan["reason"]
-    three = actor(tmp_path).plan_for(3, 20, rank_node_ids=["head", "capped", "capped"],
-                                     rank_device_kinds=["cpu"] * 3, rank_cpus=[cpus[0], cpus[1], cpus[1]])
+    three = actor(tmp_path).plan_for(3, 20, RankFacts(["head", "capped", "capped"], ["cpu"] * 3,
+                                                               cpus=[cpus[0], cpus[1], cpus[1]]))
     assert three["local_batch_sizes"] == [30, 5, 5]  # the capped node's two ranks share its quota
 
     told_nothing = actor(tmp_path / "other")
     os.makedirs(tmp_path / "other", exist_ok=True)
-    assert told_nothing.plan_for(2, 0, rank_node_ids=["head", "capped"], rank_device_kinds=["cpu", "cpu"],
-                                 rank_cpus=cpus)["local_batch_sizes"] == [20, 20]
+    assert told_nothing.plan_for(2, 0, RankFacts(["head", "capped"], ["cpu", "cpu"],
+                                                   cpus=cpus))["local_batch_sizes"] == [20, 20]
 
 
 def test_on_a_gpu_cluster_cpu_ranks_plan_from_their_warm_up_and_their_late_profile_gives_caps():
@@ -305,10 +306,10 @@ def test_on_a_gpu_cluster_cpu_ranks_plan_from_their_warm_up_and_their_late_profi
 
     mixed = planner()
     mixed.set_capabilities([node("g", [cpu_device(), gpu_device(0, alpha=0.001, beta=0.0001, cap=2048)]).to_dict()])
-    placement = dict(rank_node_ids=["g", "c"], rank_device_kinds=["gpu", "cpu"])
+    placement = dict(node_ids=["g", "c"], device_kinds=["gpu", "cpu"])
     fits = [None, {"alpha_s": 0.0, "beta_s_per_sample": 0.001, "floor_s": 0.0}]
 
-    plan = mixed.plan_for(2, 0, **placement, rank_fits=fits)
+    plan = mixed.plan_for(2, 0, RankFacts(**placement, fits=fits))
     assert plan["local_batch_sizes"][0] > plan["local_batch_sizes"][1] > 0  # the GPU is ~10x faster
     assert "rank(s) 1 measured by their own warm-up, the others by their node profiles" in plan["reason"]
     assert mixed.caps == [2048, None]
@@ -316,14 +317,14 @@ def test_on_a_gpu_cluster_cpu_ranks_plan_from_their_warm_up_and_their_late_profi
     mixed.set_capabilities([node("c", [cpu_device(cap=300)]).to_dict()])
     assert mixed.info()["num_nodes"] == 2  # joined, not replaced
     assert mixed.caps == [2048, 300]
-    assert mixed.plan_for(2, 0, **placement)["version"] == plan["version"]  # no new first plan for it
+    assert mixed.plan_for(2, 0, RankFacts(**placement))["version"] == plan["version"]  # no new first plan for it
 
     restarted_group = planner()  # e.g. an elastic restart: its CPU rank's node has a profile by now
     restarted_group.set_capabilities([node("g", [cpu_device(), gpu_device(0)]).to_dict(),
                                       node("c", [cpu_device(beta=0.1, cap=300)]).to_dict()])
-    again = restarted_group.plan_for(2, 0, **placement, rank_fits=fits)
+    again = restarted_group.plan_for(2, 0, RankFacts(**placement, fits=fits))
     assert again["local_batch_sizes"] == plan["local_batch_sizes"] and "rank(s) 1 measured by" in again["reason"]
 
     without_warm_up = planner()
     without_warm_up.set_capabilities([node("g", [cpu_device(), gpu_device(0)]).to_dict()])
-    assert without_warm_up.plan_for(2, 0, **placement)["local_batch_sizes"] == [20, 20]  # no line for rank 1
+    assert without_warm_up.plan_for(2, 0, RankFacts(**placement))["local_batch_sizes"] == [20, 20]  # no line for rank 1

@@ -202,6 +202,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     from hetero_ray.planning.capacity import rank_capacities
     from hetero_ray.planning.cost_model import curve_busy_time_s
     from hetero_ray.planning.planner import Planner
+    from hetero_ray.planning.rank_facts import RankFacts
 
     nodes = document["nodes"]
     devices = []
@@ -233,7 +234,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
                         "every rank needs a sample")
     planner = Planner(global_batch_size, policy, DEFAULT_REBALANCE_INTERVAL)
     planner.set_capabilities(nodes)
-    plan = planner.plan_for(len(rank_node_ids), rank_node_ids=rank_node_ids, rank_device_kinds=rank_kinds)
+    plan = planner.plan_for(len(rank_node_ids), ranks=RankFacts(node_ids=rank_node_ids, device_kinds=rank_kinds))
     sizes, reason = plan["local_batch_sizes"], plan.get("reason")
     capacities = rank_capacities(nodes, rank_node_ids, rank_kinds)
     communication, comm = None, None

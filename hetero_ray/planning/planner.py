@@ -49,6 +49,7 @@ from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
 from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities, rank_memory_caps
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy
+from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
 
 logger = logging.getLogger(__name__)
 
@@ -115,20 +116,15 @@ class Planner:
             self._caps_from_late_profiles()
 
     # ------------------------------------------------------------------ rank 0
-    def plan_for(self, num_workers: int, global_step: int = 0,
-                 rank_node_ids: Optional[Sequence[str]] = None,
-                 rank_device_kinds: Optional[Sequence[str]] = None,
-                 rank_fits: Optional[Sequence[Optional[dict]]] = None,
-                 wait_for_capabilities: bool = True,
-                 rank_cpus: Optional[Sequence[dict]] = None, micro_batches: bool = False) -> dict:
+    def plan_for(self, num_workers: int, global_step: int = 0, ranks: RankFacts = NO_FACTS, *,
+                 wait_for_capabilities: bool = True, micro_batches: bool = False) -> dict:
         """The plan in force for ``num_workers`` ranks at ``global_step`` (``Plan.to_dict()``,
         with ``memory_caps`` when some are known).
 
-        A new first plan if the number of workers changed: from the ranks' own warm-up
-        lines ``rank_fits`` (``{"alpha_s", "beta_s_per_sample"}`` each) when every rank has
-        one, else from the profiles of the ranks' devices when their nodes are known, else
-        (after :meth:`first_plan_from_cores`) from the CPU cores each rank can use
-        (``rank_cpus``: ``{"threads", "quota_cores"}`` each); a scripted change once its step
+        A new first plan if the number of workers changed, from what ``ranks`` says of the
+        group: the ranks' own warm-up lines (``fits``) when every rank has one, else the
+        profiles of the ranks' devices when their nodes are known, else (after
+        :meth:`first_plan_from_cores`) the CPU cores each rank can use; a scripted change once its step
         is reached. While profiles are awaited, a first plan
         that would use them is ``{"awaiting": "node profiles"}`` instead (with
         ``wait_for_capabilities=False``: made without them). ``micro_batches``: the loop
@@ -153,9 +149,9 @@ class Planner:
             logger.warning("node profiles still awaited: the first plan for %d workers does without them",
                            num_workers)
         if first_plan:
-            self._placement = (None if rank_node_ids is None or len(rank_node_ids) != num_workers else
-                               (list(rank_node_ids), None if rank_device_kinds is None else list(rank_device_kinds)))
-            self._plan = self._first_plan(num_workers, rank_node_ids, rank_device_kinds, rank_fits, rank_cpus)
+            self._placement = (None if not ranks.placed(num_workers) else
+                               (list(ranks.node_ids), None if ranks.device_kinds is None else list(ranks.device_kinds)))
+            self._plan = self._first_plan(num_workers, ranks)
             self._next_version = self._plan.version + 1
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
         reply = self._plan.to_dict()
@@ -210,9 +206,11 @@ class Planner:
         self._next_version += 1
 
     # ------------------------------------------------------------------ the first plan
-    def _first_plan(self, num_workers: int, rank_node_ids, rank_device_kinds, rank_fits, rank_cpus) -> Plan:
+    def _first_plan(self, num_workers: int, ranks: RankFacts) -> Plan:
         """Explicit split, else the policy's first plan from the measurements there are;
         sets the caps every later plan of this group respects."""
+        rank_node_ids, rank_device_kinds, rank_fits, rank_cpus = ranks.node_ids, ranks.device_kinds, ranks.fits, \
+            ranks.cpus
         version = self._next_version
         self.balancer.seed_shapes(None)  # the curves this plan is made from, if any (below)
         self._memory_caps = self._group_memory_caps(num_workers, rank_node_ids, rank_device_kinds)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
 
 logger = logging.getLogger(__name__)
 
@@ -29,25 +30,22 @@ WAIT_NOTE_EVERY_S = 5.0
 
 
 def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: int,
-               current: Optional[Plan], timeout_s: float, rank_node_ids=None,
-               rank_device_kinds=None, rank_fits=None, *, rank_cpus=None, wait_s: float = 0.0,
+               current: Optional[Plan], timeout_s: float, ranks: RankFacts = NO_FACTS, *, wait_s: float = 0.0,
                note: Callable[[str], None] = logger.info,
                micro_batches: bool = False) -> tuple[Optional[Plan], Optional[list[Optional[int]]]]:
     """Rank 0: the planner's plan if it is usable for this group, else ``current``; and
     the ranks' memory caps the planner knows (None: none, or no answer).
 
-    The ranks' nodes and device kinds let the planner build a group's first plan from
-    the profiles of the devices the ranks actually run on; ``rank_fits`` (each rank's
-    warm-up line under emulated speeds) let it build that plan from the ranks themselves,
-    and so do ``rank_cpus`` (the cores each rank can use) where no profiles will come.
+    What ``ranks`` says of the group (nodes and device kinds, warm-up lines, cores) lets
+    the planner build its first plan from the devices the ranks actually run on.
     While the planner awaits node profiles for that plan, asks again for up to
     ``wait_s`` seconds (telling ``note`` what it waits for), then takes a plan without them.
     ``micro_batches``: the loop trains shares past the memory caps in micro-batches, so
     the planner may give them (see training/micro_batches.py).
     """
     try:
-        reply = _ask_until_planned(planner, (num_workers, global_step, rank_node_ids, rank_device_kinds, rank_fits),
-                                   {"rank_cpus": rank_cpus, "micro_batches": micro_batches}, timeout_s, wait_s, note)
+        reply = _ask_until_planned(planner, (num_workers, global_step, ranks), {"micro_batches": micro_batches},
+                                   timeout_s, wait_s, note)
         candidate = Plan.from_dict(reply)
     except Exception as e:  # noqa: BLE001 - timeouts, a dead or restarting actor
         logger.warning("planner did not answer (%s); keeping plan %s", type(e).__name__, current)

@@ -34,6 +34,7 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan, equal_split
+from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.sampler import Position
 from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.curve_emulation import CurveEmulator, DeviceCurve, common_factor, rank_ratio
@@ -146,11 +147,12 @@ class WorkerSession:
                 fallback = restored
             if current is None and restored is not None:
                 self.planner.resume_from.remote(restored.to_dict())
+            ranks = RankFacts(identity.rank_node_ids, identity.rank_device_kinds,
+                              fits=self.rank_fits if current is None else None,
+                              cpus=identity.rank_cpus if current is None else None)
             proposal, caps = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
-                                        _plan_fetch_timeout_s(), list(identity.rank_node_ids),
-                                        list(identity.rank_device_kinds), self.rank_fits if current is None else None,
-                                        rank_cpus=list(identity.rank_cpus) if current is None else None,
-                                        wait_s=self.settings.first_plan_wait_s, note=self.log,
+                                        _plan_fetch_timeout_s(), ranks, wait_s=self.settings.first_plan_wait_s,
+                                        note=self.log,
                                         micro_batches=self.cuts_micro_batches)
             if caps is None:  # no answer, or none known: the caps agreed before still hold
                 caps = self.memory_caps
