@@ -116,7 +116,7 @@ def builtin_trainer(config: TrainConfig, device_mode: str, emit: Callable[[str],
         emit=emit,
         _job=JobFacts(
             words=CLI_WORDS,
-            check_run_dir=functools.partial(preflight.check, config),
+            check_run_dir=functools.partial(preflight.check_run_dir, config),
             dataset=_dataset_ref(config),
             settings=config.to_dict(),
             summary_names={"model": config.model, "dataset": config.dataset},

@@ -29,6 +29,12 @@ def check(config: TrainConfig) -> str:
         check_data_dir(config.dataset, config.data_dir, download=config.download,
                        verify_checksums=config.verify_checksums)
     check_output_dir(config.output_dir)
+    return check_run_dir(config)
+
+
+def check_run_dir(config: TrainConfig) -> str:
+    """The run directory: new unless --resume, and then one a resume can continue;
+    returns its path. Run again under the directory's lock, where nothing can change it."""
     run_dir = run_dir_of(config)
     if config.resume:
         check_resumable(run_dir, config)
