@@ -99,16 +99,32 @@ def curve_rows(plan: dict) -> list[Row]:
     return rows
 
 
-def throughput_rows(samples_per_s: dict[str, Optional[float]], gpu_alone: str = "GPU alone") -> list[Row]:
-    """Steady samples/s of each run, and its ratio to the GPU alone (None: the run failed)."""
+def throughput_rows(samples_per_s: dict[str, Optional[float]], gpu_alone: str = "GPU alone",
+                    plans: Optional[dict[str, str]] = None) -> list[Row]:
+    """Steady samples/s of each run, and its ratio to the GPU alone (None: the run failed);
+    ``plans``: each run's final plan in words (:func:`plan_text`), said beside its figure."""
     base = samples_per_s.get(gpu_alone)
     rows = []
     for name, value in samples_per_s.items():
         ok = value is not None and value > 0
         ratio = value / base if ok and base else None
-        rows.append(Row("train", name, f"{value:,.0f} samples/s" if ok else "no result", ratio,
-                        PASSED if ok else FAILED))
+        text = f"{value:,.0f} samples/s" if ok else "no result"
+        if ok and (plans or {}).get(name):
+            text += f"; {plans[name]}"
+        rows.append(Row("train", name, text, ratio, PASSED if ok else FAILED))
     return rows
+
+
+def plan_text(summary: dict) -> str:
+    """A run's final shares, the ranks it left out and how often its plan changed, from its
+    summary.json: whether a slower group was kept or left out is the point of the GPU runs."""
+    shares = summary.get("final_plan") or []
+    if len(shares) < 2:
+        return ""
+    out = summary.get("left_out_ranks") or []
+    text = f"final shares {'/'.join(str(s) for s in shares)}"
+    text += f", ranks {','.join(str(r) for r in out)} out" if out else ", no rank out"
+    return f"{text}, {summary.get('plan_changes', 0)} plan changes"
 
 
 def comm_time_s(steps) -> Optional[float]:
@@ -423,6 +439,7 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
     if args.quick:
         del runs["GPU alone, bf16"]
     measured: dict[str, Optional[float]] = {}
+    plans: dict[str, str] = {}
     comm_s = None
     profile_flag = [] if args.profile_each_run else ["--no-profile"]
     for i, (name, (devices, policy, precision)) in enumerate(runs.items() if "train" in args.stages else ()):
@@ -437,10 +454,11 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
         measured[name] = summary.get("steady_samples_per_s") if failed is None else None
+        plans[name] = plan_text(summary)
         if comm_s is None and "," in devices and failed is None:
             comm_s = comm_time_s(_steps(os.path.join(run_dir, "steps.parquet")))
     if "train" in args.stages:
-        rows += throughput_rows(measured)
+        rows += throughput_rows(measured, plans=plans)
         rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))
     if "precision" in args.stages:
         rows += precision_rows(_precision_losses(args, env, log_dir, limit), _precisions(args)[1:])

@@ -71,3 +71,15 @@ def test_the_best_subset_leaves_out_ranks_whose_all_reduce_costs_more_than_they_
     # free communication: every rank helps
     assert gpu_check.best_subset_row(plan, 512, 0.0, measured).value.startswith("ranks gpu0,cpu1,cpu2,cpu3:")
     assert gpu_check.best_subset_row({}, 512, None, measured).status == "skipped"
+
+
+def test_a_runs_final_plan_and_the_ranks_it_left_out_are_said_beside_its_figure():
+    summary = {"final_plan": [512, 0, 0, 0], "left_out_ranks": [1, 2, 3], "plan_changes": 2}
+    assert gpu_check.plan_text(summary) == "final shares 512/0/0/0, ranks 1,2,3 out, 2 plan changes"
+    assert gpu_check.plan_text({"final_plan": [200, 312], "left_out_ranks": []}) == \
+        "final shares 200/312, no rank out, 0 plan changes"
+    assert gpu_check.plan_text({"final_plan": [512]}) == ""
+    rows = gpu_check.throughput_rows({"GPU alone": 100.0, "GPU + 3 CPU, optimal": 98.0},
+                                     plans={"GPU + 3 CPU, optimal": gpu_check.plan_text(summary)})
+    assert rows[0].value == "100 samples/s"
+    assert rows[1].value == "98 samples/s; final shares 512/0/0/0, ranks 1,2,3 out, 2 plan changes"
