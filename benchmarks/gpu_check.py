@@ -128,12 +128,15 @@ def plan_text(summary: dict) -> str:
 
 
 def comm_time_s(steps) -> Optional[float]:
-    """The all-reduce a step of several ranks costs: per global step the least wait of any
-    rank (the slowest rank waits only for the communication), median over the steps."""
-    if steps is None or len(steps) == 0 or steps["rank"].nunique() < 2:
+    """The all-reduce a step of several ranks costs: per global step the least wait of the
+    ranks in (the slowest of them waits only for the communication; a rank left out waits
+    for none), median over the steps with two ranks in or more."""
+    if steps is None or len(steps) == 0:
         return None
-    per_step = steps.groupby("global_step")["wait_time_s"].min()
-    return float(per_step.median())
+    steps = steps[steps["local_batch_size"] > 0]
+    grouped = steps.groupby("global_step")
+    per_step = grouped["wait_time_s"].min()[grouped["rank"].nunique() >= 2]
+    return float(per_step.median()) if len(per_step) else None
 
 
 def best_subset_row(plan: dict, global_batch_size: int, comm_s: Optional[float],
@@ -449,7 +452,10 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
             "--batch-size", str(args.batch_size), "--num-samples", str(args.batch_size * args.steps),
             "--eval-samples", str(args.batch_size), "--epochs", "1", "--worker-devices", devices,
             "--num-workers", str(len(devices.split(","))), "--cpus-per-worker", str(args.cpus_per_worker),
-            "--policy", policy, "--precision", precision, *profile_flag, "--output-dir", os.path.join(log_dir, "runs"),
+            "--policy", policy, "--precision", precision, *profile_flag,
+            # A checkpoint is a barrier of every rank: on a GPU whose step takes milliseconds
+            # one inside the measured half of the run would outweigh its steps.
+            "--checkpoint-every", str(args.steps), "--output-dir", os.path.join(log_dir, "runs"),
             "--experiment-name", experiment), log_dir, limit, env)
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}

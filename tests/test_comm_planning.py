@@ -75,6 +75,8 @@ def test_optimal_leaves_slow_ranks_out_when_their_allreduce_costs_more_than_they
     # every rank in: 256/(1e4 + 2·500) samples/s of compute, 23.3 ms, and 5 ms of all-reduce
     assert decision.all_ranks_step_time_s == pytest.approx(256 / 11000 + 5e-3, rel=0.01)
     assert "ranks 1, 2 left out" in decision.reason and "with every rank in" in decision.reason
+    # their probes fit in half the predicted 25.6 ms step: 6 samples of 2 ms (planning/probes.py)
+    assert decision.plan.probe_sizes == (0, 6, 6) and "probes of 6/6 samples while out" in decision.reason
     record = decision.to_record()
     assert record["left_out_ranks"] == [1, 2] and record["all_ranks_predicted_step_time_s"] == pytest.approx(decision.all_ranks_step_time_s)
     # the same ranks, all-reduce for free: every rank trains
@@ -128,6 +130,8 @@ def test_the_balancer_learns_c_from_whole_steps_and_leaves_the_slow_ranks_out():
     assert balancer.comm.cost_s((0, 1, 2)) == pytest.approx(6e-3, rel=0.05)
     assert new_plans and new_plans[0].local_batch_sizes == (256, 0, 0)
     assert new_plans[0].row["left_out_ranks"] == [1, 2]
+    # the planner numbers the shares with the probes that fit beside rank 0's 25.6 ms step
+    assert new_plans[0].numbered(7).probe_sizes == (0, 6, 6)
     # the probe rows kept ranks 1 and 2 fresh, at their probe size
     est = balancer.estimates.estimates()
     assert est.fresh.all() and est.local_batch_size.tolist()[1:] == [12, 12]

@@ -52,9 +52,16 @@ def test_curve_rows_from_hetero_ray_plan_on_the_h100_profile():
 
 def test_the_all_reduce_is_the_least_wait_of_a_step():
     steps = pd.DataFrame({"global_step": [0, 0, 1, 1, 2, 2], "rank": [0, 1] * 3,
-                          "wait_time_s": [0.010, 0.003, 0.012, 0.002, 0.011, 0.004]})
+                          "wait_time_s": [0.010, 0.003, 0.012, 0.002, 0.011, 0.004],
+                          "local_batch_size": [400, 112] * 3})
     assert gpu_check.comm_time_s(steps) == pytest.approx(0.003)
     assert gpu_check.comm_time_s(steps[steps["rank"] == 0]) is None  # one rank: no all-reduce
+    # rank 1 left out from step 3 on: it waits for no all-reduce, and those steps teach none
+    out = pd.concat([steps, pd.DataFrame({"global_step": [3, 3, 4, 4], "rank": [0, 1] * 2,
+                                          "wait_time_s": [0.0, 0.0001, 0.0, 0.0001],
+                                          "local_batch_size": [512, 0] * 2})])
+    assert gpu_check.comm_time_s(out) == pytest.approx(0.003)
+    assert gpu_check.comm_time_s(out[out["global_step"] >= 3]) is None
 
 
 def test_the_best_subset_leaves_out_ranks_whose_all_reduce_costs_more_than_they_add():

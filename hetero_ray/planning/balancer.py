@@ -157,10 +157,11 @@ class Proposal:
     local_batch_sizes: tuple[int, ...]
     reason: str
     row: dict = field(repr=False)  # its decision row, emitted once the outcome is measured
+    probe_sizes: tuple[int, ...] = ()  # Plan.probe_sizes
 
     def numbered(self, version: int) -> Plan:
         """The plan the shares become as ``version``, which their decision row records."""
-        plan = Plan(version, self.local_batch_sizes, self.reason)
+        plan = Plan(version, self.local_batch_sizes, self.reason, self.probe_sizes)
         self.row["plan_version"] = plan.version
         return plan
 
@@ -368,7 +369,8 @@ class Balancer:
                "rest_of_step_s": self._rest_of_step_s(info.plan_version)}
         if decision.adopt:
             row["plan_version"] = None  # the planner's to give (Proposal.numbered)
-            out.new_plans.append(Proposal(decision.plan.local_batch_sizes, decision.plan.reason, row))
+            out.new_plans.append(Proposal(decision.plan.local_batch_sizes, decision.plan.reason, row,
+                                          decision.plan.probe_sizes))
             self._waiting_since_version = current.version
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []

@@ -26,11 +26,15 @@ class Plan:
             trains on nothing and does not take part in the gradient all-reduce: see
             :mod:`hetero_ray.planning.subset`); at least one rank is in.
         reason: why this plan exists (policy name, decision), for the plan history.
+        probe_sizes: per rank, the most samples it runs as its probe while left out (0 for
+            the ranks in; :mod:`hetero_ray.planning.probes`); empty where the plan's maker
+            knew no curves (the loader then probes half the rank's last share).
     """
 
     version: int
     local_batch_sizes: tuple[int, ...]
     reason: str = field(default="", compare=False)
+    probe_sizes: tuple[int, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
         sizes = tuple(int(b) for b in self.local_batch_sizes)
@@ -41,6 +45,11 @@ class Plan:
             raise ValueError(f"local batch sizes must be ≥ 0 with at least one rank in, got {list(sizes)}")
         if self.version < 0:
             raise ValueError(f"plan version must be ≥ 0, got {self.version}")
+        probes = tuple(int(p) for p in self.probe_sizes)
+        object.__setattr__(self, "probe_sizes", probes)
+        if probes and (len(probes) != len(sizes) or any(p < 0 or (p > 0) != (b == 0) for p, b in zip(probes, sizes))):
+            raise ValueError(f"probe sizes must be > 0 for the ranks left out and 0 for the ranks in, "
+                             f"got {list(probes)} for shares {list(sizes)}")
 
     @property
     def num_workers(self) -> int:
@@ -81,9 +90,10 @@ class Plan:
             )
         return largest_remainder(self.local_batch_sizes, window_size)
 
-    def with_sizes(self, local_batch_sizes: Sequence[int], reason: str) -> "Plan":
+    def with_sizes(self, local_batch_sizes: Sequence[int], reason: str,
+                   probe_sizes: Sequence[int] = ()) -> "Plan":
         """The next version of this plan with new sizes (same global batch)."""
-        plan = Plan(self.version + 1, tuple(local_batch_sizes), reason)
+        plan = Plan(self.version + 1, tuple(local_batch_sizes), reason, tuple(probe_sizes))
         if plan.global_batch_size != self.global_batch_size:
             raise ValueError(
                 f"new plan sums to {plan.global_batch_size}, expected {self.global_batch_size}"
@@ -95,11 +105,13 @@ class Plan:
             "version": self.version,
             "local_batch_sizes": list(self.local_batch_sizes),
             "reason": self.reason,
+            **({"probe_sizes": list(self.probe_sizes)} if self.probe_sizes else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        return cls(int(d["version"]), tuple(d["local_batch_sizes"]), d.get("reason", ""))
+        return cls(int(d["version"]), tuple(d["local_batch_sizes"]), d.get("reason", ""),
+                   tuple(d.get("probe_sizes") or ()))
 
     def __str__(self) -> str:
         return f"v{self.version} " + "/".join(str(b) for b in self.local_batch_sizes)

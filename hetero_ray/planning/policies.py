@@ -69,6 +69,7 @@ from hetero_ray.planning.estimates import Estimates
 from hetero_ray.planning.forecast import LevelForecastNoise
 from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.planning.solver import proportional_split, solve_split
+from hetero_ray.planning.probes import probe_sizes
 from hetero_ray.planning.subset import CommCost, solve_subset_split
 
 POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
@@ -422,9 +423,12 @@ class _AdaptivePolicy(_BasePolicy):
             self._lead_under_version = current.version
             return self._keep(current, f"keep until the next decision confirms it: {summary}, below "
                               f"{cfg.confirm_below:g}× the required gain{stale_note}", est, global_step, **predictions)
-        reason = f"{self.name}: {summary}{stale_note}"
+        probes = probe_sizes(proposal, alphas, betas, floors, proposed_pred) if 0 in proposal else ()
+        probe_note = (f"; probes of {'/'.join(str(p) for p in probes if p)} samples while out (within half the "
+                      f"predicted step)" if probes else "")
+        reason = f"{self.name}: {summary}{stale_note}{probe_note}"
         self._last_adopted_step, self._lead_under_version = global_step, None
-        return Decision(True, current.with_sizes(proposal, reason), reason, self.name, global_step,
+        return Decision(True, current.with_sizes(proposal, reason, probes), reason, self.name, global_step,
                         estimates=est, **predictions)
 
 

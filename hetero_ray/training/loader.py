@@ -27,8 +27,9 @@ ranks would not (its plans were already agreed).
 
 Ranks left out. Under a plan that leaves this rank out (``b_i = 0``) it still runs every
 step, in step with the others, but on a *probe*: half as many samples of the window as its
-last share (of ``⌈B/n⌉`` if it never had one), with weight 0 and no all-reduce (the hook and
-the batch norm see ``takes_part`` False). Its step row says ``local_batch_size`` 0 and
+last share (of ``⌈B/n⌉`` if it never had one), or fewer where the plan says so (a probe
+must end within the step of the ranks in: :mod:`hetero_ray.planning.probes`), with weight 0
+and no all-reduce (the hook and the batch norm see ``takes_part`` False). Its step row says ``local_batch_size`` 0 and
 ``probe_batch_size``; its busy time keeps its cost curve known, so the planner can bring
 it back when it pays (after a speed change too). The probe's samples are not consumed:
 the sample-id audit records none. At the step a plan brings ranks back, every rank
@@ -264,9 +265,13 @@ class PlanFollowingLoader:
             share = plan.local_batch_sizes[self._session.identity.rank]
             self._last_share = share or self._last_share
             last = self._last_share or -(-plan.global_batch_size // plan.num_workers)
-            # Half its last share: the probe ends well before the step of the ranks in (the plan left
-            # this rank out because it was slow), so it never holds them up at the next plan's broadcast.
-            self._probe_sizes[point] = 0 if share else max(1, last // 2)
+            # At most half its last share (the plan left this rank out because it was slow), and
+            # no more than the plan says fits in its step (planning/probes.py): the probe must end
+            # before the step of the ranks in, or it holds them up at the next plan's broadcast.
+            probe = max(1, last // 2)
+            if plan.probe_sizes:
+                probe = min(probe, plan.probe_sizes[self._session.identity.rank])
+            self._probe_sizes[point] = 0 if share else probe
             interval = self._session.settings.rebalance_interval
             self._next_point = (point // interval + 1) * interval
 

@@ -1,0 +1,87 @@
+"""A rank left out probes no more than fits in the step of the ranks in (planning/probes.py),
+and the plan carries those sizes to every rank (Plan.probe_sizes, plan_sync.broadcast_plan).
+
+The case that asked for it, measured on one H100 with three CPU ranks beside it: once the
+CPU ranks were out, their probes of half their last share took longer than the H100's
+whole step, so the H100 waited for them at every plan agreement.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hetero_ray.planning.cost_model import curve_busy_time_s
+from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.probes import PROBE_BUDGET, probe_sizes
+from hetero_ray.training.plan_sync import broadcast_plan
+
+NAN = math.nan
+
+
+def test_a_cpu_rank_beside_a_flat_gpu_probes_what_fits_in_half_the_gpus_step():
+    # a GPU flat at 1.6 ms up to its knee, three CPU lines of 0.5 ms + 0.44 ms per sample
+    alphas, betas, floors = [1.5e-3, 0.5e-3, 0.5e-3, 0.5e-3], [2e-6, 4.4e-4, 4.4e-4, 4.4e-4], [1.6e-3, 0, 0, 0]
+    step_s = 4.5e-3
+    probes = probe_sizes([512, 0, 0, 0], alphas, betas, floors, step_s)
+    assert probes == (0, 3, 3, 3)
+    for r in (1, 2, 3):  # the largest size within the budget: one more sample is over it
+        assert curve_busy_time_s(alphas[r], betas[r], floors[r], probes[r]) <= PROBE_BUDGET * step_s
+        assert curve_busy_time_s(alphas[r], betas[r], floors[r], probes[r] + 1) > PROBE_BUDGET * step_s
+
+
+def test_ranks_in_probe_nothing_and_no_probe_is_more_than_an_equal_share():
+    assert probe_sizes([300, 200, 12], [1e-3] * 3, [1e-5] * 3, [0] * 3, 5e-3) == (0, 0, 0)
+    # a rank left out whose curve is flat well inside the budget: an equal share ⌈512/4⌉, no more
+    assert probe_sizes([512, 0, 0, 0], [1e-3, 1e-3, 1e-3, 1e-3], [1e-6, 0.0, 1e-9, 1e-6], [0] * 4, 0.1) \
+        == (0, 128, 128, 128)
+
+
+def test_an_unknown_curve_or_one_too_slow_for_a_single_sample_probes_one_sample():
+    assert probe_sizes([400, 0], [1e-3, NAN], [1e-5, 1e-4], [0, 0], 5e-3) == (0, 1)
+    assert probe_sizes([400, 0], [1e-3, 20e-3], [1e-5, 1e-4], [0, 0], 5e-3) == (0, 1)  # 20 ms > 2.5 ms
+    assert probe_sizes([400, 0], [1e-3, 1e-3], [1e-5, -1e-4], [0, 0], 5e-3) == (0, 1)  # a falling line: no curve
+    assert probe_sizes([400, 0], [1e-3, 1e-3], [1e-5, 1e-4], [0, 9e-3], 5e-3) == (0, 1)  # its floor is over
+
+
+def test_a_plan_keeps_its_probe_sizes_through_its_dict_and_refuses_ones_that_do_not_fit_it():
+    plan = Plan(2, (512, 0, 0), "optimal", (0, 3, 4))
+    assert Plan.from_dict(plan.to_dict()).probe_sizes == (0, 3, 4)
+    assert "probe_sizes" not in Plan(2, (500, 12)).to_dict() and Plan.from_dict({"version": 1,
+                                                                               "local_batch_sizes": [3, 4]}).probe_sizes == ()
+    assert Plan(0, (8, 8)).with_sizes((16, 0), "out", (0, 2)).probe_sizes == (0, 2)
+    assert plan == Plan(2, (512, 0, 0))  # the shares are the plan; the probes ride along
+    for probes in [(0, 3), (0, 0, 3), (1, 3, 3), (0, -1, 3)]:
+        with pytest.raises(ValueError, match="probe sizes must be > 0 for the ranks left out"):
+            Plan(2, (512, 0, 0), "", probes)
+
+
+def _broadcast(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        received = []
+        for sent in (Plan(4, (40, 0, 0), "optimal", (0, 3, 5)), Plan(5, (20, 10, 10))):
+            plan, caps = broadcast_plan(sent if rank == 0 else None, rank, world_size, torch.device("cpu"),
+                                        [None, 7, None] if rank == 0 else None)
+            received.append((plan.version, plan.local_batch_sizes, plan.probe_sizes, caps))
+        torch.save(received, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_receives_rank_0s_probe_sizes_with_its_plan(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_broadcast, args=(3, port, str(tmp_path)), nprocs=3, join=True)
+    for rank in range(3):
+        assert torch.load(tmp_path / f"rank{rank}.pt") == [
+            (4, (40, 0, 0), (0, 3, 5), [None, 7, None]),
+            (5, (20, 10, 10), (), [None, 7, None]),
+        ]
