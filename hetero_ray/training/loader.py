@@ -44,6 +44,7 @@ part of the step).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any, Iterator, Optional
@@ -150,6 +151,7 @@ class PlanFollowingLoader:
         start = self.position
         epoch_end = start.global_step - start.step + self.sampler.steps_per_epoch
         self._agree_through(start.global_step, epoch_end)
+        freeze_heap()
         batches = iter(self._dataloader)  # primes the workers with the first L steps' indices
         try:
             while self.position.epoch == start.epoch:
@@ -307,6 +309,19 @@ class PlanFollowingLoader:
                 # the all-reduce; it runs one sample of the window with weight 0.
                 begin, stop = self.sampler.window(step)[0], self.sampler.window(step)[0] + 1
             yield permutation[begin:stop].tolist()
+
+
+def freeze_heap() -> None:
+    """Collects the garbage, then leaves every object alive now out of Python's later
+    collections (``gc.freeze``): what the user's loop built before its first step (the
+    model, the optimiser, the dataset, Ray's and torch's modules) is alive to the end.
+
+    Else Python's full collection, which runs when enough objects have piled up, walks all
+    of them: a quarter of a second in a Ray worker holding torch, at a different step on each
+    rank, which the others wait for at the next collective. Every rank calls this at the
+    same step (an epoch's start), before the DataLoader's workers are first forked."""
+    gc.collect()
+    gc.freeze()
 
 
 class _LoaderSampler(GlobalSampler):
