@@ -115,6 +115,27 @@ def throughput_rows(samples_per_s: dict[str, Optional[float]], gpu_alone: str = 
     return rows
 
 
+PAUSE_S = 0.1  # a step this much longer than a millisecond step is a pause: a checkpoint, a collection
+
+
+def step_text(steps) -> str:
+    """Rank 0's mean step over the run's second half, by wall clock, and the same without
+    its pauses: a few pauses inside a short run of millisecond steps can halve the steady
+    rate, and which it was (a slower plan, or a pause) is the question."""
+    if steps is None or len(steps) == 0:
+        return ""
+    ends = steps[steps["rank"] == 0].sort_values("global_step")["wall_time"]
+    gaps = ends.iloc[len(ends) // 2:].diff().dropna()
+    if len(gaps) == 0:
+        return ""
+    steady = gaps[gaps < PAUSE_S]
+    text = f"mean step {gaps.mean() * 1e3:.2f} ms"
+    if len(steady) < len(gaps):
+        text += (f", {steady.mean() * 1e3:.2f} ms without its {len(gaps) - len(steady)} "
+                 f"pause{'s' if len(gaps) - len(steady) > 1 else ''} over {PAUSE_S * 1e3:.0f} ms")
+    return text
+
+
 def plan_text(summary: dict) -> str:
     """A run's final shares, the ranks it left out and how often its plan changed, from its
     summary.json: whether a slower group was kept or left out is the point of the GPU runs."""
@@ -460,7 +481,8 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
         measured[name] = summary.get("steady_samples_per_s") if failed is None else None
-        plans[name] = plan_text(summary)
+        plans[name] = "; ".join(t for t in (plan_text(summary), step_text(_steps(os.path.join(run_dir, "steps.parquet"))))
+                                if t)
         if comm_s is None and "," in devices and failed is None:
             comm_s = comm_time_s(_steps(os.path.join(run_dir, "steps.parquet")))
     if "train" in args.stages:

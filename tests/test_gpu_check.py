@@ -90,3 +90,12 @@ def test_a_runs_final_plan_and_the_ranks_it_left_out_are_said_beside_its_figure(
                                      plans={"GPU + 3 CPU, optimal": gpu_check.plan_text(summary)})
     assert rows[0].value == "100 samples/s"
     assert rows[1].value == "98 samples/s; final shares 512/0/0/0, ranks 1,2,3 out, 2 plan changes"
+
+
+def test_the_mean_step_is_rank_0s_over_the_second_half_with_and_without_its_pauses():
+    ends = [0.0, 0.1, 0.2, 0.3, 0.305, 0.310, 0.315, 0.9, 0.905]  # a 585 ms pause in the second half
+    steps = pd.DataFrame({"global_step": list(range(9)) * 2, "rank": [0] * 9 + [1] * 9,
+                          "wall_time": ends + [e + 7 for e in ends]})
+    assert gpu_check.step_text(steps) == "mean step 150.00 ms, 5.00 ms without its 1 pause over 100 ms"
+    assert gpu_check.step_text(steps[steps["global_step"] < 7]) == "mean step 5.00 ms"
+    assert gpu_check.step_text(steps[steps["rank"] == 1]) == ""
