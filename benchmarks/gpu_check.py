@@ -14,7 +14,8 @@ its output in ``LOG_DIR/<stage>.log``:
 2. ``profile``: ``hetero-ray profile --model M`` over both nodes, and ``hetero-ray plan`` on
    the profile: each device's curve and its largest error at the probed batch sizes;
 3. ``train-*``: the built-in job on the GPU alone, and on the GPU + CPU ranks under
-   ``optimal`` and ``static`` (steady samples/s each, and the ratio to the GPU alone);
+   ``optimal`` and ``static`` (steady samples/s each, and the ratio to the GPU alone; the
+   final shares, the ranks left out, and rank 0's mean step with and without its pauses);
    the best subset of ranks as :func:`~hetero_ray.planning.subset.solve_subset_split`
    predicts it from the profile's curves and the all-reduce measured in those runs;
 4. ``precision-*``: the built-in job on the GPU + 2 CPU ranks with uneven shares and a plan
