@@ -29,7 +29,7 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 def _session(global_batch_size=8, loader=None):
-    return SimpleNamespace(loader=loader, identity=SimpleNamespace(num_workers=1),
+    return SimpleNamespace(parts=SimpleNamespace(loader=loader), identity=SimpleNamespace(num_workers=1),
                            settings=SimpleNamespace(global_batch_size=global_batch_size))
 
 

@@ -23,7 +23,7 @@ OPTIONS = dict(loader_door.DATA_OPTION_DEFAULTS)
 def _session(rank=0, num_workers=2, global_batch_size=8, loader=None):
     said = []
     return SimpleNamespace(
-        loader=loader, said=said, log=said.append,
+        parts=SimpleNamespace(loader=loader), said=said, log=said.append,
         identity=SimpleNamespace(rank=rank, num_workers=num_workers, device=torch.device("cpu")),
         settings=SimpleNamespace(global_batch_size=global_batch_size, seed=0))
 

@@ -274,7 +274,7 @@ def _rank_weight() -> float:
     """``w_i`` of the step in progress (``1/n`` outside the loader's steps)."""
     from hetero_ray.training import session
 
-    return session.current("prepare_trainer").weight_state.weight
+    return session.current("prepare_trainer").parts.model.weight_state.weight
 
 
 def _without_labels(batch):

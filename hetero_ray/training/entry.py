@@ -92,9 +92,10 @@ def completed_a_step(session: worker_session.WorkerSession) -> bool:
     was all-reduced, or (a model not prepared) the loader moved past where the group
     started. Not the loader alone: a loop left by an exception still closes the loader's
     iteration, as a ``break`` does."""
-    if session.weight_state is not None:
-        return session.weight_state.backward_passes > 0
-    return session.loader is not None and session.loader.position.global_step > session.restored_position.global_step
+    model, loader = session.parts.model, session.parts.loader
+    if model is not None:
+        return model.weight_state.backward_passes > 0
+    return loader is not None and loader.position.global_step > session.restored_position.global_step
 
 
 # The attribute that carries the global step a rank's loop failed at to the driver.
@@ -111,9 +112,9 @@ def _stop_if_it_will_happen_again(session: worker_session.WorkerSession, error: 
     if restart_can_cure(error):
         return
     if completed_a_step(session):
-        if session.loader is not None:  # for RunGuard: the same error at the same step will happen again
+        if session.parts.loader is not None:  # for RunGuard: the same error at the same step will happen again
             try:
-                setattr(error, FAILED_AT_STEP_ATTR, session.loader.position.global_step)
+                setattr(error, FAILED_AT_STEP_ATTR, session.parts.loader.position.global_step)
             except AttributeError:  # an exception that takes no attributes: retried as before
                 pass
         return

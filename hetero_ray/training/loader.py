@@ -104,6 +104,8 @@ class PlanFollowingLoader:
         self._move_to_device = move_to_device
         self._plans: list[tuple[int, Plan]] = []  # (first global step, plan), in step order
         self._probe_sizes: dict[int, int] = {}  # first global step of a plan → this rank's probe under it (0: in)
+        # Each rank's memory cap (largest batch its device holds; None: unknown), agreed with the plans.
+        self.memory_caps: Optional[list[Optional[int]]] = None
         self._last_share = 0  # this rank's share under the last agreed plan that had it in
         self._plan_run_last: Optional[Plan] = None  # the plan of the step handed out last
         self._next_point: int = self.position.global_step  # the first unagreed rebalance point
@@ -137,6 +139,11 @@ class PlanFollowingLoader:
         of it (it then runs one sample of the window, or its probe when the plan leaves it
         out, with weight 0), None between steps."""
         return self._pending.local_batch_size if self._pending is not None else None
+
+    @property
+    def memory_cap(self) -> Optional[int]:
+        """This rank's memory cap (None: unknown): the largest micro-batch it trains."""
+        return None if self.memory_caps is None else self.memory_caps[self._session.identity.rank]
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -174,8 +181,9 @@ class PlanFollowingLoader:
         position = self.position
         first, plan = self._entry_at(position.global_step)
         previous, self._plan_run_last = self._plan_run_last, plan
-        if brings_back(previous, plan) and session.model is not None:  # collective: all ranks switch here
-            bring_back(session.model, session.optimizer_watch.optimizers, identity.rank, identity.collective_device)
+        model = session.parts.model
+        if brings_back(previous, plan) and model is not None:  # collective: all ranks switch here
+            bring_back(model.ddp, model.optimizer_watch.optimizers, identity.rank, identity.collective_device)
         timeline = timing.StepTimeline(identity.device)
         session.current_step.begin(timeline)
         timeline.mark(timing.STEP_START)
@@ -188,10 +196,10 @@ class PlanFollowingLoader:
         if session.emulator is not None:  # pads to the samples it runs: its share, its probe, or one
             session.emulator.begin_step(session.speeds.speed(identity.rank, position.global_step), step_start,
                                         local_batch_size=local_batch_size or probe_batch_size or 1)
-        if session.weight_state is not None:
-            session.weight_state.weight = rank_weight(local_batch_size, window_size)
+        if model is not None:
+            model.weight_state.weight = rank_weight(local_batch_size, window_size)
             group = session.groups.of(plan) if session.groups is not None else None
-            session.weight_state.use_group(group, len(plan.in_ranks), takes_part)
+            model.weight_state.use_group(group, len(plan.in_ranks), takes_part)
         batch = next(batches)
         if identity.device.type == "cuda":
             timeline.mark(timing.HOST_BATCH_READY)
@@ -228,7 +236,7 @@ class PlanFollowingLoader:
         step = self._pending
         if step is None:
             return
-        if self._session.weight_state is None or step.timeline.has(timing.LAST_BUCKET_READY):
+        if self._session.parts.model is None or step.timeline.has(timing.LAST_BUCKET_READY):
             self.finish_step()
             return
         self._pending = None
@@ -262,7 +270,8 @@ class PlanFollowingLoader:
                 and (end is None or self._next_point < end):
             current = self._plans[-1][1] if self._plans else None
             point = self._next_point
-            plan = self._session.agree_on_plan(current, self.sampler.position_of(point))
+            plan, self.memory_caps = self._session.agree_on_plan(current, self.sampler.position_of(point),
+                                                                 self.memory_caps)
             self._plans.append((point, plan))
             share = plan.local_batch_sizes[self._session.identity.rank]
             self._last_share = share or self._last_share
@@ -421,7 +430,7 @@ def check_workers(num_workers, prefetch_factor) -> None:
 def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_factor: Optional[int],
                 **options: Any) -> PlanFollowingLoader:
     """Checks the arguments a person can get wrong, then makes the worker's one training loader."""
-    if session.loader is not None:
+    if session.parts.loader is not None:
         raise UserError("hetero_ray.train.prepare_data_loader(evaluation=False) was called twice on this worker: "
                         "one training loader follows the run's plan; make it once and iterate it once per epoch "
                         "(an evaluation loader takes evaluation=True)")
@@ -432,6 +441,7 @@ def make_loader(session: WorkerSession, dataset, *, num_workers: int, prefetch_f
     if size < 1 or (options.get("drop_last") and size < batch):
         raise UserError(f"the dataset has {size} samples, fewer than one global batch of {batch} "
                         "(HeteroConfig.global_batch_size)" + (" with drop_last" if size else ""))
-    session.loader = PlanFollowingLoader(session, dataset, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                                         plan_lookahead_steps=agreed_lookahead_steps, **options)
-    return session.loader
+    session.parts.loader = PlanFollowingLoader(session, dataset, num_workers=num_workers,
+                                               prefetch_factor=prefetch_factor,
+                                               plan_lookahead_steps=agreed_lookahead_steps, **options)
+    return session.parts.loader

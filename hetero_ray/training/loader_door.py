@@ -42,7 +42,7 @@ def prepare(session: WorkerSession, data, options: dict[str, Any], *, move_to_de
     if isinstance(data, DataLoader):
         data, options, batch_size = _unpack(data, options)
     if evaluation is None:
-        evaluation = session.loader is not None
+        evaluation = session.parts.loader is not None
         if evaluation:
             _say_implicit_evaluation(session)
     if options["shuffle"] is None:  # a dataset: training shuffles, evaluation keeps its order

@@ -189,11 +189,14 @@ class MicroBatchPolicy:
 def micro_batches(session: Any, batch: Any, max_size: Optional[int] = None) -> Iterator[Any]:
     """What ``hetero_ray.train.micro_batches`` does on the worker whose ``session`` runs
     (see its docstring); the checks run at the call, the cutting as it is iterated."""
-    if session.model is None or session.micro_batching is None:
+    model = session.parts.model
+    if model is None:
         raise UserError("hetero_ray.train.micro_batches needs the model prepared by hetero_ray.train.prepare_model "
                         "(it holds back the all-reduce until the last micro-batch): prepare it first")
     if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1):
         raise UserError(f"micro_batches(max_size=...) must be a positive integer (samples), got {max_size!r}")
-    sizes = session.micro_batching.sizes(batch_size_of(batch), session.memory_cap, max_size)
+    loader = session.parts.loader
+    sizes = model.micro_batching.sizes(batch_size_of(batch), loader.memory_cap if loader is not None else None,
+                                       max_size)
     pieces = split_batch(batch, sizes) if len(sizes) > 1 else [batch]
-    return accumulate(session.model, session.weight_state, pieces, sizes)
+    return accumulate(model.ddp, model.weight_state, pieces, sizes)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -46,11 +47,21 @@ _FORWARD_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in
                         inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers")
 
 
+@dataclass(frozen=True)
+class PreparedModel:
+    """What ``prepare_model`` makes, once per worker: the DDP model and what hangs on it."""
+
+    ddp: DistributedDataParallel
+    weight_state: WeightedAllReduceState  # the gradient hook's state, shared with the BatchNorm layers
+    micro_batching: MicroBatchPolicy  # how a share past the memory cap is cut (training/micro_batches.py)
+    optimizer_watch: OptimizerWatch  # the optimisers that step it, whose state a rank brought back receives
+
+
 def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: bool = True,
                   ddp_kwargs: Optional[dict[str, Any]] = None) -> DistributedDataParallel:
     if not isinstance(model, nn.Module):
         raise UserError(f"hetero_ray.train.prepare_model takes a torch.nn.Module, got {type(model).__name__}")
-    if session.weight_state is not None:
+    if session.parts.model is not None:
         raise UserError("hetero_ray.train.prepare_model was called twice on this worker: the gradient "
                         "weighting belongs to one model per run; prepare the model once (wrap several "
                         "networks in one nn.Module)")
@@ -85,10 +96,8 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     state.on_bucket_ready = clock
     state.on_bucket_reduced = clock.reduced
     ddp_model.register_forward_hook(_forward_clock(session.current_step))
-    session.model = ddp_model
-    session.micro_batching = MicroBatchPolicy(synced_batchnorm, session.identity.rank)
-    session.optimizer_watch = OptimizerWatch(ddp_model)
-    session.weight_state = state  # also marks the model as prepared
+    session.parts.model = PreparedModel(ddp_model, state, MicroBatchPolicy(synced_batchnorm, session.identity.rank),
+                                        OptimizerWatch(ddp_model))
     return ddp_model
 
 
@@ -111,7 +120,7 @@ class _InLoaderStep:
     def __call__(self) -> bool:
         if self._session.current_step.timeline is not None:
             return True
-        if not self._said and self._session.loader is None:
+        if not self._said and self._session.parts.loader is None:
             self._said = True
             logger.warning("prepare_model without prepare_data_loader: the ranks' gradients are averaged as DDP "
                            "averages them (right for equal local batches, e.g. a DistributedSampler); hetero_ray's "

@@ -50,7 +50,7 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
     if checkpoint is not None and not isinstance(checkpoint, ray.train.Checkpoint):
         raise UserError("hetero_ray.train.report: checkpoint must be a ray.train.Checkpoint "
                         f"(e.g. Checkpoint.from_directory(path)), got {type(checkpoint).__name__}")
-    loader = session.loader
+    loader = session.parts.loader
     if loader is not None:
         loader.finish_step()  # the step the user just completed belongs before this report
     position = loader.position if loader is not None else session.restored_position

@@ -5,16 +5,20 @@
 public functions of :mod:`hetero_ray.train` find it with :func:`current`; there is at most
 one per process, and using the API outside a run says so instead of failing later.
 
-What it owns:
+What it holds, all fixed for the worker group's life (the session is frozen):
 - the worker's :class:`~hetero_ray.training.identity.WorkerIdentity` (rank, world size,
-  device, node, attempt id, every rank's node), fixed for the worker group's life;
-- the handles of the run's actors (metrics store, planner);
+  device, node, attempt id, every rank's node) and the run's settings;
+- the handles of the run's actors (metrics store, planner), and what the warm-up measured;
 - the step in progress (:class:`~hetero_ray.training.current_step.CurrentStep`), where
   the prepared model's hooks find it;
 - the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
-  broadcast and leave with rank 0's plan (and the process group of its ranks in);
+  broadcast and leave with rank 0's plan and the memory caps (the loader keeps both), and
+  the process group of its ranks in;
 - the step recorder (rows reach the store in batches; :meth:`flush_records` waits for
-  them, e.g. before a checkpoint that covers them is registered).
+  them, e.g. before a checkpoint that covers them is registered);
+- :class:`LoopParts`: the loader and the prepared model, each set once by the API
+  function that makes it (``prepare_data_loader``, ``prepare_model``), as the values
+  those functions return.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import ray
 import ray.train
@@ -43,6 +47,10 @@ from hetero_ray.training.identity import WorkerIdentity, register_attempt
 from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
 from hetero_ray.training.recorder import StepRecorder
 from hetero_ray.training.rejoin import Groups
+
+if TYPE_CHECKING:
+    from hetero_ray.training.loader import PlanFollowingLoader
+    from hetero_ray.training.model_prep import PreparedModel
 
 logger = logging.getLogger("hetero_ray.worker")
 
@@ -83,7 +91,21 @@ class WorkerSettings:
 
 
 @dataclass
+class LoopParts:
+    """What the user's loop makes through the public API, once each (a second call is
+    refused). Each is set by the function that makes it and read by the others: the loader
+    sets the model's gradient weight at each step, the model's hook asks whether a step of
+    the loader is in progress."""
+
+    loader: Optional["PlanFollowingLoader"] = None  # prepare_data_loader's (training/loader.py)
+    model: Optional["PreparedModel"] = None  # prepare_model's (training/model_prep.py)
+
+
+@dataclass(frozen=True)
 class WorkerSession:
+    """This worker's run: fixed for the worker group's life, except what the loop makes
+    (``parts``) and the count of checkpoints reported at each step (``checkpoints_at``)."""
+
     settings: WorkerSettings
     identity: WorkerIdentity
     store: Any
@@ -94,34 +116,15 @@ class WorkerSession:
     emulator: Optional[SpeedEmulator | CurveEmulator] = None  # pads busy time when speeds or devices are emulated
     rank_fits: Optional[list] = None  # each rank's warm-up line, for the group's first plan
     current_step: CurrentStep = field(default_factory=CurrentStep)  # read by the model's hooks
-    # Made by the user's loop through the public API, once each (a second call is refused):
-    loader: Any = None  # the one PlanFollowingLoader of this worker
-    weight_state: Any = None  # the gradient hook's state, shared with BatchNorm layers
-    model: Any = None  # the prepared (DDP) model
-    micro_batching: Any = None  # its MicroBatchPolicy (training/micro_batches.py), made with it
-    # Each rank's memory cap (largest batch its device holds; None: unknown), agreed with the plans.
-    memory_caps: Optional[list[Optional[int]]] = None
-    checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
     # Ranks left out and brought back (training/rejoin.py): each plan's group of ranks in,
-    # made when all ranks agree on the plan; the optimisers that step the prepared model,
-    # whose state (and the model's) a rank brought back receives.
-    groups: Any = None
-    optimizer_watch: Any = None
+    # made when all ranks agree on the plan.
+    groups: Optional[Groups] = None
+    parts: LoopParts = field(default_factory=LoopParts)
+    checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
 
     @property
     def restored_position(self) -> Position:
         return _position_of(self.restored)
-
-    @property
-    def memory_cap(self) -> Optional[int]:
-        """This rank's memory cap (None: unknown): the largest micro-batch it trains."""
-        return None if self.memory_caps is None else self.memory_caps[self.identity.rank]
-
-    @property
-    def cuts_micro_batches(self) -> bool:
-        """Whether the loop trains shares past the memory cap in micro-batches (it called
-        ``micro_batches`` on a model that may be cut): the planner may then pass the caps."""
-        return self.micro_batching is not None and self.micro_batching.cuts
 
     @property
     def restored_plan(self) -> Optional[Plan]:
@@ -133,13 +136,16 @@ class WorkerSession:
 
     # --- the plan protocol -------------------------------------------------------------
 
-    def agree_on_plan(self, current: Optional[Plan], position: Position) -> Plan:
-        """Collective: rank 0 fetches the planner's plan for ``position``; all ranks get it.
+    def agree_on_plan(self, current: Optional[Plan], position: Position,
+                      caps: Optional[list[Optional[int]]] = None) -> tuple[Plan, Optional[list[Optional[int]]]]:
+        """Collective: rank 0 fetches the planner's plan for ``position``; all ranks get it,
+        with each rank's memory cap (largest batch its device holds; None: unknown).
 
-        ``current`` is the plan in force before ``position`` (None for the group's first).
+        ``current`` is the plan in force before ``position`` (None for the group's first);
+        ``caps``: the caps agreed with it, which hold while the planner knows none.
         """
         identity, batch = self.identity, self.settings.global_batch_size
-        proposal, caps = None, None
+        proposal, agreed = None, caps
         restored = self.restored_plan
         if identity.rank == 0:
             fallback = current
@@ -150,18 +156,18 @@ class WorkerSession:
             ranks = RankFacts(identity.rank_node_ids, identity.rank_device_kinds,
                               fits=self.rank_fits if current is None else None,
                               cpus=identity.rank_cpus if current is None else None)
-            proposal, caps = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
-                                        _plan_fetch_timeout_s(), ranks, wait_s=self.settings.first_plan_wait_s,
-                                        note=self.log,
-                                        micro_batches=self.cuts_micro_batches)
-            if caps is None:  # no answer, or none known: the caps agreed before still hold
-                caps = self.memory_caps
+            model = self.parts.model
+            proposal, known = fetch_plan(self.planner, identity.num_workers, batch, position.global_step, fallback,
+                                         _plan_fetch_timeout_s(), ranks, wait_s=self.settings.first_plan_wait_s,
+                                         note=self.log, micro_batches=model is not None and model.micro_batching.cuts)
+            if known is not None:  # no answer, or none known: the caps agreed before still hold
+                agreed = known
             if proposal is None:  # no planner and nothing restored: equal shares keep training going
                 version = restored.version + 1 if restored is not None else 0
                 proposal = Plan(version, tuple(equal_split(batch, identity.num_workers)),
                                 "fallback: planner unreachable")
-        plan, self.memory_caps = broadcast_plan(proposal, identity.rank, identity.num_workers,
-                                                identity.collective_device, caps)
+        plan, agreed = broadcast_plan(proposal, identity.rank, identity.num_workers, identity.collective_device,
+                                      agreed)
         if self.groups is not None:
             self.groups.for_plan(plan)  # collective: every rank makes the group of the ranks in, in plan order
         if identity.rank == 0 and current is None:  # the group's first plan: the balancer starts from it
@@ -177,7 +183,7 @@ class WorkerSession:
             })
             if current is not None:
                 self.log(f"global step {position.global_step}: plan {current} → {plan} ({plan.reason})")
-        return plan
+        return plan, agreed
 
     def flush_records(self, timeout_s: float = 30.0) -> None:
         """Waits until every step row recorded so far is in the metrics store."""
@@ -231,12 +237,12 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     elif settings.device_mode != "cpu" and settings.warmup_model is not None and "cpu" in identity.rank_device_kinds:
         rank_fits = _warm_up_cpu_ranks(settings, identity)
     session = WorkerSession(
-        settings=settings, identity=identity, store=store, planner=planner,
-        recorder=recorder, restored=restored, speeds=speeds, emulator=emulator, rank_fits=rank_fits,
+        settings=settings, identity=identity, store=store, planner=planner, recorder=recorder, restored=restored,
+        speeds=speeds, emulator=emulator, rank_fits=rank_fits, groups=Groups(identity.num_workers),
     )
     if isinstance(emulator, CurveEmulator):  # the loader begins a step before it knows the share
-        emulator.local_batch_size = lambda: session.loader.local_batch_size if session.loader is not None else None
-    session.groups = Groups(identity.num_workers)
+        parts = session.parts
+        emulator.local_batch_size = lambda: parts.loader.local_batch_size if parts.loader is not None else None
     _CURRENT = session
     return session
 
@@ -246,10 +252,10 @@ def stop() -> None:
     global _CURRENT
     session, _CURRENT = _CURRENT, None
     if session is not None:
-        if session.loader is not None:
-            session.loader.close()
-        if session.optimizer_watch is not None:
-            session.optimizer_watch.close()
+        if session.parts.loader is not None:
+            session.parts.loader.close()
+        if session.parts.model is not None:
+            session.parts.model.optimizer_watch.close()
         try:
             session.flush_records()
         except Exception as e:  # noqa: BLE001 - a failing loop's own error matters more

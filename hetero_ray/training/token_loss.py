@@ -22,7 +22,8 @@ def token_weighted_loss(session, loss_sum: torch.Tensor, num_tokens) -> torch.Te
     if not isinstance(loss_sum, torch.Tensor) or loss_sum.dim() != 0:
         raise UserError("token_weighted_loss(loss_sum, num_tokens): loss_sum must be a scalar tensor (this "
                         "rank's SUM of token losses)")
-    if session.model is not None and not session.model.require_backward_grad_sync:
+    model = session.parts.model
+    if model is not None and not model.ddp.require_backward_grad_sync:
         # Inside micro_batches (DDP no_sync): ranks cut into different numbers of
         # micro-batches would enter different numbers of this all-reduce, and hang.
         raise UserError("token_weighted_loss inside hetero_ray.train.micro_batches: it runs one all-reduce per "
@@ -32,7 +33,7 @@ def token_weighted_loss(session, loss_sum: torch.Tensor, num_tokens) -> torch.Te
     local_tokens = float(tokens.item())
     dist.all_reduce(tokens)
     total_tokens = float(tokens.item())
-    weight = session.weight_state.weight if session.weight_state is not None else 1.0
+    weight = model.weight_state.weight if model is not None else 1.0
     if total_tokens <= 0 or weight == 0:
         return loss_sum * 0.0
     if local_tokens < 0:
