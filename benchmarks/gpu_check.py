@@ -482,10 +482,10 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
         measured[name] = summary.get("steady_samples_per_s") if failed is None else None
-        plans[name] = "; ".join(t for t in (plan_text(summary), step_text(_steps(os.path.join(run_dir, "steps.parquet"))))
-                                if t)
+        steps = _steps(os.path.join(run_dir, "steps.parquet"))
+        plans[name] = "; ".join(t for t in (plan_text(summary), step_text(steps)) if t)
         if comm_s is None and "," in devices and failed is None:
-            comm_s = comm_time_s(_steps(os.path.join(run_dir, "steps.parquet")))
+            comm_s = comm_time_s(steps)
     if "train" in args.stages:
         rows += throughput_rows(measured, plans=plans)
         rows.append(best_subset_row(plan, args.batch_size, comm_s, measured))

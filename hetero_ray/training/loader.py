@@ -29,8 +29,8 @@ Ranks left out. Under a plan that leaves this rank out (``b_i = 0``) it still ru
 step, in step with the others, but on a *probe*: half as many samples of the window as its
 last share (of ``⌈B/n⌉`` if it never had one), or fewer where the plan says so (a probe
 must end within the step of the ranks in: :mod:`hetero_ray.planning.probes`), with weight 0
-and no all-reduce (the hook and the batch norm see ``takes_part`` False). Its step row says ``local_batch_size`` 0 and
-``probe_batch_size``; its busy time keeps its cost curve known, so the planner can bring
+and no all-reduce (the hook and the batch norm see ``takes_part`` False). Its step row says
+``local_batch_size`` 0 and ``probe_batch_size``; its busy time keeps its cost curve known, so the planner can bring
 it back when it pays (after a speed change too). The probe's samples are not consumed:
 the sample-id audit records none. At the step a plan brings ranks back, every rank
 first receives rank 0's parameters and optimiser state (:mod:`hetero_ray.training.rejoin`).
