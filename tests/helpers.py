@@ -7,6 +7,7 @@ Helpers live here, not in a test module, so that no test module imports another.
 from __future__ import annotations
 
 import os
+import socket
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,13 @@ from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.profiling.capability import CpuInfo, DeviceCapability, NodeCapability
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a gloo group's rendezvous, a server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---- runs ---------------------------------------------------------------------------------

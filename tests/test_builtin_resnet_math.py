@@ -11,7 +11,6 @@ tolerance that would show exactness.
 """
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ from hetero_ray.builtin.data import DataSpec
 from hetero_ray.builtin.models import build_model, compute_loss
 from hetero_ray.training.batchnorm import convert_batchnorm
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.helpers import free_port
 
 LOCAL_BATCH_SIZES = [7, 3, 2]
 GLOBAL_BATCH_SIZE = sum(LOCAL_BATCH_SIZES)
@@ -76,9 +76,7 @@ def _relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 def test_resnet18_gradient_with_unequal_shares_is_one_devices(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(len(LOCAL_BATCH_SIZES), port, str(tmp_path)), nprocs=len(LOCAL_BATCH_SIZES), join=True)
     expected = one_device_gradient()
     per_rank = [torch.load(tmp_path / f"grad{r}.pt") for r in range(len(LOCAL_BATCH_SIZES))]

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from hetero_ray.constants import DEVICE_LABEL, GPU_MODEL_LABEL
+from tests.helpers import free_port
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO_ROOT, "cluster_configs")
@@ -221,9 +222,7 @@ def test_worker_without_a_token_refuses_and_says_where_to_get_it(node):
 
 def test_worker_with_an_unreachable_head_fails_fast(node):
     node.give_token()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again when the with-block ends
+    port = free_port()
     result = node.run(START_WORKER, f"127.0.0.1:{port}")
     assert result.returncode == 2 and "cannot reach the head" in result.stderr
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import psutil
 import pytest
 
 from hetero_ray_dashboards import wsgi
+from tests.helpers import free_port
 
 
 def test_the_wsgi_callable_serves_the_app(tmp_path):
@@ -42,15 +42,9 @@ def test_without_waitress_it_says_what_to_install(tmp_path, monkeypatch, capsys)
     assert "pip install waitress" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(importlib.util.find_spec("waitress") is None, reason="waitress not installed")
 def test_it_serves_through_waitress_on_loopback_by_default(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     server = subprocess.Popen([sys.executable, "-m", "hetero_ray_dashboards.wsgi", "--runs-dir", str(tmp_path),
                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

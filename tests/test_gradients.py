@@ -6,7 +6,6 @@ must not (that is the bug the weighted hook exists to fix).
 """
 
 import os
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.helpers import free_port
 
 LOCAL_BATCH_SIZES = [7, 3, 2]
 GLOBAL_BATCH_SIZE = sum(LOCAL_BATCH_SIZES)
@@ -62,9 +62,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def distributed_gradients(tmp_path) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(len(LOCAL_BATCH_SIZES), port, str(tmp_path)),
              nprocs=len(LOCAL_BATCH_SIZES), join=True)
     return [torch.load(tmp_path / f"grad{r}.pt") for r in range(len(LOCAL_BATCH_SIZES))]

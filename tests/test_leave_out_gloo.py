@@ -14,7 +14,6 @@ global batches. (tests/test_leave_out_e2e.py runs the same through Ray and the l
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from hetero_ray.training.batchnorm import convert_batchnorm
 from hetero_ray.training.model_prep import _FORWARD_BUFFER_SYNC
 from hetero_ray.training.rejoin import Groups, OptimizerWatch, bring_back, brings_back
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.helpers import free_port
 from tests.test_sync_batchnorm import LEARNING_RATE, MODELS, make_batches, train_on_one_device
 
 pytestmark = pytest.mark.slow
@@ -81,9 +81,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def per_rank(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("leave_out")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(WORLD_SIZE, port, str(out_dir)), nprocs=WORLD_SIZE, join=True)
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 

@@ -11,7 +11,6 @@ rank with the plan (:func:`~hetero_ray.training.plan_sync.broadcast_plan`).
 """
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.training.micro_batches import MicroBatchPolicy, accumulate, split_batch
 from hetero_ray.training.plan_sync import broadcast_plan
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.helpers import free_port
 
 SHARES = [32, 8, 13]
 CAPS = [8, None, 4]
@@ -84,9 +84,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_shares_past_the_cap_in_micro_batches_end_with_the_weights_of_one_device(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(len(SHARES), port, str(tmp_path)), nprocs=len(SHARES), join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(len(SHARES))]
 

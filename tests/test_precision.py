@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.training.precision import PRECISIONS, Precision
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.helpers import free_port
 
 STEPS = 50
 # bf16 keeps 8 bits of mantissa (relative rounding 2^-8 ≈ 0.4 %); a loss of ~1 that drifts
@@ -107,9 +107,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_fp16_with_a_grad_scaler_keeps_the_weighting_exact(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(3, port, str(tmp_path)), nprocs=3, join=True)
     expected = [sum(rank_weight(b, 12) * g for b, g in zip(LOCAL_BATCH_SIZES, grads))
                 for grads in zip(*(_own_fp16_gradient(rank) for rank in range(3)))]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.probes import PROBE_BUDGET, probe_sizes
 from hetero_ray.training.plan_sync import broadcast_plan
+from tests.helpers import free_port
 
 NAN = math.nan
 
@@ -76,9 +76,7 @@ def _broadcast(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_every_rank_receives_rank_0s_probe_sizes_with_its_plan(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_broadcast, args=(3, port, str(tmp_path)), nprocs=3, join=True)
     for rank in range(3):
         assert torch.load(tmp_path / f"rank{rank}.pt") == [

@@ -33,6 +33,7 @@ import psutil
 import pytest
 
 from hetero_ray.constants import DEVICE_LABEL
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -43,12 +44,6 @@ NODE_START_TIMEOUT_S = 90
 JOB_TIMEOUT_S = 300  # ~45 s on an idle 2-core machine; generous for a shared, loaded one
 CPUS_PER_NODE = 2
 STOP_GRACE_S = 2  # `ray start` drains up to 30 s on SIGTERM; a test cluster need not
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -117,7 +112,7 @@ def script_cluster():
     """Head + one worker node from the cluster_configs scripts, 2 CPUs each, on loopback."""
     temp_dir = tempfile.mkdtemp(prefix="hrjob")  # short: Ray's Unix sockets live under it
     token_path = os.path.join(temp_dir, "auth_token")
-    gcs_port, dashboard_port = _free_port(), _free_port()
+    gcs_port, dashboard_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
     env.update({
@@ -140,20 +135,20 @@ def script_cluster():
     started = time.monotonic()
     try:
         head_env = dict(env, HETERO_RAY_PORT=str(gcs_port), HETERO_RAY_DASHBOARD_PORT=str(dashboard_port),
-                        HETERO_RAY_CLIENT_PORT=str(_free_port()), HETERO_RAY_METRICS_PORT=str(_free_port()))
+                        HETERO_RAY_CLIENT_PORT=str(free_port()), HETERO_RAY_METRICS_PORT=str(free_port()))
         nodes.append(Node("head", ["bash", os.path.join(CONFIGS, "start_head.sh"), "--block",
                                    "--temp-dir", os.path.join(temp_dir, "h"), "--",
-                                   f"--dashboard-agent-listen-port={_free_port()}", *small], head_env, temp_dir))
+                                   f"--dashboard-agent-listen-port={free_port()}", *small], head_env, temp_dir))
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         while not _listening(gcs_port):
             nodes[0].check_alive()
             if time.monotonic() > deadline:
                 pytest.fail(f"the head's GCS did not listen on {gcs_port}:\n{nodes[0].log()}")
             time.sleep(0.3)
-        worker_env = dict(env, HETERO_RAY_METRICS_PORT=str(_free_port()))
+        worker_env = dict(env, HETERO_RAY_METRICS_PORT=str(free_port()))
         nodes.append(Node("worker", ["bash", os.path.join(CONFIGS, "start_worker.sh"), "--block",
                                      "--temp-dir", os.path.join(temp_dir, "w"), f"127.0.0.1:{gcs_port}", "--",
-                                     f"--dashboard-agent-listen-port={_free_port()}", *small], worker_env, temp_dir))
+                                     f"--dashboard-agent-listen-port={free_port()}", *small], worker_env, temp_dir))
         cluster = {"dashboard": f"http://127.0.0.1:{dashboard_port}", "token_path": token_path, "temp_dir": temp_dir}
         while True:
             for node in nodes:

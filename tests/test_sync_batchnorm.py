@@ -9,7 +9,6 @@ spawn costs seconds here); the tests below compare its results with one device.
 
 import inspect
 import os
-import socket
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.training.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.helpers import free_port
 
 WORLD_SIZE = 3
 LOCAL_BATCH_SIZES = [7, 3, 2]
@@ -232,9 +232,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def per_rank(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("sync_batchnorm")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(WORLD_SIZE, port, str(out_dir)), nprocs=WORLD_SIZE, join=True)
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
