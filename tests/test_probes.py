@@ -16,8 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hetero_ray.planning.balancer import Balancer
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.policies import OptimalPolicy, PolicyConfig
 from hetero_ray.planning.probes import PROBE_BUDGET, probe_sizes
 from hetero_ray.training.plan_sync import broadcast_plan
 from tests.helpers import free_port
@@ -83,3 +85,43 @@ def test_every_rank_receives_rank_0s_probe_sizes_with_its_plan(tmp_path):
             (4, (40, 0, 0), (0, 3, 5), [None, 7, None]),
             (5, (20, 10, 10), (), [None, 7, None]),
         ]
+
+
+def _busy_s(rank: int, size: int, step: int) -> float:
+    """Rank 0: 0.1 ms a sample. Ranks 1 and 2: 2 ms a sample, until step 30; then as fast as
+    rank 0 up to 12 samples and 5 ms for every sample more (a cliff their probes cannot see)."""
+    if rank == 0:
+        return 1e-4 * size
+    if step < 30:
+        return 2e-3 * size
+    return 1e-4 * min(size, 12) + 5e-3 * max(size - 12, 0)
+
+
+def test_a_rollback_to_a_plan_that_leaves_ranks_out_gives_them_their_probes_again():
+    # the step rows the balancer learns plans from carry no probe sizes: a plan it restores
+    # must get them again, or its ranks left out would probe half their last share
+    balancer = Balancer(OptimalPolicy(PolicyConfig(noise_margin=0.0)), rebalance_interval=10, global_batch_size=256)
+    balancer.begin_attempt(0, 3, 0)
+    plan, pending, proposals = Plan(0, (232, 12, 12)), [], []
+    for step in range(90):
+        if pending and step % 10 == 0:
+            plan = pending.pop(0).numbered(plan.version + 1)
+        probes = plan.probe_sizes or (0, 0, 0)
+        run = [b or p or 1 for b, p in zip(plan.local_batch_sizes, probes)]
+        busy = [_busy_s(r, run[r], step) for r in range(3)]
+        slowest = max(t for t, b in zip(busy, plan.local_batch_sizes) if b > 0)
+        in_ = [b > 0 for b in plan.local_batch_sizes]
+        comm = 6e-3 if sum(in_) > 1 else 0.0
+        rows = [{"rank": r, "global_step": step, "local_batch_size": plan.local_batch_sizes[r],
+                 "busy_time_s": busy[r], "wait_time_s": slowest - busy[r] + comm if in_[r] else 0.0,
+                 "probe_batch_size": 0 if in_[r] else run[r], "plan_version": plan.version, "attempt": 0,
+                 "step_time_s": slowest + comm} for r in range(3)]
+        new = balancer.add_steps(rows, now=float(step)).new_plans
+        proposals += new
+        pending += new
+    reasons = [p.reason for p in proposals]
+    assert [p.local_batch_sizes[1:] == (0, 0) for p in proposals][:3] == [True, False, True], reasons
+    restored = proposals[2]
+    assert restored.reason.startswith("rollback"), reasons
+    assert restored.probe_sizes[0] == 0 and min(restored.probe_sizes[1:]) >= 1
+    assert restored.numbered(9).probe_sizes == restored.probe_sizes
