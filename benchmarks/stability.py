@@ -95,7 +95,7 @@ def predicted_vs_measured(steps: pd.DataFrame, decisions: pd.DataFrame, interval
     adopted = mine_rows["adopted"].astype(bool)
     kept = mine_rows[~adopted & mine_rows["current_predicted_step_time_s"].notna()]
     # A plan adopted too late for a decision to keep it: its proposal's own prediction, made
-    # before it ran (a rollback's row predicts nothing: it has no rest of the step).
+    # before it ran (a rollback's: the restored plan's step as measured before it was left).
     proposed = mine_rows[adopted & mine_rows["predicted_step_time_s"].notna() & mine_rows["rest_of_step_s"].notna()]
     if kept.empty and proposed.empty:
         return None

@@ -239,6 +239,10 @@ class EmulationConfig:
         None, "per-rank device curve: PROFILE.json[:NODE][:gpuN|cpuN] or curve:FLOOR_MS:ALPHA_MS:BETA_MS, "
               "each optionally *COUNT, e.g. h100_nodes.json:gpu0,curve:0:2:0.5*3",
         type=str_list, metavar="ENTRY,...")
+    emulate_devices_factor: Optional[float] = setting(
+        None, "the one factor K every --emulate-devices curve is stretched by (default: measured before step 0, "
+              "so that no rank must run faster than this machine); pin it to compare runs of different worker "
+              "groups on the same emulated devices", type=float, metavar="K")
 
     def __post_init__(self):
         if self.emulate_speeds is not None:
@@ -249,6 +253,12 @@ class EmulationConfig:
                                                                       self.emulate_speed_changes))
         if self.emulate_devices is not None:
             _store(self, emulate_devices=emulated_devices("--emulate-devices", self.emulate_devices))
+        if self.emulate_devices_factor is not None:
+            _store(self, emulate_devices_factor=validate.positive_number("--emulate-devices-factor",
+                                                                         self.emulate_devices_factor))
+            if self.emulate_devices is None:
+                raise ConfigError("--emulate-devices-factor stretches the curves of --emulate-devices; give "
+                                  "--emulate-devices too, or leave the factor out")
 
 
 # --- emulated devices: the syntax of one rank's entry (training/curve_emulation.py reads the files)
@@ -513,7 +523,7 @@ RESUME_MAY_CHANGE = frozenset({
     "worker_label_selectors", "worker_devices",
     # the plan: each rank's share of the same global batch
     "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown", "plan_changes",
-    "emulate_speeds", "emulate_speed_changes", "emulate_devices",
+    "emulate_speeds", "emulate_speed_changes", "emulate_devices", "emulate_devices_factor",
     # how each step computes: the gradient scaler's state travels in the checkpoint
     "precision",
     # measuring, recording, fault tolerance

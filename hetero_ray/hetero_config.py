@@ -71,6 +71,9 @@ class HeteroConfig:
             its busy time to that device's curve times one common factor (see
             hetero_ray/training/curve_emulation.py). Needs ``profile_model``: the ranks time
             it before step 0 to find the factor. Only the emulator reads it.
+        emulate_devices_factor: that common factor, pinned instead of measured (as
+            ``--emulate-devices-factor``): runs of different worker groups then emulate the
+            same devices. Each run records the factor it used (``attempts.json``).
     """
 
     global_batch_size: int
@@ -93,6 +96,7 @@ class HeteroConfig:
     worker_devices: Optional[tuple[str, ...]] = None
     allow_non_finite_loss: bool = default_of(FaultToleranceConfig, "allow_non_finite_loss")
     emulate_devices: Optional[tuple[str, ...]] = None
+    emulate_devices_factor: Optional[float] = None
 
     def __post_init__(self):
         with in_api_words():
@@ -103,7 +107,8 @@ class HeteroConfig:
                               rebalance_cooldown=self.rebalance_cooldown, plan_changes=self.plan_changes)
             emulation = EmulationConfig(emulate_speeds=self.emulate_speeds,
                                         emulate_speed_changes=self.emulate_speed_changes,
-                                        emulate_devices=self.emulate_devices)
+                                        emulate_devices=self.emulate_devices,
+                                        emulate_devices_factor=self.emulate_devices_factor)
             profiling = ProfilingConfig(profile=self.profile, profile_batch_sizes=self.profile_batch_sizes,
                                         profile_interval=self.profile_interval,
                                         profile_timeout_s=self.profile_timeout_s)
@@ -118,6 +123,7 @@ class HeteroConfig:
         for part, names in ((plan, ("batch_split", "plan_changes")), (profiling, ("profile_batch_sizes",)),
                             (emulation, ("emulate_speeds", "emulate_speed_changes", "emulate_devices"))):
             self._store(**{name: getattr(part, name) for name in names if getattr(part, name) is not None})
+        object.__setattr__(self, "emulate_devices_factor", emulation.emulate_devices_factor)  # a number, checked
         object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "

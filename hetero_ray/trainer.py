@@ -190,7 +190,7 @@ class HeteroTrainer:
             record_sample_ids=hetero.record_sample_ids, profile_interval=hetero.profile_interval,
             emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
-            emulate_devices=self._emulate_devices,
+            emulate_devices=self._emulate_devices, emulate_devices_factor=hetero.emulate_devices_factor,
             # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py),
             # and so do the CPU ranks where there are GPUs (runtime/node_profiling.py); emulated
             # devices always do (training/curve_emulation.py: the curves' common factor).

@@ -3,6 +3,8 @@ effect, records achieved step times, and survives a checkpoint round trip."""
 
 from __future__ import annotations
 
+import pytest
+
 from hetero_ray.planning.balancer import Balancer
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.planning.simulation import SimulatedCluster
@@ -201,6 +203,8 @@ def test_a_plan_that_makes_the_step_slower_is_rolled_back_within_one_interval():
     assert any(r["reason"].startswith("hold:") for r in rows), "the restored shares were not held"
     rollback_row = next(r for r in rows if r["reason"].startswith("rollback"))
     assert rollback_row["plan_version"] == 2, "the row names the plan it adopts, like every adopted row"
+    # its prediction: the restored plan's step as measured before it was left
+    assert rollback_row["predicted_step_time_s"] == pytest.approx(0.048, rel=0.1)
     worse = next(r for r in rows if r["adopted"] and r["local_batch_sizes"] == list(first_move[1]))
     assert worse["achieved_step_time_s"] > 1.07 * 0.048  # its outcome is in the decisions table
     # 10 ms a sample beyond 24 is a cliff (the step came out over 1.5× its prediction):

@@ -66,7 +66,8 @@ def test_a_plan_adopted_too_late_to_be_kept_is_judged_by_the_prediction_that_ado
     assert pvm["vs_mean_step_time"] == pytest.approx(1.0)
 
 
-def test_a_rollback_predicts_nothing():
+def test_a_row_without_the_rest_of_the_step_predicts_nothing():
+    # (tables from before rollback rows carried it)
     steps = steps_table([0] * 40 + [1] * 10, {0: 0.2, 1: 0.1})
     decisions = pd.DataFrame([{"global_step": 39, "plan_version": 1, "adopted": True,
                                "current_predicted_step_time_s": 0.2, "predicted_step_time_s": 0.1,

@@ -11,6 +11,7 @@ import torch
 from hetero_ray.config import EmulationConfig, TrainConfig
 from hetero_ray.errors import ConfigError, UserError
 from hetero_ray.hetero_config import HeteroConfig
+from hetero_ray import ProfileModel
 from hetero_ray.training import curve_emulation
 from hetero_ray.training.curve_emulation import (
     CurveEmulator, DeviceCurve, common_factor, curve_pad_s, device_curves, rank_ratio,
@@ -135,6 +136,38 @@ def test_one_entry_per_rank():
         TrainConfig(model="mlp", num_workers=2, emulate_devices=["curve:0:2:0.5*3"])
     with pytest.raises(ConfigError, match="HeteroConfig.emulate_devices needs a profile_model"):
         HeteroConfig(global_batch_size=8, emulate_devices=("curve:0:2:0.5",))
+
+
+_LINEAR = ProfileModel(build=lambda: torch.nn.Linear(2, 2), make_batch=lambda b: (torch.randn(b, 2),), name="lin")
+
+
+def test_a_pinned_factor_is_a_positive_number_for_emulated_devices_only():
+    assert EmulationConfig(emulate_devices=["curve:0:2:0.5"], emulate_devices_factor=12).emulate_devices_factor == 12.0
+    with pytest.raises(ConfigError, match="--emulate-devices-factor must be a positive number"):
+        EmulationConfig(emulate_devices=["curve:0:2:0.5"], emulate_devices_factor=0)
+    with pytest.raises(ConfigError, match="--emulate-devices-factor stretches the curves of --emulate-devices"):
+        EmulationConfig(emulate_devices_factor=3.0)
+    assert HeteroConfig(global_batch_size=8, emulate_devices=("curve:0:2:0.5",), emulate_devices_factor=4,
+                        profile_model=_LINEAR).emulate_devices_factor == 4.0
+    with pytest.raises(ConfigError, match="HeteroConfig.emulate_devices_factor stretches the curves of "
+                                          "HeteroConfig.emulate_devices"):
+        HeteroConfig(global_batch_size=8, emulate_devices_factor=3.0)
+
+
+def test_a_pinned_factor_is_used_as_it_is_without_timing_the_model():
+    # the same emulated devices in runs of different worker groups: no rank times anything
+    # (warmup_model None would refuse a measurement), every rank pads to that factor
+    from hetero_ray.training.identity import WorkerIdentity
+    from hetero_ray.training.session import WorkerSettings, _curve_emulator
+
+    settings = WorkerSettings(experiment_name="pinned", global_batch_size=64, seed=0, rebalance_interval=10,
+                              device_mode="cpu", emulate_devices=[DeviceCurve(0.0, 2e-3, 5e-4, "curve:0:2:0.5").to_dict()] * 2,
+                              emulate_devices_factor=7.5)
+    for rank in (0, 1):
+        identity = WorkerIdentity(rank, 2, rank, torch.device("cpu"), "n", 0, ("n", "n"), ("cpu", "cpu"), (2, 2),
+                                  ({}, {}))
+        emulator = _curve_emulator(settings, identity, synchronize=None)
+        assert emulator.factor == 7.5 and emulator.curve == DeviceCurve(0.0, 2e-3, 5e-4, "curve:0:2:0.5")
 
 
 def test_profiles_that_cannot_give_a_curve_are_refused(tmp_path):

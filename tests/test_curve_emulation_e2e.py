@@ -11,6 +11,7 @@ samples came out 9.8 ms against 7.1 ms at 24, its fastest step 8.7 ms.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -31,6 +32,9 @@ def test_busy_times_follow_the_device_curves(ray_session, fast_config):
     )
     result = run_training(config)
 
+    with open(os.path.join(result.run_dir, "attempts.json")) as f:
+        factor = json.load(f)[0]["emulated_devices_factor"]  # measured before step 0: the run says which
+    assert factor >= 1.0
     steps = pd.read_parquet(os.path.join(result.run_dir, "steps.parquet"))
     steps = steps[~steps["global_step"].isin([0, 8])]  # the first step of each plan warms its sizes up
     busy = steps.groupby(["rank", "local_batch_size"])["busy_time_s"].min()

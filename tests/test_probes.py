@@ -125,3 +125,7 @@ def test_a_rollback_to_a_plan_that_leaves_ranks_out_gives_them_their_probes_agai
     assert restored.reason.startswith("rollback"), reasons
     assert restored.probe_sizes[0] == 0 and min(restored.probe_sizes[1:]) >= 1
     assert restored.numbered(9).probe_sizes == restored.probe_sizes
+    # its row predicts the restored plan's step as measured before, and says what those
+    # steps took beyond max t_i + c (here nothing: the rows' step is exactly that)
+    assert restored.row["predicted_step_time_s"] == pytest.approx(256e-4, rel=0.01)
+    assert restored.row["rest_of_step_s"] == pytest.approx(0.0, abs=1e-6)

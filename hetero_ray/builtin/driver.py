@@ -101,6 +101,7 @@ def builtin_trainer(config: TrainConfig, device_mode: str, emit: Callable[[str],
         profile_batch_sizes=config.probe_batch_sizes(), profile_timeout_s=config.profile_timeout_s,
         worker_devices=config.worker_devices if mixed else None,
         allow_non_finite_loss=config.allow_non_finite_loss, emulate_devices=config.emulate_devices,
+        emulate_devices_factor=config.emulate_devices_factor,
     )
     return HeteroTrainer(
         train_loop_per_worker,

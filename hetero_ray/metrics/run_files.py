@@ -4,6 +4,7 @@ Layout of ``<output-dir>/<experiment-name>/``::
 
     config.json          the resolved configuration
     attempts.json        one entry per worker-group start: attempt id, resume step, workers
+                         (and, under --emulate-devices, the curves' factor it used)
     planner_state.json   the planner's plan, version counter, caps, node profiles, scripted
                          changes to come, and the worker group it serves with the run's end
     steps.parquet        one row per step and rank            } merged from parts/ at the end;

@@ -85,6 +85,15 @@ class MetricsStore:
         self._window.new_attempt()
         return attempt
 
+    def note_attempt(self, attempt: int, facts: dict) -> None:
+        """Facts about a worker-group start learned after it began (the emulated devices'
+        factor, measured by its ranks), added to its entry in attempts.json."""
+        entry = next((a for a in self._attempts if a["attempt"] == int(attempt)), None)
+        if entry is None:
+            return  # a start this store never registered (a restart lost it): nothing to add to
+        entry.update(facts)
+        self._writer.write_json("attempts.json", run_files.ATTEMPTS_FILE, self._attempts)
+
     def register_worker(self, info: dict) -> None:
         """A worker of the current attempt: rank, pid, node_id, hostname, device."""
         self._workers[int(info["rank"])] = dict(info)

@@ -537,6 +537,9 @@ class Balancer:
             "predicted_step_time_s": before_s, "current_predicted_step_time_s": achieved_s,
             "predicted_gain": (achieved_s - before_s) / achieved_s,
             "achieved_step_time_s": None, "wall_time": time.time(),
+            # what the restored plan's own steps took beyond max t_i + c, as every decision row
+            # carries: its prediction (its measured step) plus this is the step it will take
+            "rest_of_step_s": self._rest_of_step_s(predecessor.version),
         }
         out.new_plans.append(Proposal(predecessor.local_batch_sizes, reason, rollback_row,
                                       self._probes_for(predecessor.local_batch_sizes, before_s, global_step)))

@@ -71,6 +71,7 @@ class WorkerSettings:
     # Each rank's emulated device curve (DeviceCurve.to_dict), resolved by the driver from
     # --emulate-devices; needs warmup_model (the ranks time it to find the common factor).
     emulate_devices: Optional[list[dict]] = None
+    emulate_devices_factor: Optional[float] = None  # the curves' common factor, pinned (None: measured)
     end_global_step: Optional[int] = None  # known for built-in runs; None for user loops
     # Under emulated speeds: the model recipe (a ProfileModel) each rank times itself with
     # before step 0, and at which batch sizes (see training/warmup.py).
@@ -231,6 +232,8 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     if settings.emulate_devices:
         speeds = speeds or SpeedSchedule([1.0] * identity.num_workers)
         emulator = _curve_emulator(settings, identity, synchronize)
+        if identity.rank == 0:  # the emulated devices a run compares against: in its files
+            store.note_attempt.remote(identity.attempt, {"emulated_devices_factor": emulator.factor})
     rank_fits = None
     if speeds is not None and settings.warmup_model is not None:
         rank_fits = _warm_up(settings, identity, emulator, speeds.speed(identity.rank, position.global_step))
@@ -292,13 +295,16 @@ def _speed_schedule(settings: WorkerSettings, identity: WorkerIdentity) -> Optio
 def _curve_emulator(settings: WorkerSettings, identity: WorkerIdentity, synchronize) -> CurveEmulator:
     """Collective: every rank times the model's real step (no pad, all ranks at once), and
     all agree on the one factor k that keeps every curve within this machine's speed (see
-    training/curve_emulation.py)."""
+    training/curve_emulation.py) — unless the run pinned k (``emulate_devices_factor``)."""
     from hetero_ray.planning.cost_model import curve_busy_time_s
     from hetero_ray.training.warmup import gather_fits, measure_rank
 
+    curves = [DeviceCurve.from_dict(c) for c in settings.emulate_devices]
+    if settings.emulate_devices_factor is not None:
+        _say(identity, f"emulated devices: every curve × {settings.emulate_devices_factor:.3g}, as the run pinned it")
+        return CurveEmulator(curves[identity.rank], settings.emulate_devices_factor, synchronize=synchronize)
     if settings.warmup_model is None:
         raise UserError("emulated devices need a model to time before step 0 (HeteroConfig.profile_model)")
-    curves = [DeviceCurve.from_dict(c) for c in settings.emulate_devices]
     started = time.perf_counter()
     real = gather_fits(measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes),
                                     SpeedEmulator(), 1.0), identity.num_workers)
