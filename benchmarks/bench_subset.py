@@ -109,7 +109,7 @@ def _say_decision(run: dict) -> None:
     rows = _left_out_rows(run)
     for row in rows.itertuples():
         achieved = row.achieved_step_time_s * 1e3 if pd.notna(row.achieved_step_time_s) else float("nan")
-        print(f"    step {row.global_step}: ranks {list(row.left_out_ranks)} out — predicted "
+        print(f"    step {row.global_step}: ranks {[int(r) for r in row.left_out_ranks]} out — predicted "
               f"{row.predicted_step_time_s * 1e3:.1f} ms without them, "
               f"{row.all_ranks_predicted_step_time_s * 1e3:.1f} ms with every rank in (achieved {achieved:.1f} ms)")
     comm = run["steps"]
