@@ -99,6 +99,7 @@ TOTAL_STEPS = 256  # 8192 samples / 32: long enough (~15 s, emulated) for a seco
 JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--batch-size", "32", "--epochs", "1",
        "--num-workers", "2", "--no-profile", "--policy", "static", "--checkpoint-every", "8",
        "--emulate-speeds", "0.25,0.25"]
+FULL_SPEED = ["--emulate-speeds", "1,1"]  # the job's speeds only keep it running long enough to stop it
 ENV = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
 
 
@@ -171,8 +172,9 @@ def test_a_sigkilled_driver_with_a_torn_part_resumes_to_a_summary(tmp_path):
     torn = os.path.join(steps_parts, f"part-{max(numbers, default=0) + 100:08d}.parquet")
     open(torn, "wb").close()
 
-    resumed = subprocess.run([sys.executable, "-m", "hetero_ray", *args, "--resume"], cwd=REPO_ROOT, env=ENV,
-                             text=True, capture_output=True, timeout=300)
+    # the rest at full speed: the speeds may change at a resume (they only pad the steps)
+    resumed = subprocess.run([sys.executable, "-m", "hetero_ray", *args, "--resume", *FULL_SPEED], cwd=REPO_ROOT,
+                             env=ENV, text=True, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming from the checkpoint at global step" in resumed.stdout
     with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
