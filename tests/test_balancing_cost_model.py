@@ -389,3 +389,22 @@ def _timed(fn):
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def test_most_ranks_changing_speed_at_once_is_no_slowdown_of_the_one_that_did_not():
+    """Ranks 1 and 2 (of 3) become 20× faster at step 30 — the speed change of
+    bench_subset.py, two left-out ranks made fast at one step. The median over the ranks
+    then moves 20×, which no machine's slow phase does: read as shared, it made rank 0,
+    unchanged, look 20× slower, and a plan of 25.6 ms was predicted at 512 ms."""
+    rng = np.random.default_rng(3)
+    est = ClusterEstimates(3)
+    for step in range(38):
+        for rank in range(3):
+            per_sample = 1e-4 if rank == 0 or step >= 30 else 2e-3
+            size = 256 if rank == 0 else 6
+            feed(est, rank, [size], [per_sample * size * (1 + 0.02 * rng.standard_normal())], first_step=step)
+        if step % 4 == 3:
+            est.estimates()
+    e = est.estimates()
+    assert e.busy_time_s[0] == pytest.approx(256e-4, rel=0.2)
+    assert e.busy_time_s[1] == pytest.approx(6e-4, rel=0.2) and e.busy_time_s[2] == pytest.approx(6e-4, rel=0.2)

@@ -25,7 +25,8 @@ ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
   share would be proportionally faster.
 * shared slowdowns: each time is first divided by its step's shared factor, the median
   over the ranks of ``t_i,s / m_i`` (:meth:`ClusterEstimates._times_without_shared_noise`),
-  so a slow phase of the whole machine does not make ranks look unequal;
+  so a slow phase of the whole machine does not make ranks look unequal (a factor beyond
+  2× either way is most ranks changing speed at once, and is not divided out);
 * speed changes: when the median of a rank's last few records departs from its window
   level by far more than the noise, the records from before the change are forgotten,
   so a slowdown shows after ~5 steps instead of half a window
@@ -67,6 +68,11 @@ MAX_OLD_SIDE_AFTER_CHANGE = 1  # a spike among a changed speed's records; two: n
 # A step's shared factor needs this many of its ranks: with two, a shared slowdown cannot
 # be told from one rank's own; from three on, one rank's own moves the median little.
 MIN_RANKS_FOR_SHARED_FACTOR = 3
+# The most a step's shared factor may be (or the least, inverted) to count as the machine's.
+# A machine's slow phase slows every rank by tens of percent; a median that moves further
+# at one step is most ranks changing speed at once (two of three ranks left out made fast),
+# and divided out it would make the ranks that did not change look that much slower.
+MAX_SHARED_FACTOR = 2.0
 _MAX_PENDING_PER_RANK = 4  # × window: fold pending records in before the list grows further
 
 
@@ -394,7 +400,9 @@ class ClusterEstimates:
         max(:data:`MIN_RANKS_FOR_SHARED_FACTOR`, n/2) ranks reported the step; a step
         fewer have reported yet takes the latest such step's factor (1 before any). A
         rank's own slowdown (or spike) moves the median over ranks little, so it stays in
-        that rank's times.
+        that rank's times. A factor beyond :data:`MAX_SHARED_FACTOR` either way is most
+        ranks changing speed at once, not the machine: it is 1, and each rank's own speed
+        change is found as any other (:meth:`_forget_before_speed_changes`).
         """
         times = self._times_s
         if not self.remove_shared_noise or self.num_workers < MIN_RANKS_FOR_SHARED_FACTOR:
@@ -419,6 +427,7 @@ class ClusterEstimates:
         enough = count >= max(MIN_RANKS_FOR_SHARED_FACTOR, self.num_workers // 2)
         latest_enough = np.maximum.accumulate(np.where(enough, np.arange(count.size), -1))
         factor = np.where(latest_enough >= 0, median[np.maximum(latest_enough, 0)], 1.0)
+        factor = np.where((factor > MAX_SHARED_FACTOR) | (factor < 1.0 / MAX_SHARED_FACTOR), 1.0, factor)
         entry_factor = np.empty(order.size)
         entry_factor[order] = np.repeat(factor, count)
         out = times.copy()
