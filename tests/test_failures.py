@@ -84,7 +84,9 @@ def assert_nothing_lost(run_dir: str, reference: dict, min_restarts: int = 0) ->
         assert len(rows) == NUM_SAMPLES and set(rows["sample_index"]) == set(range(NUM_SAMPLES)), f"epoch {epoch}"
     weights = torch.load(os.path.join(run_dir, "model_final.pt"), weights_only=True)
     worst = max((weights[k] - reference["weights"][k]).abs().max().item() for k in weights)
-    same_ranks = all(a["num_workers"] == REFERENCE_WORKERS for a in attempts)
+    # a step with a rank left out (share 0) sums its gradient over fewer ranks, as another
+    # world size does (an optimal plan leaves the slow rank out when it costs more than it adds)
+    same_ranks = all(a["num_workers"] == REFERENCE_WORKERS for a in attempts) and (steps["local_batch_size"] > 0).all()
     tolerance = WEIGHTS_TOLERANCE if same_ranks else WEIGHTS_TOLERANCE_OTHER_WORLD_SIZE
     assert worst < tolerance, f"final weights differ from the uninterrupted run's by {worst}"
     train_dir = os.path.dirname(latest_checkpoint_dir(run_dir))
