@@ -82,7 +82,6 @@ from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates
 from hetero_ray.planning.policies import Decision, Policy
 from hetero_ray.planning.plan import Plan
-from hetero_ray.planning.probes import probe_sizes
 from hetero_ray.planning.quota import QuotaCaps
 
 _STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
@@ -542,19 +541,11 @@ class Balancer:
             "rest_of_step_s": self._rest_of_step_s(predecessor.version),
         }
         out.new_plans.append(Proposal(predecessor.local_batch_sizes, reason, rollback_row,
-                                      self._probes_for(predecessor.local_batch_sizes, before_s, global_step)))
+                                      self.policy.probes_of(predecessor.local_batch_sizes,
+                                                            self.estimates.estimates(global_step), before_s)))
         self._awaiting_outcome, self._achieved = (rollback_row, worse.version), []
         self._waiting_since_version = worse.version
         self._holds_left = 1
-
-    def _probes_for(self, sizes: Sequence[int], step_time_s: float, global_step: int) -> tuple[int, ...]:
-        """The probe sizes of a plan the balancer restores (planning/probes.py): the step
-        rows it learns plans from carry no probes, so a restored plan that leaves ranks out
-        gets them from the curves fitted now, as the policy gives them to a plan it adopts."""
-        if 0 not in sizes:
-            return ()
-        est = self.estimates.estimates(global_step)
-        return probe_sizes(sizes, est.alpha_s, est.beta_s_per_sample, est.floor_s, step_time_s)
 
     def flush(self) -> list[dict]:
         """Rows still waiting for their outcome (at the end of a run)."""

@@ -184,6 +184,9 @@ class Policy(Protocol):
     def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
                comm_cost_s: Optional[CommCost] = None) -> Decision: ...
 
+    def probes_of(self, local_batch_sizes: Sequence[int], estimates: Estimates,
+                  step_time_s: float) -> tuple[int, ...]: ...
+
 
 class _BasePolicy:
     name = "base"
@@ -313,8 +316,19 @@ class _AdaptivePolicy(_BasePolicy):
         return Plan(0, tuple(sizes), f"{self.name}: equal shares until measured")
 
     def _cost_model(self, est: Estimates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-rank (α_i, β_i, τ_i) of this policy's cost model; NaN where unknown."""
-        raise NotImplementedError
+        """Per-rank (α_i, β_i, τ_i) of this policy's cost model; NaN where unknown. Here:
+        the fitted curves ``t_i(b) = max(τ_i, α_i + β_i·b)``."""
+        return est.alpha_s, est.beta_s_per_sample, est.floor_s
+
+    def probes_of(self, local_batch_sizes: Sequence[int], estimates: Estimates,
+                  step_time_s: float) -> tuple[int, ...]:
+        """The probe sizes a plan with these shares carries (planning/probes.py), from this
+        policy's cost model and the plan's predicted ``step_time_s``; () when every rank is in.
+        For a plan it adopts, and for one the balancer restores (its step rows carry none)."""
+        if 0 not in local_batch_sizes:
+            return ()
+        alphas, betas, floors = self._cost_model(estimates)
+        return probe_sizes(local_batch_sizes, alphas, betas, floors, step_time_s)
 
     def _propose(self, current: Plan, alphas: np.ndarray, betas: np.ndarray, floors: np.ndarray,
                  usable: np.ndarray, lo: np.ndarray, hi: list, comm_cost_s: Optional[CommCost]):
@@ -423,7 +437,7 @@ class _AdaptivePolicy(_BasePolicy):
             self._lead_under_version = current.version
             return self._keep(current, f"keep until the next decision confirms it: {summary}, below "
                               f"{cfg.confirm_below:g}× the required gain{stale_note}", est, global_step, **predictions)
-        probes = probe_sizes(proposal, alphas, betas, floors, proposed_pred) if 0 in proposal else ()
+        probes = self.probes_of(proposal, est, proposed_pred)
         probe_note = (f"; probes of {'/'.join(str(p) for p in probes if p)} samples while out (within half the "
                       f"predicted step)" if probes else "")
         reason = f"{self.name}: {summary}{stale_note}{probe_note}"
@@ -459,9 +473,6 @@ class OptimalPolicy(_AdaptivePolicy):
                             global_batch_size, self.config.min_local_batch_size, self.caps,
                             [c.floor_s for c in capacities])
         return Plan(0, tuple(sizes), "optimal: split for the profiled cost model")
-
-    def _cost_model(self, est: Estimates):
-        return est.alpha_s, est.beta_s_per_sample, est.floor_s
 
     def _propose(self, current: Plan, alphas, betas, floors, usable, lo, hi, comm_cost_s):
         """The best group and split of the fresh ranks (:func:`subset.solve_subset_split`);
