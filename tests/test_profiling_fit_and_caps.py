@@ -79,8 +79,28 @@ def test_each_timing_is_the_mean_of_a_block_lasting_min_block_s():
     timings = measure_busy_times(runner, (8, 64), repeats=2, min_block_s=0.3, time_budget_s=math.inf, clock=clock)
     assert [b for b, _ in timings] == [8, 64, 8, 64]
     assert timings[0][1] == pytest.approx(0.008)
-    # warm-up 2 steps, then per round ⌈0.3/0.008⌉ = 38 and ⌈0.3/0.064⌉ = 5 steps
-    assert runner.calls == 2 + 2 * (38 + 5)
+    # warm-up 2 steps per size, then per round ⌈0.3/0.008⌉ = 38 and ⌈0.3/0.064⌉ = 5 steps
+    assert runner.calls == 2 * 2 + 2 * (38 + 5)
+
+
+class FirstStepSlowRunner(LineRunner):
+    """The process's first step pays one-off costs (a GPU's library handles, kernel choice)."""
+
+    def busy_time_s(self, b: int) -> float:
+        t = super().busy_time_s(b)
+        if self.calls == 1:
+            self.clock.now += 0.5
+            t += 0.5
+        return t
+
+
+def test_a_slow_first_step_does_not_shorten_the_first_sizes_block():
+    clock = FakeClock()
+    runner = FirstStepSlowRunner(0.0, 0.001, noise=0.0, seed=0, clock=clock)
+    timings = measure_busy_times(runner, (8, 64), repeats=1, min_block_s=0.3, time_budget_s=math.inf, clock=clock)
+    # sized from the one-off step, batch 8's block would be a single step (⌈0.3/0.508⌉)
+    assert runner.calls == 2 * 2 + 38 + 5
+    assert timings[0] == (8, pytest.approx(0.008))
 
 
 def test_a_slow_device_drops_the_large_sizes_to_stay_in_budget():

@@ -58,6 +58,11 @@ from hetero_ray.profiling.recipe import ProfileModel
 from hetero_ray.tensors import map_tensors
 
 DEFAULT_REPEATS = 3  # blocks per size: their median rejects one disturbed block
+# Untimed steps at each size before its blocks: the first step at a new size pays one-off
+# costs (on a GPU the process's first step creates cuDNN/cuBLAS handles and picks kernels:
+# hundreds of ms), and a block's length comes from the last of these; from the first alone
+# the smallest size's block was one step (on an H100: batch 8 timed at twice its busy time).
+WARMUP_STEPS = 2
 # Each timing is the mean of back-to-back steps spanning ≥ 0.3 s: a CPU quota throttles in
 # 100 ms CFS periods, and a short step can slip through a period at full speed, so the
 # median of single steps would miss a throttled node; the mean over three periods does not.
@@ -258,7 +263,7 @@ class StepRunner:
 
 
 def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeats: int = DEFAULT_REPEATS,
-                       warmup: int = 1, min_block_s: float = MIN_BLOCK_S,
+                       warmup: int = WARMUP_STEPS, min_block_s: float = MIN_BLOCK_S,
                        time_budget_s: float = DEFAULT_PROBE_TIME_BUDGET_S,
                        clock: Callable[[], float] = time.monotonic,
                        extend: bool = False, max_batch_size: int = MAX_BATCH_SIZE_LIMIT,
@@ -266,7 +271,8 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
                        on_oom: Callable[[], None] = lambda: None) -> list[tuple[int, float]]:
     """``(batch_size, busy_time_s)`` pairs, one per block of back-to-back steps.
 
-    Sizes are warmed up in ascending order (``warmup`` untimed steps each); a larger size is
+    Sizes are warmed up in ascending order (``warmup`` untimed steps each, the last one timed
+    to size the blocks); a larger size is
     dropped when, predicted from the last one's per-sample time, its warm-up plus one timed
     round would overrun the budget (the two smallest are always kept, so a heavy model on a
     slow CPU still gets a line). With ``extend``, sizes then double beyond the largest until
@@ -300,9 +306,7 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
             break
         out_of_memory = False
         try:
-            # the last of two steps: the first at a new size pays one-off costs (allocation,
-            # kernel selection) that would fake growth
-            for _ in range(max(warmup, 2)):
+            for _ in range(warmup):
                 step_s[b] = runner.busy_time_s(b)
         except oom_errors:
             out_of_memory = True
