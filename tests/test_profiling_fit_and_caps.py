@@ -12,14 +12,16 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from hetero_ray.builtin.data import spec_for
 from hetero_ray.builtin.models import build_model
 from hetero_ray.builtin.recipe import builtin_recipe
 from hetero_ray.profiling.model_probe import (
-    CPU_FIXED_STATE_FACTOR, DEFAULT_PROBE_BATCH_SIZES, ProbeResult, fit_probe, measure_busy_times, probe_model,
-    ram_bound_batch_size, search_max_batch_size,
+    CPU_FIXED_STATE_FACTOR, DEFAULT_PROBE_BATCH_SIZES, ProbeResult, StepRunner, fit_probe, measure_busy_times,
+    probe_model, ram_bound_batch_size, search_max_batch_size,
 )
+from hetero_ray.profiling.recipe import ProfileModel
 
 
 class FakeClock:
@@ -254,6 +256,24 @@ def test_real_probe_on_cpu_gives_a_positive_curve():
     assert sizes[:2] == [4, 16] and all(b == 2 * a for a, b in zip(sizes[1:], sizes[2:]))
     assert result.fit.batch_sizes == tuple(sizes) and len(result.fit.rel_errors) == len(sizes)
     assert result.max_batch_size and result.max_batch_size > 16
+
+
+def test_a_block_reuses_one_host_batch_per_size():
+    """Making data is not the step: a block's steps reuse the size's batch, so the probe's
+    budget goes on steps (a GPU's large sizes took longer to make than to train)."""
+    made = []
+    recipe = builtin_recipe("mlp")
+
+    def make_batch(b):
+        made.append(b)
+        return recipe.make_batch(b)
+
+    counting = ProfileModel(build=recipe.build, make_batch=make_batch, compute_loss=recipe.compute_loss, name="mlp")
+    runner = StepRunner(counting.build(), counting, torch.device("cpu"))
+    timings = measure_busy_times(runner, (8, 16), repeats=2, min_block_s=0.05, time_budget_s=math.inf)
+    assert len(timings) == 4 and all(t > 0 for _, t in timings)
+    # once per size while warming up, once per size in each of the two rounds
+    assert made == [8, 16, 8, 16, 8, 16]
 
 
 # --- doubling beyond the given sizes while the step is flat

@@ -4,8 +4,9 @@ cost curve, and the largest batch that fits in memory, on one device.
 Busy time here is what a training rank's ``busy_time_s`` measures minus the gather from
 the in-memory dataset: copy the batch to the device, forward, loss, backward (a GPU is
 synchronised before the clock stops). Each timing is the mean of a block of back-to-back
-steps lasting at least :data:`MIN_BLOCK_S` — sustained speed, which is what a CPU quota or
-a clocking-down GPU gives a training worker. Batch sizes are visited round-robin — a block
+steps lasting at least :data:`MIN_BLOCK_S` (:data:`GPU_MIN_BLOCK_S` on a GPU) — sustained
+speed, which is what a CPU quota or a clocking-down GPU gives a training worker; a block's
+steps reuse one host batch, since making data is not the step. Batch sizes are visited round-robin — a block
 of every size, then another… — so a machine that slows down while probing shifts every
 size alike instead of bending the curve. The curve
 
@@ -67,6 +68,11 @@ WARMUP_STEPS = 2
 # 100 ms CFS periods, and a short step can slip through a period at full speed, so the
 # median of single steps would miss a throttled node; the mean over three periods does not.
 MIN_BLOCK_S = 0.3
+# A GPU's step is timed to a synchronise on a device no CPU quota throttles: shorter blocks
+# let the budget hold three rounds once doubling has reached thousands of samples, and in
+# its launch-bound flat part the GPU's blocks at one size differ by tens of percent, which
+# the median of three rounds steadies and one block cannot.
+GPU_MIN_BLOCK_S = 0.1
 # Stop adding sizes (beyond the two smallest) and repeats past this; one full round always
 # runs. It bounds the probe's part of the time before a GPU cluster's first step: ~15 sizes
 # of one 0.3 s block each, so doubling from 8 reaches 8·2¹⁴ before the budget does.
@@ -204,18 +210,29 @@ class StepRunner:
         self.model = model.to(device).train()
         self.recipe = recipe  # a ProfileModel: its batches and its loss
         self.device = torch.device(device)
+        self._host_batch: tuple[int, object] = (0, None)  # (batch size, the batch)
 
     def busy_time_s(self, batch_size: int) -> float:
         """One step at ``batch_size``: host batch → device, forward, loss, backward."""
-        batch = self.recipe.make_batch(batch_size)
-        if self.device.type == "cuda":
-            batch = map_tensors(batch, torch.Tensor.pin_memory)
+        batch = self._host_batch_of(batch_size)
         self.model.zero_grad(set_to_none=True)
         self._sync()
         start = time.perf_counter()
         self._step(map_tensors(batch, lambda t: t.to(self.device, non_blocking=True)))
         self._sync()
         return time.perf_counter() - start
+
+    def _host_batch_of(self, batch_size: int):
+        """The host batch of the last size asked for, made again only when the size changes:
+        a block's steps at one size reuse it (each still copies it to the device). Making a
+        fresh batch per step took longer than the steps themselves at a GPU's large sizes
+        (random images on the host), so the probe's time budget went on making data."""
+        if self._host_batch[0] != batch_size:
+            batch = self.recipe.make_batch(batch_size)
+            if self.device.type == "cuda":
+                batch = map_tensors(batch, torch.Tensor.pin_memory)
+            self._host_batch = (batch_size, batch)
+        return self._host_batch[1]
 
     def run(self, batch_size: int) -> None:
         """One untimed step, the batch made on the device where the recipe allows (the
@@ -369,7 +386,7 @@ def probe_model(
         runner = StepRunner(recipe.build(), recipe, device)
         on_stage(f"{model_name} forward+backward at batch {','.join(map(str, sizes))}, doubling while flat")
         if device.type == "cuda":
-            timings = measure_busy_times(_GpuProbeRunner(runner), sizes, repeats=repeats,
+            timings = measure_busy_times(_GpuProbeRunner(runner), sizes, repeats=repeats, min_block_s=GPU_MIN_BLOCK_S,
                                          time_budget_s=time_budget_s, extend=True,
                                          oom_errors=(torch.cuda.OutOfMemoryError,), on_oom=torch.cuda.empty_cache)
             fit = fit_probe(timings)
