@@ -60,7 +60,12 @@ the same measurement of its predecessor. Worse by more than :data:`REVERT_MARGIN
 *reverted* — the same as a rollback (the old shares at the next point, a hold, the caps
 that stop the policy from proposing it again) under its own name in the decision row —
 unless the ranks it gave no more samples slowed down as much: then the machine or a
-device changed, not the plan, and the old shares would be no faster.
+device changed, not the plan, and the old shares would be no faster. Nor is a plan that
+held through a decision after its check reverted once a rank's speed changes (the
+estimates find it: a lasting shift, not a quota's alternating steps): its predecessor was
+measured before the change, and the policy re-plans for the new speeds instead. A rank
+given two samples more that then runs at half speed is a device that slowed down, not a
+worse plan; reverting to the shares measured before would move nothing off it.
 
 Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
 cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
@@ -118,6 +123,8 @@ class _InForce:
     before_s: float  # the predecessor's step time, as the first check measured it
     before_busy_s: tuple[float, ...]  # … and each rank's mean busy time over the same steps
     predicted_s: Optional[float]  # the plan's predicted step time (None: unknown)
+    speed_changes: int  # the ranks' speed changes the estimates had found when it last passed
+    held: bool = False  # it passed a judgement at a decision after its first check
 
 
 @dataclass(frozen=True)
@@ -473,7 +480,8 @@ class Balancer:
         if not achieved > before * (1 + ROLLBACK_MARGIN):
             predicted = self._awaiting_outcome[0].get("predicted_step_time_s")
             self._in_force = _InForce(info.plan_version, predecessor, before,
-                                      self._busy_times_of(predecessor.version, len(self._achieved)), predicted)
+                                      self._busy_times_of(predecessor.version, len(self._achieved)), predicted,
+                                      self.estimates.speed_changes())
             return False
         reason = (f"rollback: plan v{info.plan_version} made the step slower ({before * 1e3:.1f} ms → "
                   f"{achieved * 1e3:.1f} ms, over {len(self._achieved)} steps); back to the shares before it")
@@ -490,7 +498,15 @@ class Balancer:
         # interval before a point is reverted there
         num_steps = self.rollback_check_steps
         achieved = self._step_time_of(judged.version, num_steps)
+        speed_changes = self.estimates.speed_changes()
         if achieved is None or not achieved > judged.before_s * (1 + REVERT_MARGIN):
+            self._in_force = dataclasses.replace(judged, speed_changes=speed_changes, held=achieved is not None)
+            return False
+        if judged.held and speed_changes > judged.speed_changes:
+            # A rank changed speed after the plan held: its predecessor's step, measured
+            # before, no longer says what the old shares would run at, and the policy
+            # re-plans from estimates that forgot the records before the change.
+            self._in_force = None
             return False
         busy_now = self._busy_times_of(judged.version, num_steps)
         sizes = [info.local_batch_sizes[r] for r in range(self.num_workers)]

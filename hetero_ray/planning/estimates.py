@@ -384,6 +384,13 @@ class ClusterEstimates:
             global_step=ref_step,
         )
 
+    def speed_changes(self) -> int:
+        """How many speed changes the records so far show (each rank's change counted once,
+        when it is found): a balancer judging a plan against a measurement from before one
+        knows that measurement is out of date."""
+        self.estimates()
+        return self.num_speed_changes
+
     def _times_without_shared_noise(self) -> np.ndarray:
         """The windows' busy times, each divided by its step's shared slowdown.
 
