@@ -6,9 +6,9 @@ the in-memory dataset: copy the batch to the device, forward, loss, backward (a 
 synchronised before the clock stops). Each timing is the mean of a block of back-to-back
 steps lasting at least :data:`MIN_BLOCK_S` (:data:`GPU_MIN_BLOCK_S` on a GPU) — sustained
 speed, which is what a CPU quota or a clocking-down GPU gives a training worker; a block's
-steps reuse one host batch, since making data is not the step. Batch sizes are visited round-robin — a block
-of every size, then another… — so a machine that slows down while probing shifts every
-size alike instead of bending the curve. The curve
+steps reuse one host batch, since making data is not the step. Batch sizes are visited
+round-robin — a block of every size, then another… — so a machine that slows down while
+probing shifts every size alike instead of bending the curve. The curve
 
     t(b) = max(τ, α + β·b)
 
@@ -74,8 +74,8 @@ MIN_BLOCK_S = 0.3
 # the median of three rounds steadies and one block cannot.
 GPU_MIN_BLOCK_S = 0.1
 # Stop adding sizes (beyond the two smallest) and repeats past this; one full round always
-# runs. It bounds the probe's part of the time before a GPU cluster's first step: ~15 sizes
-# of one 0.3 s block each, so doubling from 8 reaches 8·2¹⁴ before the budget does.
+# runs. It bounds the probe's part of the time before a GPU cluster's first step: a GPU's
+# round of ~12 sizes at one 0.1 s block each leaves room for three rounds.
 DEFAULT_PROBE_TIME_BUDGET_S = 6.0
 # Keep doubling until two doublings in a row grew the busy time by more than this: a line
 # through the origin grows 2×, a floor 1×; above 1.5× the line dominates (β·b > α), and two
@@ -289,10 +289,9 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
     """``(batch_size, busy_time_s)`` pairs, one per block of back-to-back steps.
 
     Sizes are warmed up in ascending order (``warmup`` untimed steps each, the last one timed
-    to size the blocks); a larger size is
-    dropped when, predicted from the last one's per-sample time, its warm-up plus one timed
-    round would overrun the budget (the two smallest are always kept, so a heavy model on a
-    slow CPU still gets a line). With ``extend``, sizes then double beyond the largest until
+    to size the blocks); a larger size is dropped when, predicted from the last one's
+    per-sample time, its warm-up plus one timed round would overrun the budget (the two
+    smallest are always kept, so a heavy model on a slow CPU still gets a line). With ``extend``, sizes then double beyond the largest until
     the last two doublings each grew the step by more than :data:`PROBE_GROWTH_STOP`, up to
     ``max_batch_size``, the budget (one more round of every size must fit) or the first of
     ``oom_errors`` (``on_oom`` is called; the size is not kept). Then up to ``repeats``
@@ -386,8 +385,8 @@ def probe_model(
         runner = StepRunner(recipe.build(), recipe, device)
         on_stage(f"{model_name} forward+backward at batch {','.join(map(str, sizes))}, doubling while flat")
         if device.type == "cuda":
-            timings = measure_busy_times(_GpuProbeRunner(runner), sizes, repeats=repeats, min_block_s=GPU_MIN_BLOCK_S,
-                                         time_budget_s=time_budget_s, extend=True,
+            timings = measure_busy_times(_GpuProbeRunner(runner), sizes, repeats=repeats,
+                                         min_block_s=GPU_MIN_BLOCK_S, time_budget_s=time_budget_s, extend=True,
                                          oom_errors=(torch.cuda.OutOfMemoryError,), on_oom=torch.cuda.empty_cache)
             fit = fit_probe(timings)
             on_stage(f"{model_name} largest batch")
