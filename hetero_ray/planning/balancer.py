@@ -498,9 +498,11 @@ class Balancer:
         # interval before a point is reverted there
         num_steps = self.rollback_check_steps
         achieved = self._step_time_of(judged.version, num_steps)
+        if achieved is None:
+            return False  # too few steps to judge: nothing passed, nothing learned
         speed_changes = self.estimates.speed_changes()
-        if achieved is None or not achieved > judged.before_s * (1 + REVERT_MARGIN):
-            self._in_force = dataclasses.replace(judged, speed_changes=speed_changes, held=achieved is not None)
+        if not achieved > judged.before_s * (1 + REVERT_MARGIN):
+            self._in_force = dataclasses.replace(judged, speed_changes=speed_changes, held=True)
             return False
         if judged.held and speed_changes > judged.speed_changes:
             # A rank changed speed after the plan held: its predecessor's step, measured

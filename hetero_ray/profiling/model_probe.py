@@ -291,10 +291,11 @@ def measure_busy_times(runner: StepRunner, batch_sizes: Sequence[int], *, repeat
     Sizes are warmed up in ascending order (``warmup`` untimed steps each, the last one timed
     to size the blocks); a larger size is dropped when, predicted from the last one's
     per-sample time, its warm-up plus one timed round would overrun the budget (the two
-    smallest are always kept, so a heavy model on a slow CPU still gets a line). With ``extend``, sizes then double beyond the largest until
-    the last two doublings each grew the step by more than :data:`PROBE_GROWTH_STOP`, up to
-    ``max_batch_size``, the budget (one more round of every size must fit) or the first of
-    ``oom_errors`` (``on_oom`` is called; the size is not kept). Then up to ``repeats``
+    smallest are always kept, so a heavy model on a slow CPU still gets a line). With
+    ``extend``, sizes then double beyond the largest until the last two doublings each grew
+    the step by more than :data:`PROBE_GROWTH_STOP`, up to ``max_batch_size``, the budget
+    (one more round of every size must fit) or the first of ``oom_errors`` (``on_oom`` is
+    called; the size is not kept). Then up to ``repeats``
     rounds over the kept sizes, round-robin; in each, a size runs ``k = ⌈min_block_s / t(b)⌉``
     steps back to back and reports their mean. Stops after any round once over budget.
     """
