@@ -25,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 from hetero_ray.planning.plan import Plan
 from hetero_ray.training.batchnorm import convert_batchnorm
 from hetero_ray.training.model_prep import _FORWARD_BUFFER_SYNC
-from hetero_ray.training.rejoin import Groups, OptimizerWatch, bring_back, brings_back
+from hetero_ray.training.rejoin import Groups
+from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 from tests.helpers import free_port
 from tests.test_sync_batchnorm import LEARNING_RATE, MODELS, make_batches, train_on_one_device
@@ -44,16 +45,16 @@ def train_on_ranks(rank: int, model_name: str) -> dict:
     # no buffer broadcast before each forward (a collective of all ranks), as prepare_model sets it
     ddp_model = DistributedDataParallel(model, bucket_cap_mb=0.001, **{_FORWARD_BUFFER_SYNC: False})
     ddp_model.register_comm_hook(state, weighted_allreduce_hook)
-    watch = OptimizerWatch(ddp_model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LEARNING_RATE, momentum=0.9)
-    groups, previous = Groups(WORLD_SIZE), None
+    groups, stale = Groups(WORLD_SIZE), StaleRanks()
     record = {"grads": [], "params": []}
     for version, (split, (inputs, targets)) in enumerate(zip(SPLITS, make_batches(input_shape, SPLITS))):
         plan = Plan(version, tuple(split))
         groups.for_plan(plan)  # every rank, every plan, in order (as agree_on_plan does)
-        if brings_back(previous, plan):
-            bring_back(ddp_model, watch.optimizers, rank, torch.device("cpu"))
-        previous = plan
+        if any(r in stale.ranks for r in plan.in_ranks):  # as the loader does at a step that brings ranks back
+            copy_from_rank0(ddp_model, rank, torch.device("cpu"))
+            stale.copied()
+        stale.note_plan(split)
         takes_part = split[rank] > 0
         state.use_group(groups.of(plan), len(plan.in_ranks), takes_part)
         start = sum(split[:rank])
@@ -64,7 +65,6 @@ def train_on_ranks(rank: int, model_name: str) -> dict:
         record["grads"].append([p.grad.clone() for p in model.parameters()])
         optimizer.step()
         record["params"].append([p.detach().clone() for p in model.parameters()])
-    watch.close()
     record["statistics"] = {name: b.detach().clone() for name, b in model.named_buffers()}
     return record
 
@@ -110,6 +110,6 @@ def test_a_rank_left_out_takes_no_part_and_drifts_until_brought_back(per_rank, m
     rank1, rank0 = per_rank[1][model_name], per_rank[0][model_name]
     for step in (1, 2, 3):
         assert all((g == 0).all() for g in rank1["grads"][step]), f"step {step}: no all-reduce, no gradient"
-    # momentum moved it away from the group while it was out; bring_back put it back
+    # momentum moved it away from the group while it was out; the copy from rank 0 put it back
     assert _max_error(rank1["params"][2], rank0["params"][2]) > 1e-3
     assert _max_error(rank1["params"][4], rank0["params"][4]) < 1e-6

@@ -1,14 +1,16 @@
-"""A rank left out, the parts that need no process group: its BatchNorm, which ranks a plan
-brings back, and the optimisers a rank brought back receives the state of."""
+"""A rank left out, the parts that need no process group: its BatchNorm, which ranks fall
+behind, and the training state (optimisers, schedulers, scalers) they receive from rank 0."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from hetero_ray.planning.plan import Plan
+from hetero_ray.errors import UserError
+
 from hetero_ray.training.batchnorm import convert_batchnorm
-from hetero_ray.training.rejoin import OptimizerWatch, brings_back
+from hetero_ray.training.replica_state import StaleRanks, find_training_state
 from hetero_ray.training.weighting import WeightedAllReduceState
 
 
@@ -28,23 +30,40 @@ def test_a_rank_left_out_normalises_its_probe_with_its_running_statistics_and_ch
     assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())  # no statistics, no count
 
 
-def test_brings_back_names_the_ranks_a_plan_puts_back_in():
-    assert brings_back(Plan(1, (30, 0, 0)), Plan(2, (10, 12, 8))) == (1, 2)
-    assert brings_back(Plan(1, (20, 0, 10)), Plan(2, (30, 0, 0))) == ()  # leaving out needs nothing
-    assert brings_back(None, Plan(0, (10, 10, 10))) == ()  # a group's first plan: every rank loaded the same state
+def test_stale_ranks_are_those_left_out_since_their_last_copy():
+    stale = StaleRanks()
+    stale.note_plan((4, 4, 4))
+    assert not stale
+    stale.note_plan((8, 0, 4))
+    stale.note_plan((12, 0, 0))
+    assert stale.ranks == {1, 2}
+    stale.copied()
+    assert not stale  # a copy brings every rank level, also one still out (it falls behind at its next step)
+    stale.note_plan((12, 0, 0))
+    assert stale.ranks == {1, 2}
 
 
-def test_the_optimisers_that_step_the_model_are_found_once_in_stepping_order():
-    model, other = nn.Linear(2, 2), nn.Linear(2, 2)
-    watch = OptimizerWatch(model)
-    try:
-        first, second = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.Adam(model.parameters())
-        unrelated = torch.optim.SGD(other.parameters(), lr=0.1)
-        for _ in range(2):
-            for optimizer in (second, unrelated, first):
-                optimizer.step()
-        assert watch.optimizers == [second, first]
-    finally:
-        watch.close()
-    torch.optim.SGD(model.parameters(), lr=0.1).step()
-    assert len(watch.optimizers) == 2  # closed: no longer watching
+def test_the_training_state_is_found_by_type_and_keyed_alike_on_every_rank():
+    model, other = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Linear(2, 2)
+    head = torch.optim.Adam(model[1].parameters())
+    body = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    unrelated = torch.optim.SGD(other.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(body, step_size=2)
+    unrelated_schedule = torch.optim.lr_scheduler.StepLR(unrelated, step_size=2)
+    scaler, disabled = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu", enabled=False)
+    found = find_training_state(model)
+    # an optimiser by the positions of its parameters in the model, whatever order it was made in
+    assert found.optimizers == {((0, 1),): body, ((2, 3),): head}
+    assert found.schedulers == {(((0, 1),), "StepLR", 0): schedule}
+    assert list(found.scalers.values()) == [scaler]
+    del unrelated_schedule, disabled
+
+
+def test_a_rank_holding_other_optimisers_than_rank_0_is_told_so():
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sent = find_training_state(model).state_dicts()
+    sent["optimizers"] = {}
+    with pytest.raises(UserError, match="rank 1 holds other optimizers than rank 0"):
+        find_training_state(model).load(sent, rank=1)
+    del optimizer

@@ -102,13 +102,13 @@ def report(metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> 
 def get_checkpoint() -> Optional[ray.train.Checkpoint]:
     """The checkpoint this worker group resumes from (None on a fresh start): your files
     as you saved them, beside hetero_ray's ``hetero_ray/`` folder."""
-    _session.current("get_checkpoint")
-    return ray.train.get_checkpoint()
+    return _session.current("get_checkpoint").ray_train.get_checkpoint()
 
 
 def get_context():
     """Ray Train's context (world rank, world size, local rank, …)."""
-    return ray.train.get_context()
+    session = _session._CURRENT
+    return (session.ray_train if session is not None else ray.train).get_context()
 
 
 def get_device() -> torch.device:
@@ -160,6 +160,29 @@ def micro_batches(batch, *, max_size: Optional[int] = None):
     from hetero_ray.training.micro_batches import micro_batches as cut
 
     return cut(_session.current("micro_batches"), batch, max_size)
+
+
+def is_probe_step() -> bool:
+    """Whether the batch the training loader handed out last holds none of this rank's
+    samples of the global batch: the rank runs a *probe* (the plan leaves it out, and it
+    keeps its speed known on part of the step's window), or the one sample a short last
+    window leaves it. Its gradient has weight 0, so training is untouched; what the loop
+    does on the side is not::
+
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            loss.backward(); optimizer.step(); optimizer.zero_grad(); scheduler.step()
+            if not hetero_ray.train.is_probe_step():
+                samples_seen += len(x)              # counters, training metrics, an EMA
+                ema.update(model)
+
+    Step the scheduler (and the ``GradScaler``) on every step, as on any other rank: a rank
+    left out receives rank 0's model, optimisers, schedulers and scalers when it is brought
+    back, at the end of each epoch and before an evaluation loader runs. False outside the
+    loader's steps and before ``prepare_data_loader``.
+    """
+    loader = _session.current("is_probe_step").parts.loader
+    return loader is not None and loader.is_probe_step
 
 
 def token_weighted_loss(loss_sum: torch.Tensor, num_tokens: int | torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,12 @@ gets as many, which counts them twice in an evaluation; here a rank may get one 
 fewer instead. Where the dataset divides evenly the two splits are the same, so a port
 from Ray Train evaluates each rank on the very same samples.
 
-Nothing here waits for another rank, so a rank may evaluate more or less often than the
-others, or not at all.
+Nothing here waits for another rank — except while the plan has left a rank out since
+its last copy of rank 0's state: then every rank's ``iter()`` first gives every rank that
+state (a collective, see :mod:`hetero_ray.training.replica_state`), so that a rank left
+out evaluates rank 0's model, not its own stale one. Iterate an evaluation loader on every
+rank at the same point (as Ray Train's examples and the Hugging Face Trainer do); at an
+epoch's end the copy has already been made, and nothing waits.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ class EvaluationLoader:
     def __init__(self, dataset, *, rank: int, num_workers: int, device: torch.device, batch_size: int,
                  shuffle: bool = False, seed: int = 0, collate_fn=None, loader_workers: int = 0,
                  pin_memory: bool = False, prefetch_factor: Optional[int] = None, drop_last: bool = False,
-                 move_to_device: bool = True, worker_init_fn=None):
+                 move_to_device: bool = True, worker_init_fn=None, before_iteration=None):
         self.dataset, self.batch_size = dataset, batch_size
+        self._before_iteration = before_iteration
         self.sampler = RankShard(len(dataset), rank, num_workers, shuffle=shuffle, seed=seed)
         self._device = device if move_to_device else None
         self._dataloader = torch.utils.data.DataLoader(
@@ -76,6 +81,8 @@ class EvaluationLoader:
         return len(self._dataloader)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._before_iteration is not None:
+            self._before_iteration()
         device = self._device
         for batch in self._dataloader:
             yield batch if device is None else map_tensors(batch, lambda t: t.to(device, non_blocking=True))

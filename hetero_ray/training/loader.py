@@ -56,7 +56,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
-from hetero_ray.training.rejoin import bring_back, brings_back
+from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
@@ -107,7 +107,7 @@ class PlanFollowingLoader:
         # Each rank's memory cap (largest batch its device holds; None: unknown), agreed with the plans.
         self.memory_caps: Optional[list[Optional[int]]] = None
         self._last_share = 0  # this rank's share under the last agreed plan that had it in
-        self._plan_run_last: Optional[Plan] = None  # the plan of the step handed out last
+        self.stale = StaleRanks()  # ranks left out since their last copy of rank 0's state
         self._next_point: int = self.position.global_step  # the first unagreed rebalance point
         self._pending: Optional[HandedOutStep] = None  # the step handed out, not yet recorded
         self._iteration: Optional[object] = None  # the token of the iteration in progress
@@ -168,6 +168,9 @@ class PlanFollowingLoader:
                     raise UserError("an iteration of the hetero_ray loader was resumed after a newer one began; "
                                     "iterate the loader once at a time (for batch in loader: ...)")
                 self.finish_step()  # the user asked for the next batch: the step ran
+            # The epoch's end, on every rank at once: what the loop evaluates or saves now is
+            # rank 0's state on every rank, also on a rank left out during the epoch.
+            self.copy_state_to_left_out_ranks()
         finally:
             if self._iteration is token:
                 self._iteration = None
@@ -180,10 +183,10 @@ class PlanFollowingLoader:
         session, identity = self._session, self._session.identity
         position = self.position
         first, plan = self._entry_at(position.global_step)
-        previous, self._plan_run_last = self._plan_run_last, plan
         model = session.parts.model
-        if brings_back(previous, plan) and model is not None:  # collective: all ranks switch here
-            bring_back(model.ddp, model.optimizer_watch.optimizers, identity.rank, identity.collective_device)
+        if any(rank in self.stale.ranks for rank in plan.in_ranks):  # collective: all ranks know it
+            self.copy_state_to_left_out_ranks()  # a rank brought back starts from rank 0's state
+        self.stale.note_plan(plan.local_batch_sizes)
         timeline = timing.StepTimeline(identity.device)
         session.current_step.begin(timeline)
         timeline.mark(timing.STEP_START)
@@ -224,6 +227,24 @@ class PlanFollowingLoader:
         self._gauges.update(row)
         session.recorder.record(row, self._sample_ids(step) if session.settings.record_sample_ids else None)
         self.position = self.sampler.next_position(step.position)
+
+    @property
+    def is_probe_step(self) -> bool:
+        """Whether the step handed out last gives this rank no sample of the global batch:
+        it runs a probe (the plan leaves it out) or the one sample of a short last window,
+        with weight 0. False between steps."""
+        return self._pending is not None and self._pending.local_batch_size == 0
+
+    def copy_state_to_left_out_ranks(self) -> None:
+        """Collective of all ranks when a rank was left out since its last copy (every rank
+        knows it from the agreed plans; otherwise nothing to do): rank 0's model, optimisers,
+        schedulers and scalers everywhere (:mod:`hetero_ray.training.replica_state`)."""
+        model = self._session.parts.model
+        if not self.stale or model is None:
+            return
+        identity = self._session.identity
+        copy_from_rank0(model.ddp.module, identity.rank, identity.collective_device)
+        self.stale.copied()
 
     def _leave_step(self) -> None:
         """The iteration ends with a step handed out: it is done if it was trained, else it
@@ -280,8 +301,14 @@ class PlanFollowingLoader:
             # no more than the plan says fits in its step (planning/probes.py): the probe must end
             # before the step of the ranks in, or it holds them up at the next plan's broadcast.
             probe = max(1, last // 2)
+            rank = self._session.identity.rank
             if plan.probe_sizes:
-                probe = min(probe, plan.probe_sizes[self._session.identity.rank])
+                probe = min(probe, plan.probe_sizes[rank])
+            if self.memory_caps is not None and self.memory_caps[rank]:
+                # Half a share that fitted before may not fit now (a first plan that leaves the
+                # rank out, a resume): a probe past the device's memory would fail at the same
+                # step after every restart.
+                probe = min(probe, self.memory_caps[rank])
             self._probe_sizes[point] = 0 if share else probe
             interval = self._session.settings.rebalance_interval
             self._next_point = (point // interval + 1) * interval

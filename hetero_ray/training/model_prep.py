@@ -35,7 +35,6 @@ from hetero_ray.training import timing
 from hetero_ray.training.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
 from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.micro_batches import MicroBatchPolicy
-from hetero_ray.training.rejoin import OptimizerWatch
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
 
@@ -54,7 +53,6 @@ class PreparedModel:
     ddp: DistributedDataParallel
     weight_state: WeightedAllReduceState  # the gradient hook's state, shared with the BatchNorm layers
     micro_batching: MicroBatchPolicy  # how a share past the memory cap is cut (training/micro_batches.py)
-    optimizer_watch: OptimizerWatch  # the optimisers that step it, whose state a rank brought back receives
 
 
 def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: bool = True,
@@ -96,8 +94,7 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
     state.on_bucket_ready = clock
     state.on_bucket_reduced = clock.reduced
     ddp_model.register_forward_hook(_forward_clock(session.current_step))
-    session.parts.model = PreparedModel(ddp_model, state, MicroBatchPolicy(synced_batchnorm, session.identity.rank),
-                                        OptimizerWatch(ddp_model))
+    session.parts.model = PreparedModel(ddp_model, state, MicroBatchPolicy(synced_batchnorm, session.identity.rank))
     return ddp_model
 
 

@@ -16,12 +16,12 @@ import logging
 import time
 from typing import Callable, Optional
 
-import ray
 import torch
 import torch.distributed as dist
 
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
+from hetero_ray.training.answers import answer
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _ask_until_planned(planner, args: tuple, kwargs: dict, timeout_s: float, wai
     said = started - WAIT_NOTE_EVERY_S  # the first wait is said at once
     while True:
         waiting = time.monotonic() - started < wait_s
-        reply = ray.get(planner.plan_for.remote(*args, wait_for_capabilities=waiting, **kwargs), timeout=timeout_s)
+        reply = answer(planner.plan_for.remote(*args, wait_for_capabilities=waiting, **kwargs), timeout_s)
         if "awaiting" not in reply:
             return reply
         if time.monotonic() - said >= WAIT_NOTE_EVERY_S:

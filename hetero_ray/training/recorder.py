@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-import ray
+from hetero_ray.training.answers import answer
 
 
 class StepRecorder:
@@ -51,4 +51,4 @@ class StepRecorder:
         the last call done means every earlier one of this caller is done."""
         self.send()
         if self._last_sent is not None:
-            ray.get(self._last_sent, timeout=timeout_s)
+            answer(self._last_sent, timeout_s)

@@ -13,7 +13,9 @@ A report is ``ray.train.report`` with three things added:
   checkpoint whose rows did not get there is not reported;
 - the metrics also go to the run's ``reports`` table (rank 0), next to the step records.
 
-Every rank must call it the same number of times (``ray.train.report`` is a barrier).
+Every rank must call it the same number of times (``ray.train.report`` is a barrier). A
+rank that the plan has left out since its last copy of rank 0's state passes no
+checkpoint, whatever the loop gives: its files would be stale.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.errors import UserError
+from hetero_ray.training.answers import answer
 from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.session import WorkerSession
@@ -53,6 +56,11 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
     loader = session.parts.loader
     if loader is not None:
         loader.finish_step()  # the step the user just completed belongs before this report
+        if checkpoint is not None and session.identity.rank in loader.stale.ranks:
+            # Left out since its last copy of rank 0's state: its files are stale, and Ray
+            # Train keeps the last upload of a file name, which could be these.
+            _say_stale_checkpoint_dropped(session.identity.rank)
+            checkpoint = None
     position = loader.position if loader is not None else session.restored_position
     if not session.settings.allow_non_finite_loss:  # before any collective: the run stops here
         check_loss_is_finite(metrics.get("loss"), position.global_step - 1, session.identity.rank)
@@ -62,7 +70,7 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
         if session.identity.rank == writer:
             _write_state(session, checkpoint, position, loader)
         session.flush_records()
-        dir_name = _checkpoint_dir_name(session, position.global_step, _restored_checkpoint_name())
+        dir_name = _checkpoint_dir_name(session, position.global_step, _restored_checkpoint_name(session))
         if session.settings.tables_to_uri and not _copy_tables_before_the_checkpoint(session):
             checkpoint, dir_name = None, None  # a resume from it would lack its steps' rows
     if session.identity.rank == 0:
@@ -70,7 +78,17 @@ def report(session: WorkerSession, metrics: dict, checkpoint: Optional[ray.train
             "global_step": position.global_step - 1, "epoch": position.epoch, "attempt": session.identity.attempt,
             "wall_time": time.time(), "metrics": _json_metrics(metrics),
         })
-    ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
+    session.ray_train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=dir_name)
+
+
+_SAID_STALE: set[int] = set()
+
+
+def _say_stale_checkpoint_dropped(rank: int) -> None:
+    if rank not in _SAID_STALE:
+        _SAID_STALE.add(rank)
+        logger.info("rank %d passes no checkpoint while the plan has left it out since the last copy of rank 0's "
+                    "state (its files would be stale); rank 0's checkpoint is the run's", rank)
 
 
 def _copy_tables_before_the_checkpoint(session: WorkerSession) -> bool:
@@ -176,7 +194,7 @@ def _write_state(session: WorkerSession, checkpoint: ray.train.Checkpoint, posit
     with open(os.path.join(folder, STATE_FILE), "w") as f:
         json.dump(state, f)
     try:
-        balancer_state = ray.get(session.planner.checkpoint_state.remote(), timeout=5)
+        balancer_state = answer(session.planner.checkpoint_state.remote(), 5)
     except Exception as e:  # noqa: BLE001 - the checkpoint matters more than this part of it
         logger.warning("planner estimates not saved with this checkpoint (%s)", type(e).__name__)
         return
@@ -202,9 +220,9 @@ def _checkpoint_dir_name(session: WorkerSession, global_step: int, restored_name
     return checkpoint_dir_name(global_step, count)
 
 
-def _restored_checkpoint_name() -> Optional[str]:
+def _restored_checkpoint_name(session: WorkerSession) -> Optional[str]:
     """The folder name of the checkpoint this worker group started from, or None."""
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = session.ray_train.get_checkpoint()
     return os.path.basename(checkpoint.path.rstrip("/")) if checkpoint is not None else None
 
 

@@ -122,6 +122,8 @@ class WorkerSession:
     groups: Optional[Groups] = None
     parts: LoopParts = field(default_factory=LoopParts)
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
+    # Ray Train's worker API (report, get_checkpoint); in-process runs without Ray give their own.
+    ray_train: Any = ray.train
 
     @property
     def restored_position(self) -> Position:
@@ -257,8 +259,6 @@ def stop() -> None:
     if session is not None:
         if session.parts.loader is not None:
             session.parts.loader.close()
-        if session.parts.model is not None:
-            session.parts.model.optimizer_watch.close()
         try:
             session.flush_records()
         except Exception as e:  # noqa: BLE001 - a failing loop's own error matters more
