@@ -8,7 +8,9 @@ spawn costs seconds here); the tests below compare its results with one device.
 """
 
 import inspect
+import logging
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +20,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.training.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
+from hetero_ray.training.current_step import CurrentStep
+from hetero_ray.training.model_prep import prepare_model
+from hetero_ray.training.session import LoopParts
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 from tests.helpers import free_port
 
@@ -433,6 +438,29 @@ def test_convert_batchnorm_rejects_a_lazy_batchnorm_before_its_first_batch():
 def test_weight_state_without_a_weight_is_rejected():
     with pytest.raises(TypeError, match="weight_state must have a float attribute `weight`"):
         HeteroSyncBatchNorm(3, weight_state=object())
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_preparing_a_batchnorm_model_says_nothing_of_the_loader_until_a_gradient_is_taken(one_rank_group, caplog):
+    """Checking that the layers' weight_state has a `weight` must not read it: outside a
+    loader's step the read is what tells rank 0 it trains without prepare_data_loader, so
+    every BatchNorm model was told so at preparation, loader or not. The first backward
+    pass on a worker that never made the loader still says it, once."""
+    session = SimpleNamespace(identity=SimpleNamespace(rank=0, num_workers=1, device=torch.device("cpu")),
+                              parts=LoopParts(), current_step=CurrentStep(), emulator=None)
+    said = "prepare_model without prepare_data_loader"
+    with caplog.at_level(logging.WARNING, logger="hetero_ray.worker"):
+        model = prepare_model(session, make_conv_model())
+        assert said not in caplog.text
+        for _ in range(2):
+            model(torch.randn(4, *CONV_INPUT_SHAPE)).sum().backward()
+    assert len([r for r in caplog.records if said in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])

@@ -212,7 +212,9 @@ class HeteroSyncBatchNorm(_BatchNorm):
                  affine: bool = True, track_running_stats: bool = True,
                  process_group: Optional[dist.ProcessGroup] = None, device=None, dtype=None, *,
                  weight_state: Any, bias: bool = True) -> None:
-        if not hasattr(weight_state, "weight"):
+        # Looked up without reading it: the state's `weight` is a property whose read
+        # outside a loader's step is what tells rank 0 it trains without the loader.
+        if inspect.getattr_static(weight_state, "weight", None) is None:
             raise TypeError("HeteroSyncBatchNorm: weight_state must have a float attribute `weight` (b_i / B of this "
                             f"rank), e.g. a WeightedAllReduceState; got {type(weight_state).__name__}")
         if _BATCHNORM_TAKES_BIAS:
