@@ -355,7 +355,13 @@ def freeze_heap() -> None:
     Else Python's full collection, which runs when enough objects have piled up, walks all
     of them: a quarter of a second in a Ray worker holding torch, at a different step on each
     rank, which the others wait for at the next collective. Every rank calls this at the
-    same step (an epoch's start), before the DataLoader's workers are first forked."""
+    same step (an epoch's start), before the DataLoader's workers are first forked.
+
+    What was frozen at the last epoch's start is unfrozen first, so that the cycles of it
+    that died since (that epoch's own objects) are collected: frozen for good, they would
+    never be, and memory would grow with every epoch. That collection walks the whole heap
+    once per epoch, at the same step on every rank."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 
