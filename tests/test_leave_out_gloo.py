@@ -8,7 +8,10 @@ global batches. (tests/test_leave_out_e2e.py runs the same through Ray and the l
 - a rank left out never takes part: its gradient is zero, and its parameters drift from the
   group's under momentum while it is out;
 - a rank brought back receives rank 0's parameters, buffers and optimiser state, after
-  which every rank is one device again (< 1e-5) to the end.
+  which every rank is one device again (< 1e-5) to the end;
+- a set of ranks in keeps its group only while a plan that can still run has it in: over
+  every set of ranks, twice, a rank holds no more in the second round than in the first,
+  and no group's socket or thread once every rank is in again.
 """
 
 from __future__ import annotations
@@ -69,11 +72,47 @@ def train_on_ranks(rank: int, model_name: str) -> dict:
     return record
 
 
+# Every set of ranks a plan could keep in, twice: more sets than are ever in force at once,
+# and each set coming back after its group was closed.
+SUBSETS = [(0,), (0, 1), (0, 2), (1, 2), (1,), (2,)] * 2
+STEPS_PER_PLAN = 2
+
+
+def _held() -> tuple[int, int]:
+    """This process's open file descriptors and threads: what a gloo group holds."""
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+
+def groups_over_many_plans(rank: int) -> dict:
+    """Plans over SUBSETS, between two of every rank in, each agreed one step before it
+    takes effect (as the loader agrees ahead): each step all-reduces over its plan's group."""
+    full = tuple(range(WORLD_SIZE))
+    plans = [Plan(v, tuple(4 if r in ranks else 0 for r in range(WORLD_SIZE)))
+             for v, ranks in enumerate([full, *SUBSETS, full, full])]
+    groups = Groups(WORLD_SIZE)
+    record = {"before": _held(), "held": [], "sums": []}
+    groups.for_plan(plans[0])
+    for step in range(len(plans) * STEPS_PER_PLAN):
+        following = (step + 1) // STEPS_PER_PLAN
+        if (step + 1) % STEPS_PER_PLAN == 0 and following < len(plans):
+            groups.for_plan(plans[following])  # every rank, at the same step
+            record["held"].append(_held())
+        plan = plans[step // STEPS_PER_PLAN]
+        group = groups.of(plan)
+        if rank in plan.in_ranks:
+            total = torch.tensor([rank + 1.0])
+            dist.all_reduce(total, group=group)
+            record["sums"].append((total.item(), sum(r + 1.0 for r in plan.in_ranks)))
+    return record
+
+
 def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)  # three processes share two cores
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        torch.save({name: train_on_ranks(rank, name) for name in MODELS}, os.path.join(out_dir, f"rank{rank}.pt"))
+        groups = groups_over_many_plans(rank)  # first: what it holds is measured from a process with no group
+        torch.save({"groups": groups, **{name: train_on_ranks(rank, name) for name in MODELS}},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -113,3 +152,18 @@ def test_a_rank_left_out_takes_no_part_and_drifts_until_brought_back(per_rank, m
     # momentum moved it away from the group while it was out; the copy from rank 0 put it back
     assert _max_error(rank1["params"][2], rank0["params"][2]) > 1e-3
     assert _max_error(rank1["params"][4], rank0["params"][4]) < 1e-6
+
+
+def test_groups_no_plan_keeps_are_closed_and_made_again_when_a_plan_comes_back(per_rank):
+    """Each plan's group is closed once no plan that can still run has its ranks in: a
+    rank holds what the groups in force and agreed ahead hold, the same in the second
+    round of SUBSETS as in the first (it held one more group for each new set before), and
+    what it held before any group once every rank is in again. A set that comes back gets
+    a group again, over which every step's all-reduce sums its ranks."""
+    rounds = len(SUBSETS) // 2
+    for rank, results in enumerate(per_rank):
+        record = results["groups"]
+        assert all(got == want for got, want in record["sums"]), f"rank {rank}: {record['sums']}"
+        held = record["held"]  # after agreeing on plan 1, 2, …: SUBSETS, then every rank twice
+        assert held[1:rounds] == held[rounds + 1:2 * rounds], f"rank {rank}: {held}"
+        assert held[-1] == record["before"], f"rank {rank}: {held}"
