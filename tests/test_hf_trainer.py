@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pandas as pd
 import pytest
@@ -305,6 +306,20 @@ def test_example_runs_standalone_with_help():
 def _trainer(tmp_path, **overrides):
     return transformers.Trainer(model=make_model(), args=training_args(str(tmp_path), **overrides),
                                 train_dataset=TokenSequences(8))
+
+
+def test_the_ddp_options_read_no_deprecated_attribute(tmp_path):
+    """The Trainer's rule for find_unused_parameters, read as transformers 5 reads it
+    (``is_gradient_checkpointing`` warns on every rank, where Ray Train's recipe does not)."""
+    from hetero_ray.train.huggingface import _ddp_kwargs
+
+    trainer = _trainer(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _ddp_kwargs(trainer) == {"find_unused_parameters": True}
+        trainer.model.activation_checkpointing_enable()
+        assert _ddp_kwargs(trainer) == {"find_unused_parameters": False}  # it would break the checkpointing
+    assert _ddp_kwargs(_trainer(tmp_path, activation_checkpointing=True))["find_unused_parameters"] is False
 
 
 def test_gradient_accumulation_is_refused_with_what_to_set(tmp_path):

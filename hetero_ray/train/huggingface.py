@@ -207,9 +207,9 @@ def _ddp_kwargs(trainer) -> dict[str, Any]:
         find_unused = args.ddp_find_unused_parameters
     elif isinstance(trainer.model, transformers.PreTrainedModel):
         # The Trainer's own rule: finding unused parameters breaks activation checkpointing.
-        find_unused = not any(getattr(owner, name, False) for owner, name in (
-            (trainer.model, "is_activation_checkpointing"), (trainer.model, "is_gradient_checkpointing"),
-            (args, "activation_checkpointing"), (args, "gradient_checkpointing")))
+        # (transformers 5 names: the old gradient_checkpointing ones are aliases, and the
+        # model's warns on every read.)
+        find_unused = not (trainer.model.is_activation_checkpointing or args.activation_checkpointing)
     else:
         find_unused = True
     kwargs: dict[str, Any] = {"find_unused_parameters": find_unused}
