@@ -1,17 +1,21 @@
 """Hugging Face ``transformers.Trainer`` on hetero_ray shares (``hetero_ray.train.prepare_trainer``),
 on a real local Ray with real gloo groups.
 
-- same math, for both kinds of loss a Trainer computes: a tiny GPT-2 (built from a config,
-  nothing downloaded) whose loss the Trainer counts in tokens across ranks, and a plain
-  torch model whose loss is the mean over the local batch. On token sequences of different
-  lengths, 3 workers with an uneven split and a mid-run plan change end with the weights of
-  one ``Trainer`` on one device on the same global batches, and log its loss;
+- same math, for the three kinds of loss a Trainer meets: a tiny GPT-2 (built from a
+  config, nothing downloaded) whose loss the Trainer counts in tokens across ranks, a plain
+  torch model whose loss is the mean over the local batch, and a tiny BERT sequence
+  classifier whose ``forward`` takes ``**kwargs`` (so the Trainer passes it
+  ``num_items_in_batch`` and scales its loss for DDP) but returns the plain mean. On token
+  sequences of different lengths, 3 workers with an uneven split and a mid-run plan change
+  (4 workers at shares 2/6/10/14 for BERT) end with the weights of one ``Trainer`` on one
+  device on the same global batches, and log its loss (and BERT its evaluation loss);
+- which of those kinds a loss is, measured from what twice the items do to it;
 - the Trainer's logs and checkpoint reach Ray Train's ``Result``;
 - every sample once per epoch;
 - without hetero_ray's weighting (the Trainer's own DDP over the same unequal shares, as
   Ray Train's ``prepare_trainer`` would leave it) the mean-loss model no longer matches;
-- the example runs (in bf16, under emulated speeds), and mistakes a porter makes are
-  refused with what to do.
+- the example runs (in bf16, under emulated speeds), mistakes a porter makes are refused
+  with what to do, and nothing deprecated in transformers is read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 
 import pandas as pd
 import pytest
@@ -34,11 +39,37 @@ from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
 from hetero_ray.sampler import GlobalSampler  # noqa: E402
 
-VOCAB, SEQ = 32, 12
+VOCAB, SEQ, CLASSES = 32, 12, 4
 NUM_SAMPLES, BATCH, EPOCHS = 66, 24, 2  # 3 steps an epoch, the last a short window of 18
 STEPS = EPOCHS * 3
 SEED = 0
+EVAL_SEED, EVAL_SAMPLES = 1, 32  # 8 a rank among 4, in the Trainer's default evaluation batch of 8
 TOLERANCE = 1e-5  # float32 over 6 SGD steps; the unweighted run is off by far more (asserted)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How a run splits its global batches between its workers."""
+
+    num_samples: int
+    global_batch_size: int
+    batch_split: tuple[int, ...]
+    plan_changes: tuple[dict, ...] = ()
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.batch_split)
+
+    @property
+    def steps(self) -> int:
+        return EPOCHS * -(-self.num_samples // self.global_batch_size)
+
+
+# 3 workers, a plan change at step 4, a short last window: the suite's main run.
+UNEVEN = Shares(NUM_SAMPLES, BATCH, (12, 8, 4), ({"global_step": 4, "local_batch_sizes": [4, 8, 12]},))
+# The issue's shares (Ray Train's BERT example, ported): 4 workers, no plan change; the
+# last window of each epoch is short (16, split 1/3/5/7).
+ISSUE_SHARES = Shares(80, 32, (2, 6, 10, 14))
 
 
 class TokenSequences(torch.utils.data.Dataset):
@@ -59,6 +90,14 @@ class TokenSequences(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
+class ClassifiedSequences(TokenSequences):
+    """The same sequences, each labelled with one class: its first token mod CLASSES."""
+
+    def __getitem__(self, index: int) -> dict:
+        sample = super().__getitem__(index)
+        return {**sample, "labels": sample["input_ids"][0] % CLASSES}
+
+
 class MeanLossClassifier(torch.nn.Module):
     """A plain torch model in a Trainer: its ``forward`` takes no ``**kwargs``, so the
     Trainer counts no items and the loss is the mean over the local batch (the class of a
@@ -68,22 +107,35 @@ class MeanLossClassifier(torch.nn.Module):
         super().__init__()
         torch.manual_seed(SEED)
         self.embed = torch.nn.Embedding(VOCAB, 16)
-        self.head = torch.nn.Linear(16, 4)
+        self.head = torch.nn.Linear(16, CLASSES)
 
     def forward(self, input_ids, attention_mask, labels):
         mask = attention_mask.unsqueeze(-1).float()
         logits = self.head((self.embed(input_ids) * mask).sum(1) / mask.sum(1))
-        return {"loss": torch.nn.functional.cross_entropy(logits, input_ids[:, 0] % 4), "logits": logits}
+        return {"loss": torch.nn.functional.cross_entropy(logits, input_ids[:, 0] % CLASSES), "logits": logits}
 
 
 def make_model(kind: str = "token_loss"):
+    """``token_loss``: a GPT-2 causal LM; ``mean_loss``: :class:`MeanLossClassifier`;
+    ``kwargs_mean_loss``: a BERT sequence classifier, whose ``forward`` takes ``**kwargs``
+    (the Trainer's sign of a loss counted in items) but whose loss is the plain mean."""
     if kind == "mean_loss":
         return MeanLossClassifier()
+    if kind == "kwargs_mean_loss":
+        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=SEQ, num_labels=CLASSES,
+                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        torch.manual_seed(SEED)
+        return transformers.BertForSequenceClassification(config)
     config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
     torch.manual_seed(SEED)
     return transformers.GPT2LMHeadModel(config)
+
+
+def make_dataset(kind: str, num_samples: int, seed: int = 0) -> TokenSequences:
+    return (ClassifiedSequences if kind == "kwargs_mean_loss" else TokenSequences)(num_samples, seed)
 
 
 def training_args(output_dir: str, **overrides):
@@ -114,7 +166,7 @@ def trainer_loop(config: dict) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     args = training_args(config["output_dir"], save_steps=config.get("save_steps", 3))
     callbacks = [RayTrainReportCallback()] + ([CrashAfterCheckpoint(config)] if config.get("crash") else [])
-    dataset = TokenSequences(NUM_SAMPLES)
+    dataset = make_dataset(config["kind"], config["num_samples"])
     model = make_model(config["kind"])
     if config.get("plain_ddp"):
         # What Ray Train's prepare_trainer leaves: the Trainer's own DDP (equal weights 1/n)
@@ -130,6 +182,13 @@ def trainer_loop(config: dict) -> None:
     else:
         trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
             model=model, args=args, train_dataset=dataset, callbacks=callbacks))
+    if config.get("eval_samples"):
+        # Before and after training, each reaching the run's reports table.
+        evaluation = make_dataset(config["kind"], config["eval_samples"], seed=EVAL_SEED)
+        trainer.evaluate(evaluation)
+        trainer.train()
+        trainer.evaluate(evaluation)
+        return
     checkpoint = hetero_ray.train.get_checkpoint()
     if checkpoint is None:
         trainer.train()
@@ -138,10 +197,10 @@ def trainer_loop(config: dict) -> None:
         trainer.train(resume_from_checkpoint=os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME))
 
 
-def one_device(kind: str):
+def one_device(kind: str, shares: Shares):
     """One Trainer in this process on the whole global batch of every step, in the order
     of hetero_ray's global sampler: the reference."""
-    sampler = GlobalSampler(NUM_SAMPLES, BATCH, SEED, False, True)
+    sampler = GlobalSampler(shares.num_samples, shares.global_batch_size, SEED, False, True)
 
     class GlobalBatches:
         def __init__(self):
@@ -157,7 +216,7 @@ def one_device(kind: str):
         def __len__(self):
             return sampler.steps_per_epoch
 
-    dataset = TokenSequences(NUM_SAMPLES)
+    dataset = make_dataset(kind, shares.num_samples)
 
     class OneDeviceTrainer(transformers.Trainer):
         def get_train_dataloader(self):
@@ -174,15 +233,16 @@ def one_device(kind: str):
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, losses
 
 
-def _fit(tmp_path, name: str, kind: str, **config):
+def _fit(tmp_path, name: str, kind: str, shares: Shares = UNEVEN, **config):
     from ray.train import FailureConfig, RunConfig, ScalingConfig
 
-    hetero = HeteroConfig(global_batch_size=BATCH, policy="static", batch_split=(12, 8, 4), rebalance_interval=1,
-                          record_sample_ids=True, seed=SEED,
-                          plan_changes=({"global_step": 4, "local_batch_sizes": [4, 8, 12]},))
+    hetero = HeteroConfig(global_batch_size=shares.global_batch_size, policy="static", batch_split=shares.batch_split,
+                          rebalance_interval=1, record_sample_ids=True, seed=SEED,
+                          plan_changes=shares.plan_changes or None)
     trainer = HeteroTrainer(
-        trainer_loop, train_loop_config={"output_dir": str(tmp_path / f"{name}-hf"), "kind": kind, **config},
-        scaling_config=ScalingConfig(num_workers=3),
+        trainer_loop, train_loop_config={"output_dir": str(tmp_path / f"{name}-hf"), "kind": kind,
+                                         "num_samples": shares.num_samples, **config},
+        scaling_config=ScalingConfig(num_workers=shares.num_workers),
         run_config=RunConfig(name=name, storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)),
         hetero_config=hetero,
     )
@@ -201,19 +261,31 @@ def _worst_difference(weights: dict, reference: dict) -> float:
     return max((reference[k].float() - weights[k].float()).abs().max().item() for k in weights)
 
 
+def _one_device_eval_loss(weights: dict) -> float:
+    import tempfile
+
+    model = make_model("kwargs_mean_loss")
+    model.load_state_dict(weights)
+    with tempfile.TemporaryDirectory() as directory:
+        trainer = transformers.Trainer(model=model, args=training_args(directory))
+        return trainer.evaluate(make_dataset("kwargs_mean_loss", EVAL_SAMPLES, seed=EVAL_SEED))["eval_loss"]
+
+
 _REFERENCES: dict = {}
 
 
-def reference(kind: str):
-    """The one-device weights and logged losses of ``kind`` (computed once per session)."""
-    if kind not in _REFERENCES:
-        weights, losses = one_device(kind)
+def reference(kind: str, shares: Shares = UNEVEN):
+    """The one-device weights and logged losses of ``kind`` on the global batches of
+    ``shares`` (computed once per session)."""
+    key = kind, shares.num_samples, shares.global_batch_size  # one device does not see the split
+    if key not in _REFERENCES:
+        weights, losses = one_device(kind, shares)
         initial = make_model(kind).state_dict()
         moved = max((weights[k] - initial[k]).abs().max().item() for k in weights)
         assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
-        assert len(losses) == STEPS
-        _REFERENCES[kind] = weights, losses
-    return _REFERENCES[kind]
+        assert len(losses) == shares.steps
+        _REFERENCES[key] = weights, losses
+    return _REFERENCES[key]
 
 
 @pytest.mark.ray
@@ -239,6 +311,35 @@ def test_trainer_on_three_uneven_workers_matches_one_device(ray_session, tmp_pat
     assert shares[0] == [12, 8, 4] and shares[4] == [4, 8, 12] and shares[5] == [3, 6, 9]  # short window, same rule
     reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet"))
     assert len(reports) >= STEPS  # every log of the Trainer reached the run's table
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_classifier_whose_forward_takes_kwargs_matches_one_device_at_the_issues_shares(ray_session, tmp_path):
+    """BERT's ``forward`` takes ``**kwargs``, so the Trainer passes it ``num_items_in_batch``
+    and multiplies its loss by n for DDP's equal average; but BERT returns the plain mean
+    of its local batch. Undone as for a loss counted in items (the bridge's rule before it
+    told the two apart), every rank's mean counted the same whatever its share (the issue):
+    0.10 off one device after two epochs, and 4 times its logged and evaluation losses."""
+    weights, losses = reference("kwargs_mean_loss", ISSUE_SHARES)
+    result = _fit(tmp_path, "hf-kwargs", "kwargs_mean_loss", ISSUE_SHARES, eval_samples=EVAL_SAMPLES)
+    steps = pd.read_parquet(os.path.join(str(tmp_path / "hf-kwargs"), "steps.parquet"))
+    shares = steps.sort_values("rank").groupby("global_step")["local_batch_size"].apply(list)
+    assert shares[0] == [2, 6, 10, 14] and shares[2] == [1, 3, 5, 7]  # the short last window
+
+    worst = _worst_difference(_final_weights(result), weights)
+    print(f"kwargs_mean_loss: shares 2/6/10/14 vs one device: largest weight difference {worst:.2e}")
+    assert worst < TOLERANCE, f"shares 2/6/10/14 diverged from one device by {worst:g}"
+    assert result.metrics["loss"] == pytest.approx(losses[-1], rel=1e-4)
+    assert result.metrics["step"] == ISSUE_SHARES.steps
+    # The Trainer's evaluation on 4 ranks multiplied this loss by 4 as well (before the first
+    # training step too, when the loss has not been judged yet).
+    reports = pd.read_parquet(os.path.join(str(tmp_path / "hf-kwargs"), "reports.parquet"))
+    logs = [json.loads(metrics) for metrics in reports.sort_values("wall_time")["metrics"]]
+    evaluated = pd.Series([log["eval_loss"] for log in logs if "eval_loss" in log]).drop_duplicates().tolist()
+    expected = [_one_device_eval_loss(make_model("kwargs_mean_loss").state_dict()), _one_device_eval_loss(weights)]
+    print(f"evaluation loss before and after training: {evaluated} on 4 ranks, {expected} on one device")
+    assert evaluated == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.ray
@@ -306,6 +407,52 @@ def test_example_runs_standalone_with_help():
 def _trainer(tmp_path, **overrides):
     return transformers.Trainer(model=make_model(), args=training_args(str(tmp_path), **overrides),
                                 train_dataset=TokenSequences(8))
+
+
+@pytest.mark.parametrize("loss_at_n, loss_at_twice_n, kind", [
+    (3.0, 1.5, "COUNTS_ITEMS"),  # a sum over items divided by N
+    (3.0, 1.5 * (1 + 1e-4), "COUNTS_ITEMS"),  # float rounding
+    (3.0, 3.0, "MEAN"),  # N ignored
+    (3.0, 3.0 * (1 - 1e-4), "MEAN"),
+    (3.0, 2.0, "PARTLY"),  # a counted part and one that is not
+    (3.0, 4.0, "PARTLY"),  # grows with N: nothing a bridge could weight
+    (0.0, 0.0, "UNKNOWN"),  # every rank's loss 0: judged again at the next step
+    (float("nan"), float("nan"), "UNKNOWN"),
+    (float("inf"), 1.0, "UNKNOWN"),
+])
+def test_a_loss_is_judged_by_what_twice_the_items_do_to_it(loss_at_n, loss_at_twice_n, kind):
+    from hetero_ray.train.huggingface import LossKind, judge_loss_kind
+
+    assert judge_loss_kind(loss_at_n, loss_at_twice_n) is LossKind[kind]
+
+
+@pytest.mark.parametrize("kind, label_smoothing, verdict", [
+    ("token_loss", 0.0, "COUNTS_ITEMS"),
+    ("kwargs_mean_loss", 0.0, "MEAN"),
+    ("kwargs_mean_loss", 0.1, "COUNTS_ITEMS"),  # the Trainer's label smoother divides by the items itself
+])
+def test_the_trainers_loss_is_measured_at_twice_the_items_without_changing_the_model(tmp_path, kind, label_smoothing,
+                                                                                      verdict):
+    """GPT-2 and BERT both take ``**kwargs`` (the Trainer counts items for both); GPT-2's
+    loss divides by them, BERT's does not unless the Trainer computes it (label smoothing).
+    Measuring leaves the modes of the modules, the inputs and the gradients as they were."""
+    from hetero_ray.train.huggingface import LossKind, judge_loss_kind, losses_at_n_and_twice_n
+
+    model = make_model(kind)
+    trainer = transformers.Trainer(model=model, args=training_args(str(tmp_path),
+                                                                   label_smoothing_factor=label_smoothing))
+    assert trainer.model_accepts_loss_kwargs  # what the Trainer believes of both
+    batch = transformers.default_data_collator([make_dataset(kind, 4)[i] for i in range(4)])
+    model.train()
+    frozen = next(m for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    frozen.eval()
+    losses = losses_at_n_and_twice_n(trainer.compute_loss, model, batch, torch.tensor(7))
+
+    assert judge_loss_kind(*losses.tolist()) is LossKind[verdict]
+    assert not losses.requires_grad and all(p.grad is None for p in model.parameters())
+    assert model.training and not frozen.training
+    assert all(m.training for m in model.modules() if m is not frozen)
+    assert "labels" in batch  # the label smoother's compute_loss pops them from the dict it is given
 
 
 def test_the_ddp_options_read_no_deprecated_attribute(tmp_path):

@@ -23,30 +23,51 @@ What :func:`prepare_trainer` changes, and why:
   batch is ``HeteroConfig.global_batch_size``, not ``per_device_train_batch_size``.
 - **The loss.** The hook weights rank ``i`` by ``w_i = b_i / B`` where DDP weights ``1/n``.
   A loss that is the mean over the local batch (``ℓ_i``) then gives the global batch's mean
-  as it stands. A loss the Trainer counts in items (a causal LM's tokens, with
-  ``average_tokens_across_devices``, the default) is already made for DDP's ``1/n``: the
-  Trainer gives ``ℓ_i = n · S_i / T`` (``S_i`` this rank's summed token losses, ``T`` the
-  tokens of the whole global batch) so that ``(1/n) Σ ℓ_i = Σ S_i / T``. Rank ``i``
-  therefore back-propagates ``ℓ_i / (n · w_i)``; after the hook's ``w_i`` it adds
-  ``S_i / T``, and the step is the one-device token mean.
+  as it stands: so it is for a model whose ``forward`` takes no ``**kwargs`` (nor a
+  ``compute_loss_func``). Where it takes them, the Trainer passes ``num_items_in_batch``
+  (with ``average_tokens_across_devices``, the default: the items of the whole global
+  batch, ``T``) and multiplies the loss by ``n`` for DDP's ``1/n``, trusting the model to
+  divide a sum by ``T``. The bridge checks, at the first step it does so (evaluation
+  included): this rank's batch through the Trainer's loss with ``T`` and ``2T`` (eval mode,
+  no gradient), summed over the ranks (one all-reduce, the same verdict on every rank):
+
+  - halved: **counted in items** (a causal LM's ``ForCausalLMLoss``; also the Trainer's
+    label smoother). The Trainer gives ``n · S_i / T`` (``S_i`` this rank's summed token
+    losses) so that ``(1/n) Σ`` of it is ``Σ S_i / T``. Rank ``i`` back-propagates it over
+    ``n · w_i``; after the hook's ``w_i`` it adds ``S_i / T``, and the step is the
+    one-device token mean.
+  - unchanged: **a plain mean that ignores** ``num_items_in_batch`` (BERT's and most
+    ``*ForSequenceClassification`` models in transformers 5). The Trainer gives ``n · ℓ_i``;
+    rank ``i`` back-propagates it over ``n``, ``ℓ_i``, and the step is the one-device mean
+    (the Trainer's own DDP averages ``n · ℓ_i``: ``n`` times one device's gradient, even on
+    equal shares).
+  - in between (e.g. a router's auxiliary loss added to a token loss): treated as counted,
+    with a warning; the part that is not divided by ``T`` is summed over the ranks, as the
+    Trainer's own DDP sums it.
 - **The logged loss.** The Trainer logs the plain mean over ranks of what each rank's
-  training step returns; each rank returns ``n · w_i`` times its loss, so that mean is
-  ``Σ w_i ℓ_i``: the loss of the global batch, as one device logs it.
+  training step returns; each rank returns ``n · w_i`` times the loss it back-propagates,
+  so that mean is the sum over ranks of ``w_i`` times it, as the hook sums the gradients:
+  the loss of the global batch, as one device logs it, for all three kinds.
 
 :class:`RayTrainReportCallback` reports through ``hetero_ray.train.report``: the Trainer's
 logs reach the run's ``reports`` table, and each Trainer checkpoint (with the merged logs)
 reaches Ray Train's ``Result`` together with hetero_ray's sampler position and plan.
 
 Evaluation keeps the Trainer's own loader: its gathers need equal batches on every rank.
+The Trainer multiplies a plain mean by ``n`` there as well; the bridge divides it back, so
+such a model's evaluation loss is one device's, not ``n`` times it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import logging
+import math
 import os
 import shutil
 import tempfile
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -225,6 +246,7 @@ def _on_hetero_shares(base: type) -> type:
 
     class HeteroSharesTrainer(base):
         _hetero_loader = None
+        _loss_kind: Optional[LossKind] = None  # judged at the first step the Trainer scales the loss
 
         def get_train_dataloader(self):
             # Made once: a second train() call continues the same loader (one per worker).
@@ -233,14 +255,24 @@ def _on_hetero_shares(base: type) -> type:
             return self._hetero_loader
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            scaled = self._scaled_for_equal_ranks(num_items_in_batch)
+            if scaled and self._loss_kind in (None, LossKind.UNKNOWN):
+                self._loss_kind = self._judge_loss_kind(inputs, num_items_in_batch)
             result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                           num_items_in_batch=num_items_in_batch)
-            if not (model.training and self._scaled_for_equal_ranks(num_items_in_batch)):
+            mean = self._loss_kind is LossKind.MEAN
+            if not scaled or not (model.training or mean):
                 return result
             loss = result[0] if return_outputs else result
-            weight = _rank_weight()
-            # ℓ_i / (n · w_i): after the hook's w_i, rank i adds S_i / T (module docstring).
-            loss = loss * 0.0 if weight == 0 else loss / (self.accelerator.num_processes * weight)
+            num_processes = self.accelerator.num_processes
+            if mean:
+                # n · ℓ_i with ℓ_i the local mean: ℓ_i (evaluation: the Trainer's mean over
+                # the ranks' equal batches), and in training, after the hook's w_i, Σ w_i ℓ_i.
+                loss = loss / num_processes
+            else:
+                # ℓ_i / (n · w_i): after the hook's w_i, rank i adds S_i / T (module docstring).
+                weight = _rank_weight()
+                loss = loss * 0.0 if weight == 0 else loss / (num_processes * weight)
             return (loss, *result[1:]) if return_outputs else loss
 
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -266,8 +298,91 @@ def _on_hetero_shares(base: type) -> type:
                         and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
                         and num_items_in_batch is not None)
 
+        def _judge_loss_kind(self, inputs, num_items_in_batch) -> LossKind:
+            """Whether the Trainer's loss really divides by ``num_items_in_batch``, judged on
+            this rank's batch summed over all ranks (one all-reduce: every rank takes the
+            same verdict, and a rank whose loss is 0 does not decide). Every rank runs it at
+            the same step, where the Trainer gathers the item counts already."""
+            from hetero_ray.training import session
+
+            local = losses_at_n_and_twice_n(super().compute_loss, self.model, inputs, num_items_in_batch)
+            device = session.current("prepare_trainer").identity.collective_device
+            summed = local.to(device, torch.float64)
+            if torch.distributed.is_initialized():
+                torch.distributed.all_reduce(summed)
+            kind = judge_loss_kind(*summed.tolist())
+            if self.is_world_process_zero():
+                _say_loss_kind(kind, type(self.model).__name__)
+            return kind
+
     HeteroSharesTrainer.__name__ = HeteroSharesTrainer.__qualname__ = f"HeteroShares{base.__name__}"
     return HeteroSharesTrainer
+
+
+class LossKind(enum.Enum):
+    """How the loss a Trainer computes answers ``num_items_in_batch`` (the items of the
+    whole global batch, which the Trainer passes wherever the model's ``forward`` takes
+    ``**kwargs`` or a ``compute_loss_func`` is set)."""
+
+    COUNTS_ITEMS = "counts_items"  # a sum over items divided by it (a causal LM's ForCausalLMLoss)
+    MEAN = "mean"  # ignores it: the plain mean over the local batch (BERT's sequence classifier)
+    PARTLY = "partly"  # in between: e.g. a router's auxiliary loss added to a counted one
+    UNKNOWN = "unknown"  # 0 or not finite everywhere: nothing to judge from (judged again next step)
+
+
+# Doubling N halves a counted loss (ratio 0.5) and leaves a mean alone (ratio 1); the same
+# computation twice differs by float rounding at most, far inside 1 %.
+LOSS_RATIO_TOLERANCE = 0.01
+
+
+def judge_loss_kind(loss_at_n: float, loss_at_twice_n: float) -> LossKind:
+    """The kind of a loss from its sizes with ``num_items_in_batch`` N and 2N (summed over
+    the ranks, each as ``|loss|``)."""
+    if not (math.isfinite(loss_at_n) and math.isfinite(loss_at_twice_n)) or loss_at_n == 0:
+        return LossKind.UNKNOWN
+    ratio = loss_at_twice_n / loss_at_n
+    if abs(ratio - 0.5) <= LOSS_RATIO_TOLERANCE:
+        return LossKind.COUNTS_ITEMS
+    if abs(ratio - 1.0) <= LOSS_RATIO_TOLERANCE:
+        return LossKind.MEAN
+    return LossKind.PARTLY
+
+
+def losses_at_n_and_twice_n(compute_loss, model: torch.nn.Module, inputs: dict, num_items_in_batch) -> torch.Tensor:
+    """``|loss|`` of ``inputs`` with ``num_items_in_batch`` N and 2N, by the Trainer's
+    ``compute_loss``: in eval mode and without gradients (no dropout, no batch statistics,
+    so the same computation twice), after which nothing of the model or the step it runs
+    in has changed."""
+    losses = []
+    with torch.no_grad(), _eval_mode(model):
+        for items in (num_items_in_batch, 2 * num_items_in_batch):
+            # A copy: the Trainer pops the labels of the dict it is given.
+            loss = compute_loss(model, dict(inputs), num_items_in_batch=items)
+            losses.append(loss.detach().float().abs())
+    return torch.stack(losses)
+
+
+def _say_loss_kind(kind: LossKind, model_name: str) -> None:
+    if kind is LossKind.MEAN:
+        logger.info("prepare_trainer: the Trainer passes %s num_items_in_batch, but its loss ignores it (the mean "
+                    "over the local batch); each rank's mean is weighted by its share", model_name)
+    elif kind is LossKind.PARTLY:
+        logger.warning("prepare_trainer: %s's loss is only partly divided by num_items_in_batch (doubling it neither "
+                       "halved the loss nor left it alone: e.g. an auxiliary loss added to a token loss); it is "
+                       "weighted as a loss counted in items, so its other part is summed over the ranks, as the "
+                       "Trainer's own DDP sums it, instead of weighted by share", model_name)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the block, then each module back in the mode it was in."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _rank_weight() -> float:
