@@ -147,8 +147,8 @@ def _train_step(job: _Job, inputs, targets) -> StepNotes:
         job.scaler.update()
     job.optimizer.zero_grad(set_to_none=True)
     job.lr_scheduler.step()
-    held_samples = job.loader.local_batch_size > 0  # else it ran a placeholder sample with weight 0
-    return StepNotes(loss=loss_sum.item() / samples if held_samples else None, lr=lr)
+    # A probe (the plan leaves this rank out) or a short window's one sample: weight 0, no loss of the run's.
+    return StepNotes(loss=None if hetero_ray.train.is_probe_step() else loss_sum.item() / samples, lr=lr)
 
 
 def _end_epoch(session: worker_session.WorkerSession, job: _Job, totals: EpochTotals, epoch: int) -> EpochTotals:

@@ -254,6 +254,14 @@ def _on_hetero_shares(base: type) -> type:
                 self._hetero_loader = _TrainerLoader(*_prepared_loader(self))
             return self._hetero_loader
 
+        def evaluate(self, *args, **kwargs):
+            # Every rank evaluates (the Trainer gathers the results): a rank the plan left out
+            # first takes rank 0's state, or it would evaluate its own stale weights.
+            loader = _session_of_trainer().parts.loader
+            if loader is not None:
+                loader.copy_state_to_left_out_ranks()
+            return super().evaluate(*args, **kwargs)
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             scaled = self._scaled_for_equal_ranks(num_items_in_batch)
             if scaled and self._loss_kind in (None, LossKind.UNKNOWN):
@@ -385,11 +393,15 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def _rank_weight() -> float:
-    """``w_i`` of the step in progress (``1/n`` outside the loader's steps)."""
+def _session_of_trainer():
     from hetero_ray.training import session
 
-    return session.current("prepare_trainer").parts.model.weight_state.weight
+    return session.current("prepare_trainer")
+
+
+def _rank_weight() -> float:
+    """``w_i`` of the step in progress (``1/n`` outside the loader's steps)."""
+    return _session_of_trainer().parts.model.weight_state.weight
 
 
 def _without_labels(batch):

@@ -17,8 +17,12 @@ Why the weighting still holds: the parameters and their gradients stay fp32 unde
 autocast, so the hook scales fp32 buckets by ``b_i / B`` as before. fp16's scaler
 multiplies every rank's loss by the same factor ``S`` and divides the summed gradient by
 ``S`` before the step: ``Σ_i w_i·(S·g_i) / S = Σ_i w_i·g_i``. After the all-reduce every rank
-holds the same gradient, so every rank's scaler sees the same infinities, skips the same
-steps and keeps the same factor. The batch norm reduces its moments in float64 whatever the
+in holds the same gradient, so their scalers see the same infinities, skip the same steps
+and keep the same factor; a rank the plan leaves out sees none of them, and receives rank
+0's scaler when it is brought back (training/replica_state.py). Near fp16's range a rank's
+own pass, on the mean over its b_i samples (per-sample gradients B / b_i times one
+device's before the hook weights them), can overflow where one device's would not; every
+rank then skips that step together. The batch norm reduces its moments in float64 whatever the
 input's dtype.
 """
 
