@@ -27,7 +27,7 @@ lint: setup
 ## The whole test suite (unit, real local Ray, real gloo groups, browser), after the layers check.
 test: setup-browser
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -W ignore::DeprecationWarning --durations=15
+	$(PY) -m pytest -q -W ignore::DeprecationWarning --durations=30
 
 test-fast: setup
 	$(VENV)/bin/lint-imports
