@@ -97,12 +97,25 @@ def test_what_a_dataloader_cannot_be_followed_in_is_refused(monkeypatch, make, o
         call()
 
 
+class _TrainingLoader:
+    """The training loader as an evaluation loader sees it: asked to bring a rank left out
+    level with rank 0 (a collective in a run; counted here) before each evaluation."""
+
+    def __init__(self):
+        self.copies_asked = 0
+
+    def copy_state_to_left_out_ranks(self) -> None:
+        self.copies_asked += 1
+
+
 def test_the_second_loader_evaluates_and_says_so():
-    session = _session(rank=1, num_workers=2, loader=object())
+    training = _TrainingLoader()
+    session = _session(rank=1, num_workers=2, loader=training)
     loader = loader_door.prepare(session, DataLoader(_data(10), batch_size=2), OPTIONS, move_to_device=True,
                                  evaluation=None)
     assert isinstance(loader, EvaluationLoader)
     assert [batch[0].tolist() for batch in loader] == [[1, 3], [5, 7], [9]]
+    assert training.copies_asked == 1  # before the evaluation, not per batch
     assert len(loader) == 3
     assert session.said and "evaluation loader" in session.said[0]
     with pytest.raises(UserError, match=r"evaluation=False\) was called twice"):
