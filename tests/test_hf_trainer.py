@@ -37,12 +37,12 @@ transformers = pytest.importorskip("transformers")
 
 from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
-from hetero_ray.sampler import GlobalSampler  # noqa: E402
+from tests.hf_models import (  # noqa: E402
+    EPOCHS, SEED, TokenSequences, make_dataset, make_model, one_device_trainer, training_args,
+)
 
-VOCAB, SEQ, CLASSES = 32, 12, 4
-NUM_SAMPLES, BATCH, EPOCHS = 66, 24, 2  # 3 steps an epoch, the last a short window of 18
+NUM_SAMPLES, BATCH = 66, 24  # 3 steps an epoch, the last a short window of 18
 STEPS = EPOCHS * 3
-SEED = 0
 EVAL_SEED, EVAL_SAMPLES = 1, 32  # 8 a rank among 4, in the Trainer's default evaluation batch of 8
 TOLERANCE = 1e-5  # float32 over 6 SGD steps; the unweighted run is off by far more (asserted)
 
@@ -70,80 +70,6 @@ UNEVEN = Shares(NUM_SAMPLES, BATCH, (12, 8, 4), ({"global_step": 4, "local_batch
 # The issue's shares (Ray Train's BERT example, ported): 4 workers, no plan change; the
 # last window of each epoch is short (16, split 1/3/5/7).
 ISSUE_SHARES = Shares(80, 32, (2, 6, 10, 14))
-
-
-class TokenSequences(torch.utils.data.Dataset):
-    """Random token sequences of 3 to SEQ tokens, padded; labels -100 on the padding, so
-    the ranks' token counts differ from their sample counts."""
-
-    def __init__(self, num_samples: int, seed: int = 0):
-        generator = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, VOCAB, (num_samples, SEQ), generator=generator)
-        self.lengths = torch.randint(3, SEQ + 1, (num_samples,), generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> dict:
-        mask = (torch.arange(SEQ) < self.lengths[index]).long()
-        ids = self.ids[index]
-        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-
-
-class ClassifiedSequences(TokenSequences):
-    """The same sequences, each labelled with one class: its first token mod CLASSES."""
-
-    def __getitem__(self, index: int) -> dict:
-        sample = super().__getitem__(index)
-        return {**sample, "labels": sample["input_ids"][0] % CLASSES}
-
-
-class MeanLossClassifier(torch.nn.Module):
-    """A plain torch model in a Trainer: its ``forward`` takes no ``**kwargs``, so the
-    Trainer counts no items and the loss is the mean over the local batch (the class of a
-    sequence is its first token mod 4)."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(SEED)
-        self.embed = torch.nn.Embedding(VOCAB, 16)
-        self.head = torch.nn.Linear(16, CLASSES)
-
-    def forward(self, input_ids, attention_mask, labels):
-        mask = attention_mask.unsqueeze(-1).float()
-        logits = self.head((self.embed(input_ids) * mask).sum(1) / mask.sum(1))
-        return {"loss": torch.nn.functional.cross_entropy(logits, input_ids[:, 0] % CLASSES), "logits": logits}
-
-
-def make_model(kind: str = "token_loss"):
-    """``token_loss``: a GPT-2 causal LM; ``mean_loss``: :class:`MeanLossClassifier`;
-    ``kwargs_mean_loss``: a BERT sequence classifier, whose ``forward`` takes ``**kwargs``
-    (the Trainer's sign of a loss counted in items) but whose loss is the plain mean."""
-    if kind == "mean_loss":
-        return MeanLossClassifier()
-    if kind == "kwargs_mean_loss":
-        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                         intermediate_size=32, max_position_embeddings=SEQ, num_labels=CLASSES,
-                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        torch.manual_seed(SEED)
-        return transformers.BertForSequenceClassification(config)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
-    torch.manual_seed(SEED)
-    return transformers.GPT2LMHeadModel(config)
-
-
-def make_dataset(kind: str, num_samples: int, seed: int = 0) -> TokenSequences:
-    return (ClassifiedSequences if kind == "kwargs_mean_loss" else TokenSequences)(num_samples, seed)
-
-
-def training_args(output_dir: str, **overrides):
-    values = dict(output_dir=output_dir, per_device_train_batch_size=BATCH // 3, num_train_epochs=EPOCHS,
-                  optim="sgd", learning_rate=0.5, logging_steps=1, save_strategy="steps", save_steps=3,
-                  report_to="none", disable_tqdm=True, seed=SEED, use_cpu=True, dataloader_num_workers=0)
-    values.update(overrides)
-    return transformers.TrainingArguments(**values)
 
 
 class CrashAfterCheckpoint(transformers.TrainerCallback):
@@ -198,37 +124,8 @@ def trainer_loop(config: dict) -> None:
 
 
 def one_device(kind: str, shares: Shares):
-    """One Trainer in this process on the whole global batch of every step, in the order
-    of hetero_ray's global sampler: the reference."""
-    sampler = GlobalSampler(shares.num_samples, shares.global_batch_size, SEED, False, True)
-
-    class GlobalBatches:
-        def __init__(self):
-            self.epoch = 0
-
-        def __iter__(self):
-            permutation = sampler.permutation(self.epoch)
-            self.epoch += 1
-            for step in range(sampler.steps_per_epoch):
-                begin, stop = sampler.window(step)
-                yield permutation[begin:stop].tolist()
-
-        def __len__(self):
-            return sampler.steps_per_epoch
-
-    dataset = make_dataset(kind, shares.num_samples)
-
-    class OneDeviceTrainer(transformers.Trainer):
-        def get_train_dataloader(self):
-            return torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(),
-                                               collate_fn=transformers.default_data_collator)
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as directory:
-        trainer = OneDeviceTrainer(model=make_model(kind), args=training_args(directory, save_strategy="no"),
-                                   train_dataset=dataset)
-        trainer.train()
+    """The one-device reference's weights and logged losses."""
+    trainer = one_device_trainer(kind, shares.num_samples, shares.global_batch_size)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, losses
 
