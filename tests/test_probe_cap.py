@@ -1,0 +1,57 @@
+"""A rank left out runs a probe of at most half its last share — and never more than its
+memory cap: half a share that fitted before may not fit now (its first plan left it out,
+or it resumed on a device with less free memory), and a probe past the cap would fail at
+the same step after every restart. Two ranks of a real gloo group, in-process sessions
+(tests/inprocess_session.py): the loop sees, and the step rows record, the capped probe."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from tests.helpers import free_port
+from tests.inprocess_session import ScriptedPlanner, run_in_session
+
+pytestmark = pytest.mark.slow
+
+CAPS = [16, 3]  # rank 1 holds at most 3 samples
+PLANS = {0: (2, 10), 2: (12, 0)}  # rank 1's last share 10: half of it, 5, is past its cap
+
+
+def loop(config: dict) -> list[int]:
+    import hetero_ray.train
+
+    model = hetero_ray.train.prepare_model(nn.Linear(4, 2))
+    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(48, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    for (x,) in loader:
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.append(len(x))
+    return seen
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        seen, store, _ = run_in_session(loop, {}, rank=rank, num_workers=2, global_batch_size=12,
+                                        planner=ScriptedPlanner(PLANS, CAPS), storage=out_dir)
+        torch.save({"seen": seen, "probes": [row["probe_batch_size"] for row in store.steps]},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_probe_stays_within_the_rank_memory_cap(tmp_path):
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    rank1 = torch.load(tmp_path / "rank1.pt")
+    assert rank1["seen"] == [10, 10, 3, 3]  # in for two steps, then probes of min(10 // 2, cap 3)
+    assert rank1["probes"] == [0, 0, 3, 3]
