@@ -143,3 +143,18 @@ def test_a_short_last_window_teaches_no_group_cost():
     for step in range(5):
         balancer.add_steps(_rows(step, (20, 0, 0), [1e-3] * 3, [1e-3] * 3), now=float(step))
     assert balancer.comm.measured() == {}
+
+
+def test_a_rank_is_left_out_only_when_that_alone_clears_the_required_gain():
+    # A bad split (the slow ranks hold 28 each) pays to change anyway; leaving them out would
+    # gain 1.5 % over the best split with every rank in (25.6 ms against 26.0 ms), inside the bar.
+    betas = [1e-4, 2e-3, 2e-3]
+    comm = lambda g: 0.0 if len(g) == 1 else 2.6e-3  # noqa: E731
+    decision = OptimalPolicy().decide(Plan(3, (200, 28, 28)), _estimates(betas, [200, 28, 28]), 100, comm)
+    assert decision.adopt and min(decision.plan.local_batch_sizes) > 0 and decision.left_out == ()
+    assert "ranks 1, 2 kept in: leaving them out would gain +1.5% (26.00 → 25.60 ms)" in decision.reason
+    assert decision.predicted_step_time_s == pytest.approx(decision.all_ranks_step_time_s, rel=0.02)
+    # the same ranks with a 5 ms all-reduce: leaving them out gains 9.5 % on its own, and does
+    costly = lambda g: 0.0 if len(g) == 1 else 5e-3  # noqa: E731
+    decision = OptimalPolicy().decide(Plan(3, (200, 28, 28)), _estimates(betas, [200, 28, 28]), 100, costly)
+    assert decision.adopt and decision.plan.local_batch_sizes == (256, 0, 0)

@@ -394,10 +394,25 @@ class _AdaptivePolicy(_BasePolicy):
                               est, global_step, current_predicted_step_time_s=current_pred)
         proposal_arr = np.asarray(proposal)
         proposed_pred = predicted(proposal_arr)
-        gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
 
         margin = self._noise_margin(est, usable, level_forecast_se)
         required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
+
+        # Leaving a rank out must pay on its own: against the best split with every rank in,
+        # its gain clears the same bar as any move (else a move that pays for its other
+        # changes would also leave out a rank whose gain is noise).
+        newly_out = [r for r in left_out if b_now[r] > 0]
+        kept_in_note = ""
+        if newly_out and math.isfinite(all_ranks_s) and not (all_ranks_s - proposed_pred) / all_ranks_s > required:
+            own_gain = (all_ranks_s - proposed_pred) / all_ranks_s
+            kept_in_note = (f"; ranks {_short_list(np.asarray(newly_out))} kept in: leaving them out would gain "
+                            f"{own_gain:+.1%} ({all_ranks_s * 1e3:.2f} → {proposed_pred * 1e3:.2f} ms), within the "
+                            f"required {required:.1%}")
+            proposal, left_out, _ = _AdaptivePolicy._propose(self, current, alphas, betas, floors, usable, lo, hi,
+                                                             comm_cost_s)
+            proposal_arr = np.asarray(proposal)
+            proposed_pred = predicted(proposal_arr)
+        gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
 
         stale = np.flatnonzero(~usable)
         stale_note = f"; ranks {_short_list(stale)} stale, kept at their size" if stale.size else ""
@@ -418,7 +433,7 @@ class _AdaptivePolicy(_BasePolicy):
         back = [r for r in range(n) if b_now[r] == 0 and proposal_arr[r] > 0]
         if back:
             out_note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
-        stale_note = out_note + stale_note
+        stale_note = out_note + kept_in_note + stale_note
         if tuple(proposal) == current.local_batch_sizes:
             self._lead_under_version = None
             return self._keep(current, f"the current plan is already the best split{stale_note}",
