@@ -16,7 +16,7 @@ import pytest
 
 from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.profiling.bottlenecks import (
-    BALANCED, COMMUNICATION_BOUND, INPUT_BOUND, MEMORY_BOUND, STRAGGLER, UNDER_UTILISED_GPU, VERDICTS,
+    BALANCED, COMMUNICATION_BOUND, INPUT_BOUND, LEFT_OUT, MEMORY_BOUND, STRAGGLER, UNDER_UTILISED_GPU, VERDICTS,
     BottleneckThresholds, classify, format_verdicts, verdicts_table,
 )
 
@@ -40,7 +40,7 @@ def window(ranks: list[dict], steps: int = 30, comm_s: float = 0.002, optimizer_
                        data_time_s=r.get("data", 0.0), busy_time_s=busy[i], optimizer_time_s=optimizer_s,
                        step_time_s=step_time, wait_time_s=step_time - busy[i] - optimizer_s,
                        gpu_util=r.get("gpu_util", math.nan), gpu_mem_peak_bytes=r.get("peak", math.nan),
-                       gpu_mem_total_bytes=r.get("total", math.nan))
+                       gpu_mem_total_bytes=r.get("total", math.nan), probe_batch_size=r.get("probe", 0))
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -59,6 +59,21 @@ def test_equal_ranks_are_balanced():
 def test_a_slow_device_with_a_matching_smaller_share_is_balanced():
     # Per-sample cost 3× higher, share 3× smaller: everyone finishes together.
     assert verdicts_of(window([{"b": 48, "c": 0.001}, {"b": 16, "c": 0.003}])) == [BALANCED, BALANCED]
+
+
+# --- left out
+
+
+def test_a_rank_left_out_is_said_to_be_out_and_why_and_judges_nobody_else():
+    # rank 2 probes 4 samples at 5 ms each while the others train: its 20 ms of probing, longer
+    # than their step, makes it neither a straggler nor part of their comparison
+    verdicts = classify(window([{"b": 48, "c": 0.001}, {"b": 48, "c": 0.001},
+                                {"b": 0, "c": 0.005, "alpha": 0.02, "probe": 4}]))
+    assert [v.verdict for v in verdicts] == [BALANCED, BALANCED, LEFT_OUT]
+    out = verdicts[2]
+    assert "left out of the plan" in out.recommendation and "all-reduce" in out.recommendation
+    assert "probes of 4 samples" in out.recommendation and "brought back when it pays" in out.recommendation
+    assert verdicts[0].evidence["fair_local_batch_size"] == pytest.approx(48, rel=0.05)  # the ranks in share B
 
 
 # --- straggler

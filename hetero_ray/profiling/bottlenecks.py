@@ -14,6 +14,8 @@ Per rank ``i``, over the window (medians, robust to a few odd steps):
 
 Verdicts (first match wins; the others it also matched are listed in ``evidence["also"]``):
 
+0. **left-out**: the plan gave the rank no share (median ``b_i = 0``): it ran probes only.
+   It is left out of the others' comparisons and of the equal-finish shares below.
 1. **input-bound**: ``data_i / busy_i ≥ input_share`` — the rank waits for its data.
 2. **straggler**: ``busy_i ≥ straggler_ratio · median_{j≠i} busy_j`` *and* the others wait
    for it (``median_{j≠i} wait_j / step_j ≥ wait_share``). Busy time is compared, not
@@ -43,8 +45,9 @@ COMMUNICATION_BOUND = "communication-bound"
 MEMORY_BOUND = "memory-bound"
 UNDER_UTILISED_GPU = "under-utilised-gpu"
 BALANCED = "balanced"
-VERDICTS = (INPUT_BOUND, STRAGGLER, COMMUNICATION_BOUND, MEMORY_BOUND, UNDER_UTILISED_GPU, BALANCED)
-PRIORITY = (INPUT_BOUND, STRAGGLER, MEMORY_BOUND, COMMUNICATION_BOUND, UNDER_UTILISED_GPU)
+LEFT_OUT = "left-out"
+VERDICTS = (LEFT_OUT, INPUT_BOUND, STRAGGLER, COMMUNICATION_BOUND, MEMORY_BOUND, UNDER_UTILISED_GPU, BALANCED)
+PRIORITY = (LEFT_OUT, INPUT_BOUND, STRAGGLER, MEMORY_BOUND, COMMUNICATION_BOUND, UNDER_UTILISED_GPU)
 
 
 @dataclass(frozen=True)
@@ -113,14 +116,15 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
     comm_s = float(window.groupby("global_step")["wait_time_s"].min().median())
     comm_share = comm_s / step_s if step_s > 0 else math.nan
     global_batch = float(stats["local_batch_size"].sum())
-    inverse_cost = 1.0 / stats["per_sample_s"]
-    fair_share = global_batch * inverse_cost / inverse_cost.sum()  # b_i* = B·(1/c_i)/Σ(1/c_j)
+    out = stats["local_batch_size"] == 0
+    inverse_cost = 1.0 / stats["per_sample_s"].where(~out)  # over the ranks in
+    fair_share = (global_batch * inverse_cost / inverse_cost.sum()).fillna(0.0)  # b_i* = B·(1/c_i)/Σ(1/c_j)
     caps = memory_caps or {}
 
     matched: dict[int, list[str]] = {}
     evidence: dict[int, dict] = {}
     for rank, row in stats.iterrows():
-        others = stats.drop(index=rank)
+        others = stats[~out].drop(index=rank, errors="ignore")
         busy_others = float(others["busy_time_s"].median()) if len(others) else math.nan
         cost_others = float(others["per_sample_s"].median()) if len(others) else math.nan
         wait_others = float(others["wait_share"].median()) if len(others) else math.nan
@@ -143,9 +147,10 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
             "gpu_util": float(row["gpu_util"]),
             "memory_fraction": memory_used,
             "memory_cap": cap,
+            "probe_batch_size": float(row["probe_batch_size"]),
         }
-        hits = []
-        if row["steps"] >= thresholds.min_steps:
+        hits = [LEFT_OUT] if out.loc[rank] else []
+        if row["steps"] >= thresholds.min_steps and not out.loc[rank]:
             if e["data_share"] >= thresholds.input_share:
                 hits.append(INPUT_BOUND)
             if (len(others) and e["busy_ratio"] >= thresholds.straggler_ratio
@@ -160,7 +165,7 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
     any_straggler = any(STRAGGLER in hits for hits in matched.values())
     if not any_straggler and comm_share >= thresholds.comm_share:
         for rank in matched:
-            if stats.loc[rank, "steps"] >= thresholds.min_steps:
+            if stats.loc[rank, "steps"] >= thresholds.min_steps and not out.loc[rank]:
                 matched[rank].append(COMMUNICATION_BOUND)
 
     verdicts = []
@@ -233,8 +238,13 @@ def _rank_stats(window: pd.DataFrame) -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     if "node_id" not in frame.columns:
         frame["node_id"] = ""
+    if "probe_batch_size" not in frame.columns:
+        frame["probe_batch_size"] = 0
+    frame["probe_batch_size"] = pd.to_numeric(frame["probe_batch_size"], errors="coerce").fillna(0)
     busy = frame["busy_time_s"].astype(float)
-    frame["per_sample_s"] = busy / frame["local_batch_size"].clip(lower=1).astype(float)
+    # A rank left out ran its probe: its per-sample cost is the probe's.
+    samples = frame["local_batch_size"].where(frame["local_batch_size"] > 0, frame["probe_batch_size"])
+    frame["per_sample_s"] = busy / samples.clip(lower=1).astype(float)
     frame["data_share"] = frame["data_time_s"] / busy.where(busy > 0)
     step = frame["step_time_s"].astype(float)
     frame["wait_share"] = frame["wait_time_s"] / step.where(step > 0)
@@ -242,7 +252,7 @@ def _rank_stats(window: pd.DataFrame) -> pd.DataFrame:
         frame["gpu_mem_total_bytes"] > 0)
     grouped = frame.groupby("rank", sort=True)
     stats = grouped[["local_batch_size", "busy_time_s", "per_sample_s", "data_share", "wait_share",
-                     "gpu_util", "gpu_mem_peak_fraction"]].median()
+                     "gpu_util", "gpu_mem_peak_fraction", "probe_batch_size"]].median()
     stats["steps"] = grouped.size()
     stats["node_id"] = grouped["node_id"].last()
     return stats
@@ -251,6 +261,12 @@ def _rank_stats(window: pd.DataFrame) -> pd.DataFrame:
 def _recommend(rank: int, verdict: str, e: dict, t: BottleneckThresholds, stragglers: list[int]) -> str:
     ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
     pct = lambda x: f"{x * 100:.0f} %"  # noqa: E731
+    if verdict == LEFT_OUT:
+        probe = (f"; its probes of {e['probe_batch_size']:.0f} samples ({ms(e['per_sample_s'])}/sample) keep its speed "
+                 "known" if e["probe_batch_size"] > 0 else "")
+        return ("left out of the plan: the planner predicted the step faster without it, its all-reduce costing "
+                f"more than its compute adds (decisions.parquet has both predictions){probe}; it is brought back "
+                "when it pays")
     if e["steps"] < t.min_steps:
         return f"only {e['steps']} step(s) in the window (fewer than {t.min_steps}): too few to judge"
     if verdict == INPUT_BOUND:
