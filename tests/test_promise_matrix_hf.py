@@ -7,7 +7,8 @@ plain model's local mean; a BERT classifier's plain mean behind a ``forward`` th
 out and brought back across an epoch's end; a rank left out from the first plan). The
 Trainer evaluates every 2 steps (also while a rank is out) and logs every step; every
 epoch ends with a short window. Every pair of values is covered (9 cases). On every rank: one device's weights, learning rate,
-scheduler position and evaluation losses, and every sample once per epoch.
+scheduler position, evaluation losses and count of input tokens seen (a left-out rank's
+probe tokens are none of it), and every sample once per epoch.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _arguments(case: dict, output_dir: str):
     # One sample an evaluation batch: the Trainer's evaluation loss is the mean of its batches'
     # losses, which for a token-counted loss depends on how the samples are batched.
     return dict(output_dir=output_dir, save_strategy="no", eval_strategy="steps", eval_steps=EVAL_STEPS,
-                per_device_eval_batch_size=1, bf16=case["precision"] == "bf16", lr_scheduler_type="linear")
+                per_device_eval_batch_size=1, bf16=case["precision"] == "bf16", lr_scheduler_type="linear",
+                include_num_input_tokens_seen="non_padding")
 
 
 def hf_loop(config: dict) -> dict:
@@ -69,7 +71,8 @@ def hf_loop(config: dict) -> dict:
     trainer.train()
     return {"params": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
             "lr": trainer.optimizer.param_groups[0]["lr"], "scheduler_epoch": trainer.lr_scheduler.last_epoch,
-            "evaluations": [log["eval_loss"] for log in trainer.state.log_history if "eval_loss" in log]}
+            "evaluations": [log["eval_loss"] for log in trainer.state.log_history if "eval_loss" in log],
+            "tokens_seen": trainer.state.num_input_tokens_seen}
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -127,6 +130,7 @@ def test_every_rank_is_one_trainer_on_one_device(per_rank, case, tmp_path):
         assert _largest(result["params"], results[0]["params"]) < REPLICA_TOLERANCE, f"rank {rank}: replicas"
         assert result["lr"] == pytest.approx(reference.optimizer.param_groups[0]["lr"], rel=1e-9, abs=1e-12)
         assert result["scheduler_epoch"] == reference.lr_scheduler.last_epoch
+        assert result["tokens_seen"] == reference.state.num_input_tokens_seen, f"rank {rank}: the Trainer's count"
         assert len(result["evaluations"]) == len(want_evaluations) > 0
         if case["kind"] != "token_loss":
             assert max(abs(a - b) for a, b in zip(result["evaluations"], want_evaluations)) < tolerance * 10, \

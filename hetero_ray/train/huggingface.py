@@ -262,6 +262,14 @@ def _on_hetero_shares(base: type) -> type:
                 loader.copy_state_to_left_out_ranks()
             return super().evaluate(*args, **kwargs)
 
+        def _track_num_input_tokens(self, inputs):
+            # A probe's tokens are no data (a rank the plan leaves out): it joins the Trainer's
+            # gather of the count with none.
+            loader = _session_of_trainer().parts.loader
+            if loader is not None and loader.is_probe_step and isinstance(inputs, dict):
+                inputs = {name: value[:0] if torch.is_tensor(value) else value for name, value in inputs.items()}
+            return super()._track_num_input_tokens(inputs)
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             scaled = self._scaled_for_equal_ranks(num_items_in_batch)
             if scaled and self._loss_kind in (None, LossKind.UNKNOWN):
