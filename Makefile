@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
 DEMO_NAME ?= demo-$(DEMO_STAMP)
 
-.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest bench gpu-check clean
+.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest cli-docs bench gpu-check clean
 
 setup:
 	@scripts/setup.sh
@@ -37,6 +37,10 @@ test-fast: setup
 ## (its own .venv-torch-oldest; a few GB the first time).
 test-torch-oldest:
 	scripts/test_torch_oldest.sh
+
+## docs/cli.md's reference, written from the parsers (tests/test_cli_docs.py checks it).
+cli-docs: setup
+	$(PY) -m hetero_ray.cli.reference docs/cli.md
 
 ## Benchmarks print figures and ratios (minutes each; not part of the tests).
 bench: setup
