@@ -57,7 +57,8 @@ bench: setup
 
 ## The GPU check (benchmarks/gpu_check.py): NVML, the profile's curves, GPU alone vs GPU + CPU
 ## ranks, the API on CUDA, NCCL; one table, logs in one folder. Exits 2 where there is no GPU.
-## No setup step: a GPU machine may have no network (`source .gpu/setup.sh` first, TESTING.md).
+## No setup step: a GPU machine may have no network. It needs Ray, torch with CUDA and
+## requirements.txt installed (make setup, where it has network), or a prebuilt bundle of them activated first.
 gpu-check:
 	$(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
