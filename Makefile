@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(shell date +%Y%m%d-%H%M%S)
 DEMO_NAME ?= demo-$(DEMO_STAMP)
 
-.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest bench gpu-check clean
+.PHONY: setup setup-browser demo lint test test-fast test-torch-oldest cli-docs bench gpu-check clean
 
 setup:
 	@scripts/setup.sh
@@ -38,6 +38,10 @@ test-fast: setup
 test-torch-oldest:
 	scripts/test_torch_oldest.sh
 
+## docs/cli.md's reference, written from the parsers (tests/test_cli_docs.py checks it).
+cli-docs: setup
+	$(PY) -m hetero_ray.cli.reference docs/cli.md
+
 ## Benchmarks print figures and ratios (minutes each; not part of the tests).
 bench: setup
 	$(PY) benchmarks/solver.py
@@ -53,7 +57,8 @@ bench: setup
 
 ## The GPU check (benchmarks/gpu_check.py): NVML, the profile's curves, GPU alone vs GPU + CPU
 ## ranks, the API on CUDA, NCCL; one table, logs in one folder. Exits 2 where there is no GPU.
-## No setup step: a GPU machine may have no network (`source .gpu/setup.sh` first, TESTING.md).
+## No setup step: a GPU machine may have no network. It needs Ray, torch with CUDA and
+## requirements.txt installed (make setup, where it has network), or a prebuilt bundle of them activated first.
 gpu-check:
 	$(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 

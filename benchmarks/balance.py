@@ -252,7 +252,7 @@ def _write_report(output_dir: str, runs: list[PolicyRun], result: dict) -> str:
                          1, 3)
     figure.update_yaxes(range=[0, 1.05], row=1, col=2)
     figure.update_yaxes(range=[0, 1.05], row=1, col=3)
-    figure.update_layout(title="hetero_ray bench: policies against the ideal", height=460)
+    figure.update_layout(title="hetero_ray: policies against the ideal", height=460)
     path = os.path.join(output_dir, "bench.html")
     figure.write_html(path, include_plotlyjs=True)
     return path

@@ -1,9 +1,11 @@
 """A GPU check anyone with a GPU can run: one command, one table, every log in one folder.
 
     python benchmarks/gpu_check.py                      # or: make gpu-check
-    source .gpu/setup.sh; python3 benchmarks/gpu_check.py --log-dir /tmp/gpu-check
-                                                        # a GPU machine without Ray or network
-                                                        # (../shared/TESTING.md: bring .gpu/ along)
+    python3 benchmarks/gpu_check.py --log-dir /tmp/gpu-check --quick --deadline-s 600
+
+The GPU machine needs what a training node needs: Ray, torch with CUDA and the project's
+``requirements.txt`` installed (``make setup``, or the GPU image), or, on a machine without
+network, a prebuilt bundle of them you built elsewhere and activated first.
 
 On this machine it starts two Ray nodes, as a mixed cluster has them: one labelled
 ``hetero-ray.io/device=gpu`` holding the GPUs, one labelled ``cpu`` that sees none
@@ -51,12 +53,12 @@ if REPO_ROOT not in sys.path:
 NO_GPU_EXIT_CODE = 2
 FAILED_EXIT_CODE = 1
 DEVICE_LABEL = "hetero-ray.io/device"
-RAY_PORT = 6399  # the TESTING.md recipe's port
+RAY_PORT = 6399  # not Ray's default 6379, so a Ray cluster already running here is left alone
 PASSED, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 PRECISION_STEPS = 50
 STAGES = ("profile", "train", "precision", "api", "nccl")
-# When the whole check must end (time.monotonic()), from --deadline-s: a GPU machine is often
-# lent for minutes, and a table of what ran beats a killed check with none.
+# When the whole check must end (time.monotonic()), from --deadline-s: time on a GPU machine is
+# often short, and a table of what ran beats a killed check with none.
 _deadline: Optional[float] = None
 HEADERS = ["stage", "check", "value", "vs GPU alone", "status"]
 
@@ -231,8 +233,9 @@ def no_gpu_reason() -> Optional[str]:
     try:
         import ray  # noqa: F401
     except ImportError:
-        return ("Ray is not installed here: on a GPU machine without network bring it along "
-                "(../shared/gpu/bundle.sh on your machine, then `source .gpu/setup.sh` on this one)")
+        return ("Ray is not installed here: install the project's requirements (make setup, or "
+                "pip install -r requirements.txt), or on a GPU machine without network activate a prebuilt "
+                "bundle of them first")
     return None
 
 
@@ -267,7 +270,7 @@ class Cluster:
         self._temp = tempfile.mkdtemp(prefix="gpuchk")
         self._processes = []
         common = ["start", "--block", "--disable-usage-stats", f"--temp-dir={self._temp}"]
-        # No dashboard: the GPU image does not carry its packages (TESTING.md).
+        # No dashboard: a GPU machine's Ray may lack its packages (ray[default]), and the check needs none.
         self._start(log_dir, "ray_gpu_node", [*common, "--head", f"--port={port}", "--include-dashboard=false",
                                               f"--num-cpus={gpu_node_cpus}",
                                               f"--num-gpus={num_gpus}", f"--labels={DEVICE_LABEL}=gpu"], {})
@@ -393,7 +396,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="end the whole check after this many seconds: later stages become 'not run' rows "
                         "and the table is still written (default: no deadline)")
     p.add_argument("--quick", action="store_true",
-                   help="for a short loan: no bf16 run of the GPU alone, precision in fp32 and bf16 only")
+                   help="for a few minutes of GPU time: no bf16 run of the GPU alone, precision in fp32 and "
+                        "bf16 only")
     p.add_argument("--profile-each-run", action="store_true",
                    help="let each training run profile the nodes again before its first step (default: the "
                         "profile stage measured them; the runs compare steady throughput)")

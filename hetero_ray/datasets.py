@@ -32,7 +32,8 @@ class CIFAR10(torch.utils.data.Dataset):
             CIFAR-100), at this path on every node.
         train: the training set; False: the test set.
         verify_checksums: each file must have its published md5 (False: a copy you made
-            and trust, e.g. a subset).
+            and trust, e.g. a subset; ``--no-verify-checksums`` of ``hetero-ray train``).
+            Either way the files are unpickled with only the format's types allowed.
 
     Raises:
         UserError: files missing, unreadable, malformed or not the published ones; the

@@ -5,6 +5,11 @@ prints its message and exits with :data:`USER_ERROR_EXIT_CODE`, before any run
 directory exists.
 """
 
+__all__ = [
+    "USER_ERROR_EXIT_CODE", "TRAINING_FAILED_EXIT_CODE",
+    "UserError", "ConfigError", "LoopFailsEveryTime", "TrainingFailed", "RunInterrupted",
+]
+
 USER_ERROR_EXIT_CODE = 2
 
 
@@ -14,6 +19,13 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the option and the accepted range."""
+
+
+class LoopFailsEveryTime(UserError):
+    """The user's loop raised an exception that a restart would meet again: every rank
+    raised it at the same global step, or a restarted worker group met it again at the step
+    an earlier group raised it. ``fit()`` raises it without retrying; the message carries the
+    loop's traceback."""
 
 
 class TrainingFailed(RuntimeError):

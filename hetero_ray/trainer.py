@@ -68,6 +68,10 @@ class HeteroTrainer:
         hetero_config: the global batch and how it is shared out.
         torch_config: the process group's settings (``ray.train.torch.TorchConfig``), as
             for ``TorchTrainer``; ``backend="nccl"`` needs ``ScalingConfig(use_gpu=True)``.
+        emit: where the driver's progress lines and warnings go, one ``[hetero_ray] …`` line
+            per call (the run's folder, the cluster, profiling, waits, the end); called in
+            the driver only. Default ``print``; ``logging.getLogger(...).info`` logs them,
+            ``lambda line: None`` silences them.
 
     Raises:
         UserError (ConfigError): a bad argument, said before anything starts.

@@ -8,10 +8,12 @@ Three kinds of checks, none needing a cluster:
   ``ray.io_rayjobs.yaml``), read with the Kubernetes extensions as the API server reads
   them (int-or-string, nullable, unknown fields refused as ``kubectl apply`` does by
   default) and against every KubeRay version found. The CRDs are KubeRay's files, kept
-  out of this repository: the tests read ``$HETERO_RAY_KUBERAY_CRDS`` or else
-  ``../shared/kuberay`` beside the checkout, one folder per KubeRay version
-  (``v1.5.2/ray.io_rayclusters.yaml``, …), and are skipped, saying so, where neither holds
-  one. How the schema is read is tested on a small schema of our own in any case.
+  out of this repository: the tests read ``$HETERO_RAY_KUBERAY_CRDS`` when it is set (a
+  folder there without CRDs fails the tests), else ``../shared/kuberay`` beside the
+  checkout (where CI keeps a copy), one folder per KubeRay version
+  (``v1.5.2/ray.io_rayclusters.yaml``, …), and are skipped, saying where they were looked
+  for and how to provide them, where there is none (a user's clone). How the schema is
+  read is tested on a small schema of our own in any case.
 - The rules KubeRay's operator checks in code (its ``validation.go``), which no schema
   expresses: names, ``labels`` outside ``rayStartParams``, SidecarMode's limits, token
   auth's Ray version.
@@ -185,9 +187,30 @@ def _converted(schema: dict) -> dict:
     return hit[1]
 
 
-def _kuberay_crd_dirs() -> list[str]:
-    root = os.environ.get(KUBERAY_CRDS_ENV_VAR) or DEFAULT_KUBERAY_CRDS
-    return sorted(d for d in glob.glob(os.path.join(root, "v*")) if os.path.isdir(d))
+def kuberay_crds_root(environ=os.environ) -> tuple[str, str]:
+    """Where the CRDs are looked for, and how that was chosen: ``$HETERO_RAY_KUBERAY_CRDS``
+    when set, else ``shared/kuberay`` beside the checkout (where CI puts its copy)."""
+    if environ.get(KUBERAY_CRDS_ENV_VAR):
+        return environ[KUBERAY_CRDS_ENV_VAR], f"${KUBERAY_CRDS_ENV_VAR}"
+    return DEFAULT_KUBERAY_CRDS, "beside the checkout"
+
+
+def _kuberay_crd_dirs(root: str) -> list[str]:
+    """The version folders (``v1.5.2/``, …) under ``root`` that hold both CRDs."""
+    return sorted(d for d in glob.glob(os.path.join(root, "v*"))
+                  if all(os.path.isfile(os.path.join(d, name)) for name in CRD_FILES.values()))
+
+
+def _crd_params() -> list:
+    root, how = kuberay_crds_root()
+    found = _kuberay_crd_dirs(root)
+    if found:
+        return found
+    # Asked for by name, a wrong path is an error, not a skip.
+    return [None] if how == "beside the checkout" else [_MISNAMED]
+
+
+_MISNAMED = ""  # the parameter when $HETERO_RAY_KUBERAY_CRDS names a folder without CRDs
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,13 +219,25 @@ def _crd(folder: str, kind: str) -> dict:
         return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # ~1 MB: libyaml
 
 
-@pytest.fixture(params=_kuberay_crd_dirs() or [None], ids=lambda d: os.path.basename(d) if d else "no-crds")
+@pytest.fixture(params=_crd_params(), ids=lambda d: os.path.basename(d) if d else "no-crds")
 def crds(request):
     """The CRD of each kind in one KubeRay version's folder."""
+    if request.param == _MISNAMED:
+        root, how = kuberay_crds_root()
+        pytest.fail(f"{how}={root} holds no KubeRay version folder with {' and '.join(CRD_FILES.values())} "
+                    "(e.g. v1.5.2/); point it at the folder of version folders, or unset it")
     if request.param is None:
-        pytest.skip(f"no KubeRay CRDs in ${KUBERAY_CRDS_ENV_VAR} or {DEFAULT_KUBERAY_CRDS} (KubeRay's "
-                    "ray.io_rayclusters.yaml and ray.io_rayjobs.yaml, one folder per version, e.g. v1.5.2/)")
+        pytest.skip(f"KubeRay's CRDs are not part of this repository and none were found in {DEFAULT_KUBERAY_CRDS} "
+                    f"(one folder per KubeRay version, e.g. v1.5.2/, with {' and '.join(CRD_FILES.values())} "
+                    f"from ray-operator/config/crd/bases/ of that tag); put them there or set "
+                    f"${KUBERAY_CRDS_ENV_VAR} to their folder to run the schema checks")
     return {kind: _crd(request.param, kind) for kind in CRD_FILES}
+
+
+def test_the_crds_are_looked_for_beside_the_checkout_unless_named():
+    assert kuberay_crds_root({}) == (os.path.join(os.path.dirname(REPO_ROOT), "shared", "kuberay"),
+                                     "beside the checkout")
+    assert kuberay_crds_root({KUBERAY_CRDS_ENV_VAR: "/opt/crds"}) == ("/opt/crds", f"${KUBERAY_CRDS_ENV_VAR}")
 
 
 def test_the_schema_reading_follows_the_kubernetes_extensions():

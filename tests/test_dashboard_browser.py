@@ -6,8 +6,8 @@ the expected traces, follows the run and rank selection, and logs no console err
 Live: a training job runs on the session's Ray while the app (connected through its Ray
 bridge) shows it; new steps appear without a reload.
 
-Screenshots go to ``test-artifacts/`` (recipe: /work/shared/TESTING.md, "A Dash app in a
-real browser"; never ``playwright install``: CI installs chromium with ``make setup-browser``).
+Screenshots go to ``test-artifacts/``. The browser is the system's chromium, which
+``make setup-browser`` installs (never ``playwright install``).
 """
 
 from __future__ import annotations

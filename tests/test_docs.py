@@ -1,7 +1,9 @@
 """The documentation's links and commands: every relative link in the README, CHANGELOG,
-docs/ and cluster_configs/README.md reaches a file (and, for ``#anchor``, a heading of
-that file), and every command line in their shell blocks parses with the CLI it names. No Ray: the ``hetero-ray`` lines are parsed by the real argument parser in this
-process, and each distinct command's ``--help`` runs as a user would run it."""
+docs/, cluster_configs/README.md and examples/README.md reaches a file (and, for
+``#anchor``, a heading of that file), and every command line in their shell blocks parses
+with the CLI it names; examples/README.md lists every example. No Ray: the ``hetero-ray``
+lines are parsed by the real argument parser in this process, and each distinct command's
+``--help`` runs as a user would run it."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO_ROOT, "docs")
 PAGES = sorted(
     [os.path.join(REPO_ROOT, name) for name in ("README.md", "CHANGELOG.md")]
-    + [os.path.join(REPO_ROOT, "cluster_configs", "README.md")]
+    + [os.path.join(REPO_ROOT, "cluster_configs", "README.md"), os.path.join(REPO_ROOT, "examples", "README.md")]
     + [os.path.join(DOCS, name) for name in os.listdir(DOCS) if name.endswith(".md")]
 )
 COMMAND_LANGUAGES = {"bash", "sh", "console", "shell"}
@@ -132,6 +134,13 @@ def command_lines(page: str) -> list[list[str]]:
 
 
 README = os.path.join(REPO_ROOT, "README.md")
+
+
+def test_examples_readme_lists_every_example():
+    listed = _read(os.path.join(REPO_ROOT, "examples", "README.md"))
+    scripts = sorted(n for n in os.listdir(os.path.join(REPO_ROOT, "examples")) if n.endswith(".py"))
+    missing = [n for n in scripts if f"]({n})" not in listed or f"python examples/{n}" not in listed]
+    assert not missing, f"examples/README.md lacks a row and a command for: {', '.join(missing)}"
 
 
 def test_the_readme_has_commands_to_check():

@@ -1,7 +1,7 @@
 """Profiling a real Ray cluster: the session cluster, a node capped by a cgroup, the CLI.
 
 The cgroup test adds a second Ray node to the session cluster whose processes are capped
-at a third of a core (TESTING.md) and checks that profiling measures it clearly slower than
+at a third of a core (a cgroup v1 cpu quota) and checks that profiling measures it clearly slower than
 the head node without being told (about three times on an idle machine: the test prints the
 figure, benchmarks/cgroup_cluster.py measures it with the balancer).
 """

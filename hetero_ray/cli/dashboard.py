@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                            "outside it (default %(default)s)")
     parser.add_argument("--host", default=DEFAULT_HOST, help="interface to listen on (default %(default)s: this "
                                                              "machine only; anything else exposes the app)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="(default %(default)s)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default %(default)s)")
 
 
 def resolve_address(address: Optional[str]) -> tuple[Optional[str], str]:

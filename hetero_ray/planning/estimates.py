@@ -395,7 +395,7 @@ class ClusterEstimates:
         """The windows' busy times, each divided by its step's shared slowdown.
 
         When the machine slows down (a co-tenant, host contention, clock frequency), the
-        ranks it hosts slow down at the same steps: on the development VM, phases of ~20
+        ranks it hosts slow down at the same steps: on a shared 2-core VM, phases of ~20
         steps at ~1.4× on every rank at once. They do not change which split is best, but
         a window's median lands in the slow or the fast phase depending on how much of it
         the window holds, so for a while ranks look unequal by up to the whole phase and

@@ -23,7 +23,7 @@ from ray.train import ControllerError
 from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
 from hetero_ray.constants import METRICS_STORE_ROLE
-from hetero_ray.errors import TrainingFailed, UserError
+from hetero_ray.errors import LoopFailsEveryTime, TrainingFailed, UserError
 from hetero_ray.metrics.run_writer import DISK_FULL_ERRNOS, free_space
 from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.runtime import actors
@@ -87,10 +87,6 @@ class RunGuard(WorkerGroupCallback):
         except Exception:  # noqa: BLE001 - a store restarting or not up yet: ask again next poll
             self._asked = None
         return answer
-
-
-class LoopFailsEveryTime(UserError):
-    """The user's loop raised an exception that a restart would meet again."""
 
 
 @dataclass(frozen=True)
@@ -199,12 +195,14 @@ def _fatal_cause(error: BaseException) -> Optional[BaseException]:
 
 
 def failure_for_user(error: BaseException, run_dir: str, steps_on_disk: int) -> Exception:
-    """What to raise for a failed run: a UserError (exit 2) for bad input met by a worker,
-    a TrainingFailed with what, where and what to do for a full disk, else the error."""
+    """What to raise for a failed run: a UserError (exit 2) for bad input met by a worker
+    (a LoopFailsEveryTime stays one), a TrainingFailed with what, where and what to do for a
+    full disk, else the error."""
     cause = _fatal_cause(error)
     recorded = f"the run's files up to step {steps_on_disk} are in {run_dir}"
     if isinstance(cause, UserError):
-        return UserError(f"{cause} (the run stopped without retrying; {recorded})")
+        kind = LoopFailsEveryTime if isinstance(cause, LoopFailsEveryTime) else UserError
+        return kind(f"{cause} (the run stopped without retrying; {recorded})")
     if isinstance(cause, StoreWriteFailed):
         return TrainingFailed(f"training stopped: the metrics store could not write: {cause}; free space or "
                               f"choose another --output-dir; {recorded}")
