@@ -12,16 +12,21 @@ actors answered in-process.
   rank's upload, whichever one Ray Train would keep.
 
 :func:`run_in_session` makes the session (as ``training.session.start`` does, minus Ray)
-and runs the user's loop in it.
+and runs the user's loop in it; :func:`run_cases_on_ranks` runs a list of cases, each
+through its own sessions, on the ranks of one gloo group (spawning costs more than a case).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
+import traceback
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from hetero_ray.planning.plan import Plan
 from hetero_ray.training import session as session_module
@@ -148,3 +153,37 @@ def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_
     finally:
         session_module.stop()
     return result, store, ray_train
+
+
+def run_cases_on_ranks(run_case: Callable[[dict, int, str], dict], cases: list[dict], name_of: Callable[[dict], str],
+                       num_workers: int, out_dir: str) -> list[dict]:
+    """Every case on ``num_workers`` ranks of one real gloo group, in order; returns each
+    rank's ``{case name: run_case(case, rank, case folder)}``. A case that raises on a rank
+    stops the run there (the group's collectives are out of step after it), with its
+    traceback under its name. The ranks see Ray Train's environment variables (RANK,
+    WORLD_SIZE, …), which Accelerate reads."""
+    from tests.helpers import free_port
+
+    mp.spawn(_case_worker, args=(run_case, cases, name_of, num_workers, free_port(), out_dir), nprocs=num_workers,
+             join=True)
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(num_workers)]
+
+
+def _case_worker(rank: int, run_case, cases, name_of, num_workers: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(num_workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_workers)
+    results = {}
+    try:
+        for case in cases:
+            name = name_of(case)
+            try:
+                results[name] = run_case(case, rank, os.path.join(out_dir, name))
+            except Exception:  # noqa: BLE001 - reported under the case's name, then the run stops
+                results[name] = {"error": traceback.format_exc()}
+                raise
+            gc.collect()  # a case's optimisers and scalers must not be found by the next one's copy
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()

@@ -18,19 +18,15 @@ The ranks run in one set of processes for all cases (spawning costs more than th
 from __future__ import annotations
 
 import collections
-import gc
 import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hetero_ray.errors import UserError
 from tests import promise_matrix as matrix
-from tests.helpers import free_port
-from tests.inprocess_session import ScriptedPlanner, run_in_session
+from tests.inprocess_session import ScriptedPlanner, run_cases_on_ranks, run_in_session
 
 pytestmark = pytest.mark.slow
 
@@ -71,30 +67,10 @@ def _run_case(case: dict, rank: int, storage: str) -> dict:
             "uploads": [r["checkpoint"] for r in reports if r["checkpoint"]]}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)  # three processes share two cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=matrix.NUM_WORKERS)
-    results = {}
-    try:
-        for case in CASES:
-            name = matrix.case_name(case)
-            try:
-                results[name] = _run_case(case, rank, os.path.join(out_dir, name))
-            except Exception:  # noqa: BLE001 - reported per case, the other cases still run
-                results[name] = {"error": traceback.format_exc()}
-                raise  # the group's collectives are out of step after a failure: stop here
-            gc.collect()
-    finally:
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def per_rank(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("promise_matrix")
-    mp.spawn(_worker, args=(free_port(), str(out_dir)), nprocs=matrix.NUM_WORKERS, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(matrix.NUM_WORKERS)]
+    return run_cases_on_ranks(_run_case, CASES, matrix.case_name, matrix.NUM_WORKERS, str(out_dir))
 
 
 def _largest_difference(a, b) -> float:

@@ -14,20 +14,14 @@ probe tokens are none of it), and every sample once per epoch.
 from __future__ import annotations
 
 import collections
-import gc
 import os
-import traceback
 
 import pytest
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 transformers = pytest.importorskip("transformers")
 
 from tests.hf_models import EPOCHS, SEED, make_dataset, make_model, one_device_trainer, training_args  # noqa: E402
-from tests.helpers import free_port  # noqa: E402
-from tests.inprocess_session import ScriptedPlanner, run_in_session  # noqa: E402
+from tests.inprocess_session import ScriptedPlanner, run_cases_on_ranks, run_in_session  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -75,35 +69,18 @@ def hf_loop(config: dict) -> dict:
             "tokens_seen": trainer.state.num_input_tokens_seen}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(NUM_WORKERS), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(NUM_WORKERS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=NUM_WORKERS)
-    results = {}
-    try:
-        for case in CASES:
-            name = case_name(case)
-            try:
-                result, store, _ = run_in_session(
-                    hf_loop, {"case": case, "output_dir": os.path.join(out_dir, name, f"rank{rank}")}, rank=rank,
-                    num_workers=NUM_WORKERS, global_batch_size=GLOBAL_BATCH, planner=ScriptedPlanner(PLANS[case["plan"]]),
-                    storage=os.path.join(out_dir, name, "storage"), seed=SEED)
-                results[name] = {**result, "sample_ids": [(r["epoch"], r["sample_indices"]) for r in store.sample_ids]}
-            except Exception:  # noqa: BLE001 - reported per case; the group is out of step after it
-                results[name] = {"error": traceback.format_exc()}
-                raise
-            gc.collect()
-    finally:
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.destroy_process_group()
+def _run_case(case: dict, rank: int, case_dir: str) -> dict:
+    result, store, _ = run_in_session(
+        hf_loop, {"case": case, "output_dir": os.path.join(case_dir, f"rank{rank}")}, rank=rank,
+        num_workers=NUM_WORKERS, global_batch_size=GLOBAL_BATCH, planner=ScriptedPlanner(PLANS[case["plan"]]),
+        storage=os.path.join(case_dir, "storage"), seed=SEED)
+    return {**result, "sample_ids": [(r["epoch"], r["sample_indices"]) for r in store.sample_ids]}
 
 
 @pytest.fixture(scope="module")
 def per_rank(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("promise_matrix_hf")
-    mp.spawn(_worker, args=(free_port(), str(out_dir)), nprocs=NUM_WORKERS, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(NUM_WORKERS)]
+    return run_cases_on_ranks(_run_case, CASES, case_name, NUM_WORKERS, str(out_dir))
 
 
 def _largest(a: dict, b: dict) -> float:
