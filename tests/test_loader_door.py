@@ -16,6 +16,7 @@ from hetero_ray.errors import UserError
 from hetero_ray.training import loader_door
 from hetero_ray.training.evaluation_loader import EvaluationLoader, RankShard
 from hetero_ray.training.loader import lookahead_steps
+from hetero_ray.training.session import LoopParts
 
 OPTIONS = dict(loader_door.DATA_OPTION_DEFAULTS)
 
@@ -23,7 +24,7 @@ OPTIONS = dict(loader_door.DATA_OPTION_DEFAULTS)
 def _session(rank=0, num_workers=2, global_batch_size=8, loader=None):
     said = []
     return SimpleNamespace(
-        parts=SimpleNamespace(loader=loader), said=said, log=said.append,
+        parts=LoopParts(loader=loader), said=said, log=said.append,
         identity=SimpleNamespace(rank=rank, num_workers=num_workers, device=torch.device("cpu")),
         settings=SimpleNamespace(global_batch_size=global_batch_size, seed=0))
 

@@ -257,16 +257,15 @@ def _on_hetero_shares(base: type) -> type:
         def evaluate(self, *args, **kwargs):
             # Every rank evaluates (the Trainer gathers the results): a rank the plan left out
             # first takes rank 0's state, or it would evaluate its own stale weights.
-            loader = _session_of_trainer().parts.loader
-            if loader is not None:
-                loader.copy_state_to_left_out_ranks()
+            _session_of_trainer().parts.copy_state_to_left_out_ranks()
             return super().evaluate(*args, **kwargs)
 
         def _track_num_input_tokens(self, inputs):
             # A probe's tokens are no data (a rank the plan leaves out): it joins the Trainer's
             # gather of the count with none.
-            loader = _session_of_trainer().parts.loader
-            if loader is not None and loader.is_probe_step and isinstance(inputs, dict):
+            from hetero_ray.train.worker import is_probe_step
+
+            if is_probe_step() and isinstance(inputs, dict):
                 inputs = {name: value[:0] if torch.is_tensor(value) else value for name, value in inputs.items()}
             return super()._track_num_input_tokens(inputs)
 

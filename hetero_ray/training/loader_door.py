@@ -130,11 +130,5 @@ def _evaluation_loader(session: WorkerSession, dataset, options: dict[str, Any],
         batch_size=batch_size, shuffle=options["shuffle"], seed=session.settings.seed,
         collate_fn=options["collate_fn"], loader_workers=options["num_workers"], pin_memory=options["pin_memory"],
         prefetch_factor=options["prefetch_factor"], drop_last=options["drop_last"], move_to_device=move_to_device,
-        worker_init_fn=options["worker_init_fn"], before_iteration=lambda: _copy_state_to_left_out_ranks(session),
+        worker_init_fn=options["worker_init_fn"], before_iteration=session.parts.copy_state_to_left_out_ranks,
     )
-
-
-def _copy_state_to_left_out_ranks(session: WorkerSession) -> None:
-    training = session.parts.loader
-    if training is not None:
-        training.copy_state_to_left_out_ranks()

@@ -57,9 +57,9 @@ class StaleRanks:
     def __bool__(self) -> bool:
         return bool(self.ranks)
 
-    def copied(self, still_out=()) -> None:
-        """Every rank holds rank 0's state now; ranks ``still_out`` fall behind again at once."""
-        self.ranks = set(still_out)
+    def copied(self) -> None:
+        """Every rank holds rank 0's state now (a rank still out falls behind at its next step)."""
+        self.ranks = set()
 
 
 @torch.no_grad()

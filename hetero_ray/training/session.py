@@ -101,6 +101,12 @@ class LoopParts:
     loader: Optional["PlanFollowingLoader"] = None  # prepare_data_loader's (training/loader.py)
     model: Optional["PreparedModel"] = None  # prepare_model's (training/model_prep.py)
 
+    def copy_state_to_left_out_ranks(self) -> None:
+        """Collective while a rank is behind rank 0 (see the training loader's method of
+        that name); nothing to do without a training loader."""
+        if self.loader is not None:
+            self.loader.copy_state_to_left_out_ranks()
+
 
 @dataclass(frozen=True)
 class WorkerSession:

@@ -43,7 +43,7 @@ def token_weighted_loss(session, loss_sum: torch.Tensor, num_tokens) -> torch.Te
         return loss_sum * 0.0
     if weight == 0:
         tokens.zero_()  # a short window's one sample of weight 0: its tokens are nobody's
-    if state is None or state.group_size is None or state.group_size > 1:
+    if state is None or not state.alone:
         dist.all_reduce(tokens, group=state.process_group if state is not None else None)
     total_tokens = float(tokens.item())
     if total_tokens <= 0 or weight == 0:

@@ -81,6 +81,11 @@ class WeightedAllReduceState:
         self.process_group, self.group_size, self.takes_part = process_group, group_size, takes_part
 
     @property
+    def alone(self) -> bool:
+        """Whether this rank is the only one in the plan's group: nothing to all-reduce with."""
+        return self.group_size is not None and self.group_size <= 1
+
+    @property
     def weight(self) -> float:
         if self.in_step is None or self.in_step():
             return self._step_weight
@@ -101,7 +106,7 @@ def weighted_allreduce_hook(
         state.backward_passes += 1
     tensor = bucket.buffer()
     on_reduced = state.on_bucket_reduced
-    if not state.takes_part or (state.group_size is not None and state.group_size <= 1):
+    if not state.takes_part or state.alone:
         # Left out: a zero gradient, no all-reduce. Alone in the group: its gradient is the
         # global batch's already (w = 1).
         tensor.mul_(state.weight * state.grad_scale if state.takes_part else 0.0)
