@@ -16,6 +16,12 @@ RAY_NAMESPACE = "hetero_ray"
 PLANNER_ROLE = "planner"
 METRICS_STORE_ROLE = "metrics_store"
 
+
+def data_feed_role(dataset_name: str) -> str:
+    """The role of the feed that reads ``HeteroTrainer(datasets={dataset_name: ...})``."""
+    return f"data-{dataset_name}"
+
+
 # How long rank 0 waits for the planner's latest plan before keeping the current one.
 # Training must not stall on a slow or restarting actor; the next interval retries.
 PLAN_FETCH_TIMEOUT_S_ENV_VAR = "HETERO_RAY_PLAN_FETCH_TIMEOUT_S"

@@ -129,13 +129,16 @@ class LocalRayTrain:
 
 
 def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_workers: int, global_batch_size: int,
-                   planner: ScriptedPlanner, storage: str, seed: int = 0, restored_checkpoint: Optional[str] = None):
+                   planner: ScriptedPlanner, storage: str, seed: int = 0, restored_checkpoint: Optional[str] = None,
+                   data_feeds: Optional[dict] = None):
     """Runs ``loop(config)`` as ``train_loop_per_worker`` on this rank of the gloo group;
-    returns (what it returned, the store, the Ray Train stand-in)."""
+    returns (what it returned, the store, the Ray Train stand-in). ``data_feeds``: the
+    feeds of ``get_dataset_shard`` by dataset name (actor handles)."""
     from hetero_ray.training.reporting import read_state
 
     settings = WorkerSettings(experiment_name="in-process", global_batch_size=global_batch_size, seed=seed,
-                              rebalance_interval=1, device_mode="cpu", record_sample_ids=True)
+                              rebalance_interval=1, device_mode="cpu", record_sample_ids=True,
+                              data_feeds=list(data_feeds or ()))
     identity = WorkerIdentity(
         rank=rank, num_workers=num_workers, local_rank=rank, device=torch.device("cpu"), node_id=f"node-{rank}",
         attempt=0, rank_node_ids=tuple(f"node-{r}" for r in range(num_workers)),
@@ -146,7 +149,8 @@ def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_
     restored = read_state(ray_train.get_checkpoint()) if restored_checkpoint else None
     session = WorkerSession(settings=settings, identity=identity, store=Handle(store), planner=Handle(planner),
                             recorder=StepRecorder(Handle(store), 0.0, extra_sinks=[Handle(planner)]),
-                            restored=restored, groups=Groups(num_workers), ray_train=ray_train)
+                            restored=restored, groups=Groups(num_workers), ray_train=ray_train,
+                            data_feeds=dict(data_feeds or {}))
     session_module._CURRENT = session
     try:
         result = loop(config)

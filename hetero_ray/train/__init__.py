@@ -21,8 +21,8 @@ use :func:`token_weighted_loss`. A share past the device's memory takes
 from __future__ import annotations
 
 from hetero_ray.train.worker import (
-    get_checkpoint, get_context, get_device, is_probe_step, micro_batches, prepare_data_loader, prepare_model, report,
-    token_weighted_loss,
+    get_checkpoint, get_context, get_dataset_shard, get_device, is_probe_step, micro_batches, prepare_data_loader,
+    prepare_model, report, token_weighted_loss,
 )
 
 
@@ -39,4 +39,5 @@ def prepare_trainer(trainer):
 
 
 __all__ = ["prepare_model", "prepare_data_loader", "prepare_trainer", "report", "get_checkpoint", "get_context",
+           "get_dataset_shard",
            "get_device", "is_probe_step", "micro_batches", "token_weighted_loss"]

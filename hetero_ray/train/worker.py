@@ -88,6 +88,30 @@ def prepare_data_loader(data, *, collate_fn=None, num_workers: int = 0, pin_memo
                    evaluation=evaluation)
 
 
+def get_dataset_shard(dataset_name: Optional[str] = None):
+    """A dataset given to ``HeteroTrainer(datasets=...)``, as ``ray.train.get_dataset_shard``.
+
+    ``"train"`` follows the run's plan: each ``iter_torch_batches()`` / ``iter_batches()``
+    runs the rest of one epoch, and yields at each global step this rank's share of the
+    step's ``HeteroConfig.global_batch_size`` rows (every row once per epoch across the
+    ranks, also across plan changes and a resume from a checkpoint: start your epoch loop
+    at ``shard.epoch``). Its ``batch_size=`` is per worker, as in Ray Train, and says what
+    the shares mean instead; ``device``, ``dtypes``, ``collate_fn``, ``drop_last``,
+    ``local_shuffle_buffer_size`` (rows shuffled within blocks of that many, anew each
+    epoch) and ``prefetch_batches`` are Ray Data's. Any other dataset is Ray Train's shard,
+    for evaluation: every row once across the ranks.
+
+    Args:
+        dataset_name: the key in ``datasets``; may be left out when there is one.
+
+    Raises:
+        UserError: no dataset of that name, or bad iteration arguments (before any step).
+    """
+    from hetero_ray.training.dataset_shard import get_dataset_shard as shard
+
+    return shard(_session.current("get_dataset_shard"), dataset_name)
+
+
 def report(metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:
     """``ray.train.report`` for hetero_ray: the metrics reach Ray Train's ``Result`` and the
     run's ``reports`` table; a checkpoint also carries the sampler position, the plan and

@@ -86,9 +86,10 @@ class PlanFollowingLoader:
     def __init__(self, session: WorkerSession, dataset, *, collate_fn=None, num_workers: int = 0,
                  pin_memory: bool = False, prefetch_factor: Optional[int] = None, shuffle: bool = True,
                  drop_last: bool = False, move_to_device: bool = True, worker_init_fn=None,
-                 plan_lookahead_steps: Optional[int] = None):
+                 plan_lookahead_steps: Optional[int] = None, order_facts: Optional[dict] = None):
         settings = session.settings
         self._session = session
+        self._order_facts = order_facts or {}  # what else the order depends on (a Ray Data feed's settings)
         self.sampler = _LoaderSampler(self, len(dataset), settings.global_batch_size, settings.seed, drop_last,
                                       shuffle)
         check_data_matches(session.restored, self.data_order())
@@ -101,7 +102,7 @@ class PlanFollowingLoader:
         if self.lookahead_steps < own:
             raise RuntimeError(f"plans agreed {self.lookahead_steps} steps ahead, but this rank's DataLoader "
                                f"asks for indices {own} steps ahead")
-        self._move_to_device = move_to_device
+        self.move_to_device = move_to_device  # each batch's tensors to this rank's device
         self._plans: list[tuple[int, Plan]] = []  # (first global step, plan), in step order
         self._probe_sizes: dict[int, int] = {}  # first global step of a plan → this rank's probe under it (0: in)
         # Each rank's memory cap (largest batch its device holds; None: unknown), agreed with the plans.
@@ -123,7 +124,7 @@ class PlanFollowingLoader:
         """What the order of samples depends on; a restored position needs the same."""
         s = self.sampler
         return {"num_samples": s.num_samples, "global_batch_size": s.global_batch_size, "seed": s.seed,
-                "shuffle": s.shuffle, "drop_last": s.drop_last}
+                "shuffle": s.shuffle, "drop_last": s.drop_last, **self._order_facts}
 
     @property
     def epoch(self) -> int:
@@ -206,7 +207,7 @@ class PlanFollowingLoader:
         batch = next(batches)
         if identity.device.type == "cuda":
             timeline.mark(timing.HOST_BATCH_READY)
-        if self._move_to_device:
+        if self.move_to_device:
             # Asynchronously from pinned memory.
             batch = map_tensors(batch, lambda t: t.to(identity.device, non_blocking=True))
         timeline.mark(timing.DATA_READY)

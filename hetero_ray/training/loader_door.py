@@ -5,7 +5,7 @@ torch ``DataLoader``, for training or for evaluation.
   ``collate_fn``, ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``worker_init_fn``,
   ``drop_last``, and whether its sampler shuffles. Its ``batch_size`` is per worker, as in
   Ray Train; for training each rank takes its share of ``HeteroConfig.global_batch_size``
-  instead, and rank 0 says so once (see :func:`_say_batch_size`).
+  instead, and rank 0 says so once (see :func:`say_batch_size`).
 - The first call on a worker makes the training loader, which follows the run's plan
   (:mod:`hetero_ray.training.loader`); later ones make evaluation loaders
   (:mod:`hetero_ray.training.evaluation_loader`), as Ray Train's examples call
@@ -51,7 +51,7 @@ def prepare(session: WorkerSession, data, options: dict[str, Any], *, move_to_de
         return _evaluation_loader(session, data, options, batch_size, move_to_device)
     loader = make_loader(session, data, move_to_device=move_to_device, **options)
     if batch_size is not None:
-        _say_batch_size(session, batch_size)
+        say_batch_size(session, batch_size)
     return loader
 
 
@@ -90,7 +90,7 @@ def _shuffles(sampler) -> bool:
                     "DataLoader(dataset, batch_size=..., shuffle=True or False), or pick the samples in the dataset")
 
 
-def _say_batch_size(session: WorkerSession, batch_size: int) -> None:
+def say_batch_size(session: WorkerSession, batch_size: int, whose: str = "prepare_data_loader: the DataLoader's") -> None:
     """Rank 0 says once what the DataLoader's per-worker ``batch_size`` becomes.
 
     Not an error when ``batch_size × num_workers`` differs from the global batch: with
@@ -102,11 +102,11 @@ def _say_batch_size(session: WorkerSession, batch_size: int) -> None:
     n, global_batch = session.identity.num_workers, session.settings.global_batch_size
     product = batch_size * n
     if product == global_batch:
-        session.log(f"prepare_data_loader: the DataLoader's batch_size {batch_size} per worker × {n} workers is "
+        session.log(f"{whose} batch_size {batch_size} per worker × {n} workers is "
                     f"HeteroConfig.global_batch_size {global_batch}; each rank takes its share of every global "
                     "batch, sized to its device's speed")
     elif session.identity.rank == 0:
-        logger.warning(f"prepare_data_loader: the DataLoader's batch_size {batch_size} per worker × {n} workers = "
+        logger.warning(f"{whose} batch_size {batch_size} per worker × {n} workers = "
                        f"{product}, but HeteroConfig.global_batch_size is {global_batch}: each step trains on "
                        f"{global_batch} samples, every rank taking its share (sized to its device's speed); set "
                        f"HeteroConfig(global_batch_size={product}) to keep the DataLoader's step")

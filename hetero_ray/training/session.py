@@ -34,7 +34,7 @@ import torch
 
 from hetero_ray.constants import (
     DEFAULT_PLAN_FETCH_TIMEOUT_S, DEFAULT_RECORD_FLUSH_INTERVAL_S, METRICS_STORE_ROLE, PLAN_FETCH_TIMEOUT_S_ENV_VAR,
-    PLANNER_ROLE, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, actor_name, env_float,
+    PLANNER_ROLE, RAY_NAMESPACE, RECORD_FLUSH_INTERVAL_S_ENV_VAR, actor_name, data_feed_role, env_float,
 )
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan, equal_split
@@ -82,6 +82,10 @@ class WorkerSettings:
     first_plan_wait_s: float = 0.0
     allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/reporting.py)
     tables_to_uri: bool = False  # URI storage: the tables reach it before each checkpoint (training/reporting.py)
+    # HeteroTrainer(datasets=...): the one that follows the plan, read from the run's feed
+    # actor of its name, and those Ray Train splits for evaluation (training/dataset_shard.py).
+    data_feeds: Optional[list[str]] = None
+    evaluation_datasets: Optional[list[str]] = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -130,6 +134,8 @@ class WorkerSession:
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
     # Ray Train's worker API (report, get_checkpoint); in-process runs without Ray give their own.
     ray_train: Any = ray.train
+    data_feeds: dict[str, Any] = field(default_factory=dict)  # dataset name → its feed (training/data_feed.py)
+    shards: dict[str, Any] = field(default_factory=dict)  # get_dataset_shard's, made once per name
 
     @property
     def restored_position(self) -> Position:
@@ -250,6 +256,7 @@ def start(settings: WorkerSettings, restored: Optional[dict]) -> WorkerSession:
     session = WorkerSession(
         settings=settings, identity=identity, store=store, planner=planner, recorder=recorder, restored=restored,
         speeds=speeds, emulator=emulator, rank_fits=rank_fits, groups=Groups(identity.num_workers),
+        data_feeds={name: _run_actor(settings, data_feed_role(name)) for name in settings.data_feeds or ()},
     )
     if isinstance(emulator, CurveEmulator):  # the loader begins a step before it knows the share
         parts = session.parts
