@@ -30,7 +30,7 @@ import signal
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import ray
-from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, DataConfig, FailureConfig, Result, RunConfig, ScalingConfig
 
 from hetero_ray.config import _EXPERIMENT_NAME, default_experiment_name
 from hetero_ray.constants import (
@@ -47,6 +47,7 @@ from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.job import API_JOB, JobFacts
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
+from hetero_ray.runtime.ray_data import RunDatasets
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
 
@@ -66,6 +67,12 @@ class HeteroTrainer:
         run_config: the run's name (the experiment's name everywhere: Ray Train, actors,
             files), its storage, failure and checkpoint settings, callbacks.
         hetero_config: the global batch and how it is shared out.
+        datasets: Ray Data datasets by name, as for ``TorchTrainer``; the loop reads them
+            with ``hetero_ray.train.get_dataset_shard(name)``. ``"train"`` follows the plan:
+            each rank reads its share of every global batch, every row once per epoch.
+            Every other one is split by Ray Train for evaluation, every row once.
+        dataset_config: a ``ray.train.DataConfig`` (which datasets Ray Train splits, its
+            execution options), as for ``TorchTrainer``.
         torch_config: the process group's settings (``ray.train.torch.TorchConfig``), as
             for ``TorchTrainer``; ``backend="nccl"`` needs ``ScalingConfig(use_gpu=True)``.
         emit: where the driver's progress lines and warnings go, one ``[hetero_ray] …`` line
@@ -80,6 +87,7 @@ class HeteroTrainer:
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
                  scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
                  hetero_config: Optional[HeteroConfig] = None, torch_config: Optional[TorchConfig] = None,
+                 datasets: Optional[dict] = None, dataset_config: Optional[DataConfig] = None,
                  emit: Callable[[str], None] = print, _job: JobFacts = API_JOB):
         if not callable(train_loop_per_worker):
             raise ConfigError(f"train_loop_per_worker must be a function, got {type(train_loop_per_worker).__name__}")
@@ -94,6 +102,7 @@ class HeteroTrainer:
         if not isinstance(scaling_config, ScalingConfig) or not isinstance(run_config, RunConfig):
             raise ConfigError("scaling_config and run_config must be ray.train.ScalingConfig and ray.train.RunConfig")
         _check_torch_config(torch_config, scaling_config)
+        self._datasets = RunDatasets(datasets, dataset_config)
         self._min_workers, self._max_workers = _worker_range(scaling_config.num_workers)
         hetero_config.check_workers(self._max_workers)
         self._emulate_devices = None  # each rank's curve, read from the profiles now: bad input fails here
@@ -203,6 +212,7 @@ class HeteroTrainer:
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,
             allow_non_finite_loss=hetero.allow_non_finite_loss, tables_to_uri=run.remote_run_uri is not None,
             end_global_step=self._job.total_steps,
+            data_feeds=list(self._datasets.feeds), evaluation_datasets=list(self._datasets.evaluation),
         )
         user = self._run_config
         run_config = RunConfig(
@@ -218,7 +228,8 @@ class HeteroTrainer:
         if hetero.worker_devices is not None:
             scaling = dataclasses.replace(scaling, label_selector=hetero.label_selectors())
         return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
-                            torch_config=self._torch_config, scaling_config=scaling, run_config=run_config)
+                            torch_config=self._torch_config, scaling_config=scaling, run_config=run_config,
+                            datasets=self._datasets.evaluation or None, dataset_config=self._datasets.data_config())
 
     def _probe_batch_sizes(self) -> list[int]:
         hetero = self._hetero
@@ -252,6 +263,7 @@ class HeteroTrainer:
             total_steps=job.total_steps,
             final_model=job.final_model,
             remote_run_uri=run.remote_run_uri,
+            data_feeds=self._datasets.feeds,
         )
 
     def _interrupted(self, run: storage.RunStorage, signum: int, summary: dict[str, Any]) -> RunInterrupted:

@@ -19,34 +19,20 @@ import torch
 
 from hetero_ray.constants import RAY_NAMESPACE
 from tests.inprocess_session import ScriptedPlanner, run_cases_on_ranks, run_in_session
+from tests.ray_data_jobs import SEED, augment, features, make_model, one_device
 
 pytestmark = pytest.mark.slow
 
-NUM_WORKERS, NUM_ROWS, GLOBAL_BATCH, EPOCHS, SEED = 3, 70, 16, 2, 5  # 5 steps an epoch, the last of 6 rows
+NUM_WORKERS, NUM_ROWS, GLOBAL_BATCH, EPOCHS = 3, 70, 16, 2  # 5 steps an epoch, the last of 6 rows
 FEED_NAME = "test-ray-data/data-train"
 PLANS = {
     "change": {0: (6, 6, 4), 2: (10, 4, 2), 7: (2, 4, 10)},
     "out_and_back": {0: (6, 6, 4), 1: (10, 0, 6), 3: (12, 0, 4), 6: (6, 6, 4)},  # rank 1 out at steps 1–5
     "resume": {0: (6, 6, 4), 3: (4, 4, 8)},  # stopped after global step 2 (mid-epoch 0), resumed
+    "misuse": {0: (6, 6, 4)},
 }
 SHUFFLE = {"change": None, "out_and_back": 20, "resume": 8}
 STOP_AFTER = 3  # the resume case's first session trains this many steps
-
-
-def _features(batch: dict) -> dict:
-    ids = batch["id"].astype(np.float64)
-    x = np.stack([np.sin(ids * 0.37), np.cos(ids * 0.11), np.sin(ids * 0.05 + 1.0), (ids % 7) / 7.0], axis=1)
-    return {"id": batch["id"], "x": x, "y": (x @ np.array([0.5, -1.0, 0.25, 2.0]))[:, None]}
-
-
-def _augment(batch: dict) -> dict:
-    return {**batch, "x": batch["x"] * 1.5 + 0.1}  # a transform the pipeline runs on the cluster
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(SEED)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
-                               torch.nn.Linear(8, 1)).double()
 
 
 def data_loop(config: dict) -> dict:
@@ -81,6 +67,30 @@ def data_loop(config: dict) -> dict:
     return {"steps": steps, "params": {k: v.detach().clone() for k, v in model.module.state_dict().items()}}
 
 
+def misuse_loop(config: dict) -> dict:
+    """What a loop can get wrong, each said before a step trains."""
+    import hetero_ray.train
+    from hetero_ray.errors import UserError
+
+    model = hetero_ray.train.prepare_model(make_model())
+    said = {}
+    try:
+        hetero_ray.train.get_dataset_shard("training")
+    except UserError as e:
+        said["name"] = str(e)
+    shard = hetero_ray.train.get_dataset_shard("train")
+    try:
+        for first, second in zip(shard.iter_torch_batches(), shard.iter_torch_batches()):
+            model(first["x"]).sum().backward()
+    except UserError as e:
+        said["twice"] = str(e)
+    try:
+        shard.iter_torch_batches(local_shuffle_buffer_size=0)
+    except UserError as e:
+        said["buffer"] = str(e)
+    return {"said": said}
+
+
 def _run_case(case: dict, rank: int, case_dir: str) -> dict:
     import ray
 
@@ -90,6 +100,9 @@ def _run_case(case: dict, rank: int, case_dir: str) -> dict:
     common = dict(rank=rank, num_workers=NUM_WORKERS, global_batch_size=GLOBAL_BATCH,
                   planner=ScriptedPlanner(PLANS[case["plan"]]), storage=os.path.join(case_dir, "storage"), seed=SEED,
                   data_feeds=feeds)
+    if case["plan"] == "misuse":
+        result, _, _ = run_in_session(misuse_loop, {}, **common)
+        return result
     config = {"shuffle": SHUFFLE[case["plan"]]}
     if case["plan"] != "resume":
         result, _, _ = run_in_session(data_loop, config, **common)
@@ -111,12 +124,12 @@ def per_rank(ray_session, tmp_path_factory) -> list[dict]:
 
     ray = ray_session
     folder = str(tmp_path_factory.mktemp("parquet"))
-    ray.data.range(NUM_ROWS, override_num_blocks=4).map_batches(_features).write_parquet(folder)
-    dataset = ray.data.read_parquet(folder).map_batches(_augment)
+    ray.data.range(NUM_ROWS, override_num_blocks=4).map_batches(features).write_parquet(folder)
+    dataset = ray.data.read_parquet(folder).map_batches(augment)
     feed = ray.remote(DataFeed).options(name=FEED_NAME, namespace=RAY_NAMESPACE, num_cpus=0,
                                         max_concurrency=8).remote(dataset, "train", read_batch_size=7)
     address = ray.get_runtime_context().gcs_address
-    cases = [{"plan": plan, "address": address} for plan in PLANS]
+    cases = [{"plan": plan, "address": address} for plan in [*PLANS, "misuse"]]
     try:
         return run_cases_on_ranks(_run_case, cases, _case_name, NUM_WORKERS,
                                   str(tmp_path_factory.mktemp("ray_data_cases")))
@@ -124,24 +137,7 @@ def per_rank(ray_session, tmp_path_factory) -> list[dict]:
         ray.kill(feed)
 
 
-def _rows() -> dict:
-    ids = {"id": np.arange(NUM_ROWS)}
-    return _augment(_features(ids))
-
-
-def _one_device(global_batches: list[list[int]]) -> dict:
-    rows = _rows()
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for ids in global_batches:
-        x, y = torch.from_numpy(rows["x"][ids]), torch.from_numpy(rows["y"][ids])
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model.state_dict()
-
-
-@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("plan", ["change", "out_and_back", "resume"])
 def test_every_row_once_and_one_devices_weights(per_rank, plan):
     results = [rank[plan] for rank in per_rank]
     assert all("error" not in r for r in results), [r.get("error") for r in results]
@@ -159,7 +155,7 @@ def test_every_row_once_and_one_devices_weights(per_rank, plan):
     assert [len(b) for b in global_batches] == ([GLOBAL_BATCH] * 4 + [6]) * EPOCHS
     if SHUFFLE[plan]:  # a new order each epoch
         assert epochs[0] != epochs[1]
-    expected = _one_device(global_batches)
+    expected = one_device(NUM_ROWS, global_batches)
     for rank, result in enumerate(results):
         for name, value in expected.items():
             difference = (result["params"][name].double() - value.double()).abs().max().item()
@@ -170,3 +166,11 @@ def test_a_left_out_rank_reads_only_probes(per_rank):
     steps = per_rank[1]["out_and_back"]["steps"]
     assert [ids for _, ids in steps[1:6]] == [[]] * 5  # left out at steps 1–5: nothing trained
     assert steps[6][1]  # and back
+
+
+def test_bad_use_of_a_shard_is_said_before_a_step_trains(per_rank):
+    for rank in per_rank:
+        said = rank["misuse"]["said"]
+        assert "no dataset of that name (given: 'train')" in said["name"]
+        assert "resumed after a newer one began" in said["twice"]
+        assert "local_shuffle_buffer_size must be a positive integer" in said["buffer"]

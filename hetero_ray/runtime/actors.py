@@ -22,11 +22,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from hetero_ray.constants import (
     DEFAULT_PARQUET_FLUSH_INTERVAL_S, DEFAULT_STORE_MAX_RECENT_STEPS, METRICS_STORE_ROLE,
     PARQUET_FLUSH_INTERVAL_S_ENV_VAR, PLANNER_ROLE, RAY_NAMESPACE, STORE_MAX_RECENT_STEPS_ENV_VAR, actor_name,
-    env_float,
+    data_feed_role, env_float,
 )
 from hetero_ray.errors import TrainingFailed, UserError
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.runtime.planner_actor import PlannerActor
+from hetero_ray.training.data_feed import DataFeed
 
 EXPERIMENT_ROLES = (METRICS_STORE_ROLE, PLANNER_ROLE)  # what every run starts
 _KILL_WAIT_S = 30.0  # a killed actor is gone in well under a second; this only bounds a hung GCS
@@ -64,13 +65,15 @@ def _name_taken(experiment_name: str, option: str, actor_names: list[str]) -> st
 
 
 def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
-                node_id: Optional[str] = None, wait: bool = True, **kwargs: Any) -> "ray.actor.ActorHandle":
+                node_id: Optional[str] = None, wait: bool = True, max_concurrency: int = 1,
+                **kwargs: Any) -> "ray.actor.ActorHandle":
     """Starts the experiment's actor for ``role`` and returns once it is up.
 
     Args:
         node_id: pin the actor to this node (e.g. the driver's, where the run directory is).
         wait: False returns at once (its name is taken already); :func:`wait_until_started`
             then waits, so that two actors start side by side.
+        max_concurrency: calls it serves at once, in threads (it then locks its own state).
 
     Raises:
         UserError: the name is taken: another run of this experiment started in the moment
@@ -84,6 +87,7 @@ def start_actor(cls: type, experiment_name: str, role: str, *args: Any,
         num_cpus=0,
         max_restarts=-1,
         max_task_retries=-1,
+        max_concurrency=max_concurrency,
     )
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
@@ -142,6 +146,13 @@ def start_planner(experiment_name: str, run_dir: str, node_id: str, **planner_kw
     store = get_actor(experiment_name, METRICS_STORE_ROLE)
     return start_actor(PlannerActor, experiment_name, PLANNER_ROLE, store, run_dir, node_id=node_id,
                        **planner_kwargs)
+
+
+def start_data_feed(experiment_name: str, dataset_name: str, dataset, node_id: str):
+    """The feed of a Ray Data dataset that follows the plan (:class:`DataFeed`); it serves
+    every rank's request of a step at once. Not waited for: the first request waits."""
+    return start_actor(DataFeed, experiment_name, data_feed_role(dataset_name), dataset, dataset_name,
+                       node_id=node_id, wait=False, max_concurrency=16)
 
 
 def kill_actor(handle) -> None:

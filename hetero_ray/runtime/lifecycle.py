@@ -55,6 +55,7 @@ class RunSpec:
     # run's model file (the built-in job); None: a user's loop keeps its own checkpoints.
     final_model: Optional[Callable[[str], Any]] = None
     remote_run_uri: Optional[str] = None  # URI storage: the tables are copied there (each checkpoint, the end)
+    data_feeds: Optional[dict[str, Any]] = None  # Ray Data datasets that follow the plan, by name (runtime/ray_data.py)
 
 
 class Finished(NamedTuple):
@@ -79,11 +80,14 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
     # The two start side by side (each is a process importing torch: seconds).
     store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri, wait=False)
     planner = None
+    feeds: list = []
     try:
+        feeds = [actors.start_data_feed(spec.experiment_name, name, dataset, node_id)
+                 for name, dataset in (spec.data_feeds or {}).items()]
         planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
         actors.wait_until_started(store, actor_name(spec.experiment_name, METRICS_STORE_ROLE))
     except BaseException:
-        for actor in (planner, store):  # the run's name must not stay taken
+        for actor in (planner, store, *feeds):  # the run's name must not stay taken
             if actor is not None:
                 actors.kill_actor(actor)
         raise
@@ -119,7 +123,7 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
                                           final_model=spec.final_model, emit=emit)
         finally:
             try:
-                for actor in (planner, store):
+                for actor in (planner, store, *feeds):
                     actors.kill_actor(actor)
                 _copy_to_remote(spec, emit)
             finally:
