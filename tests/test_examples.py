@@ -27,7 +27,7 @@ from tests.cifar_files import write_cifar10
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("own_model", "resnet_cifar", "tensorboard_logging")
+SCRIPTS = ("own_model", "resnet_cifar", "tensorboard_logging", "ray_data")
 # 2 epochs of ceil(200 / 48) = 5 steps (the last a short window of 8 samples).
 NUM_SAMPLES, BATCH, EPOCHS = 200, 48, 2
 STEPS_PER_EPOCH = 5
@@ -121,6 +121,18 @@ def test_tensorboard_logging_writes_rank0_scalars(ray_session, tmp_path):
     assert shares == rank0 and any(2 * share > BATCH for share in shares)  # rank 0's share, the larger one
     assert [e.step for e in events.Scalars("epoch/loss")] == list(range(EPOCHS))
     assert all(e.value > 0 for e in events.Scalars("epoch/time_s"))
+
+
+def test_ray_data_trains_on_shares_and_evaluates_every_row(ray_session, tmp_path):
+    ray_data = _example("ray_data")
+    result = ray_data.main(_small_flags(tmp_path, "rd", "--num-samples", str(NUM_SAMPLES),
+                                        "--emulate-speeds", "1,0.5"))
+
+    assert _summary(tmp_path, "rd")["global_steps"] == EPOCHS * STEPS_PER_EPOCH
+    assert result.metrics["epoch"] == EPOCHS - 1 and 0 <= result.metrics["val_accuracy"] <= 1
+    rows = pd.read_parquet(tmp_path / "rd" / "steps.parquet")
+    assert rows.groupby("global_step")["local_batch_size"].sum().iloc[0] == BATCH
+    _assert_loads(ray_data.make_model(), _checkpoint_state(result)["model"])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
