@@ -51,6 +51,7 @@ bench: setup
 	$(PY) benchmarks/profiler_overhead.py --in-process  # whole runs differ by more than 2 % here (docs/benchmarks.md)
 	$(PY) benchmarks/dashboard.py
 	$(PY) benchmarks/bench_first_step.py
+	$(PY) benchmarks/bench_ray_data.py
 	# These two need a writable cgroup v1 cpu controller (they say so and go on without one).
 	-$(PY) benchmarks/bench_first_step.py --nodes 2 --num-workers 2 --quota 0.33
 	-$(PY) benchmarks/cgroup_cluster.py --cold-start --steps 480

@@ -272,7 +272,9 @@ def _recommend(rank: int, verdict: str, e: dict, t: BottleneckThresholds, stragg
     if verdict == INPUT_BOUND:
         return (f"waits for its data {pct(e['data_share'])} of its busy time ({ms(e['data_share'] * e['busy_time_s'])}"
                 " per step): add data-loader workers or prefetching, or give the worker more CPUs "
-                "(--cpus-per-worker); moving share away would only hide it")
+                "(--cpus-per-worker); reading Ray Data, give its pipeline more CPUs (its map_batches run on the "
+                "cluster's free CPUs: add CPU-only nodes, or raise the transform's concurrency); moving share away "
+                "would only hide it")
     if verdict == STRAGGLER:
         move = e["local_batch_size"] - e["fair_local_batch_size"]
         why = (f"its per-sample cost is {e['per_sample_ratio']:.2f}× the others' ({ms(e['per_sample_s'])}/sample)"

@@ -1,0 +1,209 @@
+"""Ray Data against the map-style loader, and against plain Ray Train, on one local Ray.
+
+1. Throughput: the same model, rows and emulated speeds, trained by hetero_ray once from a
+   map-style dataset (``prepare_data_loader``) and once from Ray Data
+   (``datasets={"train": ...}`` + ``get_dataset_shard``), each with a CPU-heavy transform
+   (``--transform-ms`` of work per row, done by the DataLoader's workers in the first, by a
+   ``map_batches`` on the cluster's CPUs in the second). Prints both runs' steady samples/s
+   and their ratio (goal ≥ 0.9).
+2. Final loss on identical workers: hetero_ray on Ray Data against plain Ray Train's
+   ``TorchTrainer`` on the same Ray Data pipeline (``streaming_split``, equal shares),
+   dropout off; and hetero_ray again with another row order (``local_shuffle_seed``), which
+   says how much of the difference row order alone makes.
+
+    python benchmarks/bench_ray_data.py                  # minutes; run it alone on the machine
+    python benchmarks/bench_ray_data.py --skip-loss      # throughput only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FEATURES = 64
+
+
+def rows_of(ids: np.ndarray) -> dict:
+    """Each row's features and label, made from its id (the same in every reading)."""
+    generator = np.random.default_rng(0)
+    centres = generator.standard_normal((4, FEATURES)).astype(np.float32)
+    labels = ids % 4
+    noise = np.stack([np.random.default_rng(int(i)).standard_normal(FEATURES, dtype=np.float32) for i in ids])
+    return {"x": centres[labels] + 2.0 * noise, "label": labels.astype(np.int64)}
+
+
+def transform(batch: dict, transform_ms: float) -> dict:
+    """A CPU-heavy per-row step (an augmentation's cost), then the row's features."""
+    deadline = time.perf_counter() + transform_ms * 1e-3 * len(batch["id"])
+    while time.perf_counter() < deadline:
+        pass
+    return {"id": batch["id"], **rows_of(batch["id"])}
+
+
+class Rows(torch.utils.data.Dataset):
+    """The same rows as a map-style dataset; the transform runs in the DataLoader's workers."""
+
+    def __init__(self, num_rows: int, transform_ms: float):
+        self.num_rows, self.transform_ms = num_rows, transform_ms
+
+    def __len__(self):
+        return self.num_rows
+
+    def __getitem__(self, i):
+        row = transform({"id": np.array([i])}, self.transform_ms)
+        return torch.from_numpy(row["x"][0]), int(row["label"][0])
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
+                               torch.nn.Tanh(), torch.nn.Linear(256, 4))
+
+
+def hetero_loop(config: dict) -> None:
+    import hetero_ray.train
+
+    model = hetero_ray.train.prepare_model(make_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    if config["source"] == "ray_data":
+        shard = hetero_ray.train.get_dataset_shard("train")
+        batches = lambda: ((b["x"], b["label"]) for b in shard.iter_torch_batches(  # noqa: E731
+            local_shuffle_buffer_size=256, local_shuffle_seed=config.get("order_seed")))
+    else:
+        loader = hetero_ray.train.prepare_data_loader(Rows(config["num_rows"], config["transform_ms"]),
+                                                      num_workers=config["loader_workers"], shuffle=False)
+        batches = lambda: iter(loader)  # noqa: E731
+    for epoch in range(config["epochs"]):
+        total, count = torch.zeros(1), torch.zeros(1)
+        for x, y in batches():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if not hetero_ray.train.is_probe_step():
+                total += loss.detach() * len(y)
+                count += len(y)
+        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(count)
+        hetero_ray.train.report({"epoch": epoch, "loss": (total / count).item()})
+
+
+def plain_loop(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    model = ray.train.torch.prepare_model(make_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    shard = ray.train.get_dataset_shard("train")
+    local_batch = config["global_batch_size"] // ray.train.get_context().get_world_size()
+    for epoch in range(config["epochs"]):
+        total, count = torch.zeros(1), torch.zeros(1)
+        for batch in shard.iter_torch_batches(batch_size=local_batch):
+            loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["label"])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.detach() * len(batch["label"])
+            count += len(batch["label"])
+        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(count)
+        ray.train.report({"epoch": epoch, "loss": (total / count).item()})
+    if ray.train.get_context().get_world_rank() == 0:  # Result.metrics keeps only reports with a checkpoint
+        with open(config["result_path"], "w") as f:
+            json.dump({"loss": (total / count).item()}, f)
+
+
+def pipeline(num_rows: int, transform_ms: float):
+    import ray
+
+    return ray.data.range(num_rows).map_batches(transform, fn_kwargs={"transform_ms": transform_ms})
+
+
+def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=None) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+
+    from hetero_ray import HeteroConfig, HeteroTrainer
+
+    config = {"source": source, "num_rows": args.num_rows, "transform_ms": args.transform_ms, "lr": args.lr,
+              "epochs": args.epochs, "loader_workers": args.loader_workers, "order_seed": order_seed}
+    datasets = {"train": pipeline(args.num_rows, args.transform_ms)} if source == "ray_data" else None
+    trainer = HeteroTrainer(hetero_loop, train_loop_config=config, datasets=datasets,
+                            scaling_config=ScalingConfig(num_workers=len(speeds)),
+                            run_config=RunConfig(name=name, storage_path=storage),
+                            hetero_config=HeteroConfig(global_batch_size=args.global_batch_size,
+                                                       emulate_speeds=speeds, policy="optimal"),
+                            emit=lambda line: None)
+    trainer.fit()
+    run_dir = os.path.join(storage, name)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet")).sort_values("global_step")
+    return {"samples_per_s": summary.get("steady_samples_per_s"), "loss": json.loads(reports["metrics"].iloc[-1])["loss"]}
+
+
+def plain_fit(args, storage: str, num_workers: int) -> float:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    result_path = os.path.join(storage, "plain.json")
+    trainer = TorchTrainer(plain_loop, train_loop_config={"lr": args.lr, "epochs": args.epochs,
+                                                          "global_batch_size": args.global_batch_size,
+                                                          "result_path": result_path},
+                           datasets={"train": pipeline(args.num_rows, args.transform_ms)},
+                           scaling_config=ScalingConfig(num_workers=num_workers),
+                           run_config=RunConfig(name="plain", storage_path=storage))
+    trainer.fit()
+    with open(result_path) as f:
+        return json.load(f)["loss"]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-rows", type=int, default=4096)
+    p.add_argument("--global-batch-size", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--transform-ms", type=float, default=0.2, help="CPU work per row, in the pipeline")
+    p.add_argument("--loader-workers", type=int, default=1, help="the map-style run's DataLoader processes")
+    p.add_argument("--emulate-speeds", default="1,0.5", help="the throughput runs' workers")
+    p.add_argument("--identical-workers", type=int, default=2, help="the final-loss runs' workers")
+    p.add_argument("--skip-loss", action="store_true")
+    args = p.parse_args(argv)
+    import ray
+
+    ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    speeds = tuple(float(s) for s in args.emulate_speeds.split(","))
+    with tempfile.TemporaryDirectory() as storage:
+        print(f"throughput: {args.num_rows} rows × {args.epochs} epochs, global batch {args.global_batch_size}, "
+              f"{args.transform_ms} ms of CPU work per row, emulated speeds {speeds}", flush=True)
+        mapped = hetero_fit(args, storage, "map-style", "map", speeds)
+        fed = hetero_fit(args, storage, "ray-data", "ray_data", speeds)
+        ratio = fed["samples_per_s"] / mapped["samples_per_s"]
+        print(f"  map-style (prepare_data_loader, {args.loader_workers} loader worker(s)): "
+              f"{mapped['samples_per_s']:.0f} samples/s")
+        print(f"  Ray Data (get_dataset_shard):                    {fed['samples_per_s']:.0f} samples/s")
+        print(f"  Ray Data ÷ map-style: {ratio:.2f} (goal ≥ 0.9)", flush=True)
+        if args.skip_loss:
+            return
+        same = (1.0,) * args.identical_workers
+        hetero = hetero_fit(args, storage, "identical", "ray_data", same)["loss"]
+        reordered = hetero_fit(args, storage, "identical-reordered", "ray_data", same, order_seed=1)["loss"]
+        plain = plain_fit(args, storage, args.identical_workers)
+        print(f"final loss, {args.identical_workers} identical workers: hetero_ray {hetero:.4f}, plain Ray Train "
+              f"{plain:.4f} ({abs(hetero - plain) / plain * 100:.1f} %; goal ≤ 2 %); another row order alone "
+              f"moves hetero_ray's by {abs(hetero - reordered) / hetero * 100:.1f} % ({reordered:.4f})")
+
+
+if __name__ == "__main__":
+    main()
