@@ -10,7 +10,7 @@ the checkpoint of step 2; the group restarts and Lightning resumes from it
 (``ckpt_path`` from ``hetero_ray.train.get_checkpoint()``). The final weights in
 ``Result.checkpoint`` are one Lightning Trainer's on one device within 1e-5, every sample
 is used once per epoch, and the logged metrics reach ``Result.metrics`` and the run's
-``reports`` table. (The math in every combination — left-out ranks, precisions,
+``reports`` table. The example runs standalone (``--help``). (The math in every combination — left-out ranks, precisions,
 Lightning's own DDP being off — is the promise matrix's: tests/test_promise_matrix_lightning.py.)
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -29,6 +31,7 @@ from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
 from tests.lightning_models import EPOCHS, SEED, BatchNormClassifier, one_device_trainer  # noqa: E402
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_SAMPLES, BATCH, EVAL_SAMPLES = 66, 24, 24  # 3 steps an epoch, the last a short window of 18
 STEPS = EPOCHS * 3
 TOLERANCE = 1e-5
@@ -174,3 +177,11 @@ def test_ray_trains_recipe_names_are_all_here():
     assert issubclass(hetero_lightning.RayDDPStrategy, DDPStrategy)
     assert issubclass(hetero_lightning.RayLightningEnvironment, LightningEnvironment)
     assert hetero_lightning.RayTrainReportCallback.CHECKPOINT_NAME == ray_lightning.RayTrainReportCallback.CHECKPOINT_NAME
+
+
+def test_example_runs_standalone_with_help():
+    done = subprocess.run([sys.executable, os.path.join("examples", "lightning_module.py"), "--help"], cwd=REPO_ROOT,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
+    assert "--global-batch-size" in done.stdout and "--use-gpu" in done.stdout
