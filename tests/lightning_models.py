@@ -35,6 +35,7 @@ class BatchNormClassifier(lightning.LightningModule):
                                        torch.nn.Tanh(), torch.nn.Linear(HIDDEN, CLASSES))
         self.num_samples, self.eval_samples, self.batch_size = num_samples, eval_samples, batch_size
         self.logged_losses: list[float] = []
+        self.val_losses: list[float] = []  # each epoch's validation during fit
 
     def forward(self, x):
         return self.net(x)
@@ -47,6 +48,10 @@ class BatchNormClassifier(lightning.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.logged_losses.append(float(self.trainer.callback_metrics["loss_step"]))
+
+    def on_train_epoch_end(self):
+        # After the epoch's validation (Lightning validates before the epoch's end hooks).
+        self.val_losses.append(float(self.trainer.callback_metrics["val_loss"]))
 
     def validation_step(self, batch, batch_idx):
         x, y = batch

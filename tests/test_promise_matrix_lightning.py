@@ -4,7 +4,8 @@ ranks of a real gloo group (without Ray: tests/inprocess_session.py), against on
 on one device over the same global batches. Every epoch ends with a short window (66
 samples, global batch 24: windows of 24, 24, 18). Cases: a plan that changes mid-epoch
 (fp32, bf16-mixed); a rank left out and brought back across an epoch's end, while
-validation runs (fp32, 16-mixed, which Lightning runs as bf16-mixed on a CPU); a run stopped
+validation runs (fp32, 16-mixed, which Lightning runs as bf16-mixed on a CPU); a rank
+left out from the first plan and again when ``fit`` ends (fp32); a run stopped
 mid-epoch after a checkpoint and resumed from it with ``ckpt_path``; and Lightning's own
 DDP over the same uneven shares, which does not match (the reason the strategy exists).
 
@@ -32,10 +33,12 @@ STEPS = EPOCHS * 3
 PLANS = {
     "change": {0: (8, 8, 8), 1: (12, 4, 8), 4: (4, 14, 6)},  # mid-epoch, in both epochs
     "out_and_back": {0: (8, 8, 8), 1: (16, 0, 8), 4: (8, 8, 8)},  # rank 1 out at steps 1–3 (an epoch's end)
+    "out_from_first": {0: (16, 8, 0), 2: (8, 8, 8), 5: (20, 4, 0)},  # rank 2 out at the start and at the end
 }
 CASES = [
     {"name": "change-fp32", "plan": "change", "precision": "32-true"},
     {"name": "out_and_back-fp32", "plan": "out_and_back", "precision": "32-true"},
+    {"name": "out_from_first-fp32", "plan": "out_from_first", "precision": "32-true"},
     {"name": "change-bf16", "plan": "change", "precision": "bf16-mixed"},
     {"name": "out_and_back-16", "plan": "out_and_back", "precision": "16-mixed"},
     # Stopped after global step 4 (checkpoints every 2 steps: the last at step 4, mid-epoch 1) ...
@@ -79,7 +82,7 @@ def lightning_loop(config: dict) -> dict:
         with checkpoint.as_directory() as directory:
             trainer.fit(module, ckpt_path=os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME))
     fitted = {"params": {k: v.detach().clone() for k, v in module.state_dict().items()},
-              "losses": list(module.logged_losses), "loss_epoch": float(trainer.callback_metrics["loss_epoch"]),
+              "losses": list(module.logged_losses), "val_losses": list(module.val_losses), "loss_epoch": float(trainer.callback_metrics["loss_epoch"]),
               "progress_bar": sorted(trainer.progress_bar_metrics), "global_step": trainer.global_step,
               "lr": trainer.optimizers[0].param_groups[0]["lr"]}
     fitted["val_loss"] = trainer.validate(module, verbose=False)[0]["val_loss"]
@@ -166,7 +169,7 @@ def _every_sample_once(*runs: list[dict]) -> None:
     assert all(sorted(indices) == list(range(NUM_SAMPLES)) for indices in seen.values())
 
 
-@pytest.mark.parametrize("name", ["change-fp32", "out_and_back-fp32"])
+@pytest.mark.parametrize("name", ["change-fp32", "out_and_back-fp32", "out_from_first-fp32"])
 def test_three_uneven_ranks_are_one_trainer_on_one_device(per_rank, name):
     results, one = _results(per_rank, name), reference()
     want = {k: v.detach() for k, v in one.state_dict().items()}
@@ -183,6 +186,8 @@ def test_three_uneven_ranks_are_one_trainer_on_one_device(per_rank, name):
         assert result["losses"] == pytest.approx(one.logged_losses, abs=TOLERANCE), f"rank {rank}: logged losses"
         assert result["loss_epoch"] == pytest.approx(one.loss_epoch, abs=TOLERANCE)
         assert "loss_step" in result["progress_bar"]
+        # Validation at each epoch's end, also while a rank is out (it evaluates rank 0's weights).
+        assert result["val_losses"] == pytest.approx(one.val_losses, abs=TOLERANCE), f"rank {rank}: validation"
         # trainer.validate / trainer.test after fit: Lightning's equal shares of the evaluation data.
         assert result["test_loss"] == pytest.approx(one.test_loss, abs=TOLERANCE)
         assert result["val_loss"] == pytest.approx(one.test_loss, abs=TOLERANCE)  # the same data
