@@ -185,3 +185,28 @@ def test_example_runs_standalone_with_help():
     assert done.returncode == 0, done.stderr
     assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
     assert "--global-batch-size" in done.stdout and "--use-gpu" in done.stdout
+
+
+def test_the_hugging_face_prepare_trainer_points_a_lightning_trainer_to_its_own():
+    from hetero_ray.train import prepare_trainer
+
+    with pytest.raises(UserError, match="use hetero_ray.train.lightning.prepare_trainer"):
+        prepare_trainer(_trainer())
+
+
+def test_lightning_is_an_optional_extra_pinned_for_the_tests():
+    """The core install does not pull Lightning; the extra's range holds the version the
+    tests pin (and run with)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert not any(Requirement(d).name in ("lightning", "pytorch-lightning") for d in project["dependencies"])
+    (extra,) = [Requirement(r) for r in project["optional-dependencies"]["lightning"]]
+    with open(os.path.join(REPO_ROOT, "requirements-dev.txt")) as f:
+        pins = [Requirement(line.split("#")[0]) for line in f if line.startswith("lightning==")]
+    assert len(pins) == 1 and extra.name == "lightning"
+    pinned = next(iter(pins[0].specifier)).version
+    assert extra.specifier.contains(pinned) and lightning.__version__ == pinned
