@@ -5,9 +5,10 @@ on one device over the same global batches. Every epoch ends with a short window
 samples, global batch 24: windows of 24, 24, 18). Cases: a plan that changes mid-epoch
 (fp32, bf16-mixed); a rank left out and brought back across an epoch's end, while
 validation runs (fp32, 16-mixed, which Lightning runs as bf16-mixed on a CPU); a rank
-left out from the first plan and again when ``fit`` ends (fp32); a run stopped
-mid-epoch after a checkpoint and resumed from it with ``ckpt_path``; and Lightning's own
-DDP over the same uneven shares, which does not match (the reason the strategy exists).
+left out from the first plan and again when ``fit`` ends (fp32); a run stopped mid-epoch
+after a checkpoint, and one at an epoch's end, each resumed from its last checkpoint with
+``ckpt_path``; and Lightning's own DDP over the same uneven shares, which does not match
+(the reason the strategy exists).
 
 On every rank: one device's weights, logged losses (per step and per epoch, through
 ``self.log(..., sync_dist=True)``), learning rate, and validation/test losses after ``fit``;
@@ -45,6 +46,9 @@ CASES = [
     {"name": "resume-first", "plan": "change", "precision": "32-true", "max_steps": 4, "every_n_train_steps": 2},
     # ... and resumed from that checkpoint by a new worker group.
     {"name": "resume-rest", "plan": "change", "precision": "32-true", "resume_from": "resume-first"},
+    # Stopped at the end of epoch 0 (Ray's callback's checkpoint, at the epoch's end) and resumed.
+    {"name": "resume-epoch-first", "plan": "out_and_back", "precision": "32-true", "max_steps": 3},
+    {"name": "resume-epoch-rest", "plan": "out_and_back", "precision": "32-true", "resume_from": "resume-epoch-first"},
     {"name": "lightning_ddp", "plan": "change", "precision": "32-true", "lightning_ddp": True},
 ]
 TOLERANCE = 1e-5  # float32 with tanh: one device's math
@@ -208,18 +212,22 @@ def test_mixed_precision_trains_to_the_loss_of_fp32(per_rank, name):
     _every_sample_once(results)
 
 
-def test_a_run_stopped_mid_epoch_resumes_at_its_checkpoints_step(per_rank):
-    first, rest, one = _results(per_rank, "resume-first"), _results(per_rank, "resume-rest"), reference()
-    assert first[0]["reports"][:3] == ["checkpoint_000000002", "checkpoint_000000003", "checkpoint_000000004"]
-    assert rest[0]["restored"].endswith(os.path.join("checkpoint_000000004", "rank0"))
+@pytest.mark.parametrize("first_name, rest_name, checkpoints, resumed_at", [
+    ("resume-first", "resume-rest", ["checkpoint_000000002", "checkpoint_000000003", "checkpoint_000000004"], 4),
+    ("resume-epoch-first", "resume-epoch-rest", ["checkpoint_000000003"], 3),
+])
+def test_a_stopped_run_resumes_at_its_checkpoints_step(per_rank, first_name, rest_name, checkpoints, resumed_at):
+    first, rest, one = _results(per_rank, first_name), _results(per_rank, rest_name), reference()
+    assert [name for name in first[0]["reports"] if name] == checkpoints
+    assert rest[0]["restored"].endswith(os.path.join(checkpoints[-1], "rank0"))
     want = {k: v.detach() for k, v in one.state_dict().items()}
-    print(f"stopped at step 4 and resumed: weights {max(_largest(r['params'], want) for r in rest):.2e} off one "
-          "device")
+    print(f"stopped at step {resumed_at} and resumed: weights {max(_largest(r['params'], want) for r in rest):.2e} "
+          "off one device")
     for rank, result in enumerate(rest):
         assert result["global_step"] == STEPS
         assert _largest(result["params"], want) < TOLERANCE, f"rank {rank}: weights"
         assert first[rank]["losses"] + result["losses"] == pytest.approx(one.logged_losses, abs=TOLERANCE)
-        assert {step for _, step, _ in result["sample_ids"]} == {4, 5}, "resumed at the checkpoint's step"
+        assert {step for _, step, _ in result["sample_ids"]} == set(range(resumed_at, STEPS)), "the checkpoint's step"
     _every_sample_once(first, rest)
 
 
