@@ -129,6 +129,7 @@ def test_another_strategy_is_refused_with_the_import_to_change():
 @pytest.mark.parametrize("options, message", [
     ({"accumulate_grad_batches": 4}, r"set accumulate_grad_batches=1 and HeteroConfig\(global_batch_size"),
     ({"limit_train_batches": 0.5}, "stop with max_steps instead"),
+    ({"limit_train_batches": 1}, "stop with max_steps instead"),  # an int: one batch an epoch
     ({"overfit_batches": 2}, "stop with max_steps instead"),
 ])
 def test_options_that_break_one_global_batch_per_step_are_refused(options, message):

@@ -14,7 +14,9 @@ def check_trainer(trainer) -> None:
             "step is one global batch of HeteroConfig.global_batch_size, split between the ranks by speed; set "
             "accumulate_grad_batches=1 and HeteroConfig(global_batch_size=...) to the samples of one optimizer "
             "step (batch_size × accumulate_grad_batches × workers)")
-    if trainer.limit_train_batches not in (1.0, None) or trainer.overfit_batches:
+    limit = trainer.limit_train_batches
+    # Lightning reads a float as a fraction of the epoch and an int as batches (1: one batch).
+    if not (limit is None or (isinstance(limit, float) and limit == 1.0)) or trainer.overfit_batches:
         raise UserError(
             f"Trainer(limit_train_batches={trainer.limit_train_batches}, overfit_batches={trainer.overfit_batches}):"
             " hetero_ray's training loader runs every global batch of an epoch (an epoch cut short would continue "
