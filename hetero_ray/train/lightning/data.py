@@ -30,6 +30,8 @@ def follow_the_plan(trainer) -> None:
     """Makes ``trainer`` train on hetero_ray's loader (idempotent)."""
     source = trainer.fit_loop._data_source
     if not isinstance(source, _PlanFollowingSource):
+        # In place: each fit() points this very object at its module or datamodule (Lightning's
+        # private source class, which the extra's pinned range keeps).
         source.__class__ = _PlanFollowingSource
     if not any(isinstance(c, EpochEnd) for c in trainer.callbacks):
         trainer.callbacks.insert(0, EpochEnd())
