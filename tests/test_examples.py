@@ -145,7 +145,8 @@ def test_example_runs_standalone_with_help(script):
 
 
 # What a user may import: the package's top level and its public modules.
-PUBLIC_MODULES = {"hetero_ray", "hetero_ray.train", "hetero_ray.train.huggingface", "hetero_ray.datasets"}
+PUBLIC_MODULES = {"hetero_ray", "hetero_ray.train", "hetero_ray.train.huggingface", "hetero_ray.train.lightning",
+                  "hetero_ray.datasets"}
 
 
 def _hetero_ray_imports(path: str) -> set[str]:

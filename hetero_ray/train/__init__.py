@@ -32,9 +32,16 @@ def prepare_trainer(trainer):
     and logged loss weighted by ``b_i / B`` (Ray Train's
     ``ray.train.huggingface.transformers.prepare_trainer``, for hetero_ray). Report with
     ``hetero_ray.train.huggingface.RayTrainReportCallback``. Needs the ``hf`` extra
-    (``pip install 'hetero-ray[hf]'``); see :mod:`hetero_ray.train.huggingface`."""
+    (``pip install 'hetero-ray[hf]'``); see :mod:`hetero_ray.train.huggingface`. A PyTorch
+    Lightning Trainer takes :func:`hetero_ray.train.lightning.prepare_trainer` (the
+    ``lightning`` extra)."""
+    from hetero_ray.errors import UserError
     from hetero_ray.train.huggingface import prepare_trainer as prepare
 
+    if type(trainer).__module__.split(".")[0] in ("lightning", "pytorch_lightning"):
+        raise UserError("hetero_ray.train.prepare_trainer is the Hugging Face Trainer's; for a Lightning Trainer "
+                        "use hetero_ray.train.lightning.prepare_trainer (with its RayDDPStrategy and "
+                        "RayLightningEnvironment)")
     return prepare(trainer)
 
 
