@@ -13,6 +13,13 @@
 
     python benchmarks/bench_ray_data.py                  # minutes; run it alone on the machine
     python benchmarks/bench_ray_data.py --skip-loss      # throughput only
+    python benchmarks/bench_ray_data.py --two-nodes      # 3. below (root: cgroup v1 CPU quotas)
+
+3. A CPU-only node beside a training node (``--two-nodes``): two real Ray nodes on this
+   machine, each held to ``--node-cores`` by a cgroup CPU quota; the same CPU-heavy
+   pipeline with its ``map_batches`` on the CPU-only node (feeding), on the training node
+   itself, and anywhere, and the CPU-only node as a second training rank instead. Prints
+   the samples/s of each and which is fastest.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -123,32 +131,45 @@ def plain_loop(config: dict) -> None:
             json.dump({"loss": (total / count).item()}, f)
 
 
-def pipeline(num_rows: int, transform_ms: float):
+def pipeline(num_rows: int, transform_ms: float, on: Optional[str] = None):
+    """The rows through the CPU-heavy transform; ``on``: the custom resource of the node it must run on."""
     import ray
 
-    return ray.data.range(num_rows).map_batches(transform, fn_kwargs={"transform_ms": transform_ms})
+    where = {"resources": {on: 0.01}} if on else {}
+    return ray.data.range(num_rows).map_batches(transform, fn_kwargs={"transform_ms": transform_ms}, **where)
 
 
-def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=None) -> dict:
+def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=None, *, datasets=None,
+               workers: Optional[dict] = None) -> dict:
     from ray.train import RunConfig, ScalingConfig
 
     from hetero_ray import HeteroConfig, HeteroTrainer
 
     config = {"source": source, "num_rows": args.num_rows, "transform_ms": args.transform_ms, "lr": args.lr,
               "epochs": args.epochs, "loader_workers": args.loader_workers, "order_seed": order_seed}
-    datasets = {"train": pipeline(args.num_rows, args.transform_ms)} if source == "ray_data" else None
+    if datasets is None and source == "ray_data":
+        datasets = {"train": pipeline(args.num_rows, args.transform_ms)}
     trainer = HeteroTrainer(hetero_loop, train_loop_config=config, datasets=datasets,
-                            scaling_config=ScalingConfig(num_workers=len(speeds)),
+                            scaling_config=ScalingConfig(num_workers=len(speeds), resources_per_worker=workers),
                             run_config=RunConfig(name=name, storage_path=storage),
                             hetero_config=HeteroConfig(global_batch_size=args.global_batch_size,
-                                                       emulate_speeds=speeds, policy="optimal"),
+                                                       emulate_speeds=None if set(speeds) == {1.0} else speeds,
+                                                       policy="optimal"),
                             emit=lambda line: None)
     trainer.fit()
     run_dir = os.path.join(storage, name)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
     reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet")).sort_values("global_step")
-    return {"samples_per_s": summary.get("steady_samples_per_s"), "loss": json.loads(reports["metrics"].iloc[-1])["loss"]}
+    return {"samples_per_s": _samples_per_s(run_dir), "loss": json.loads(reports["metrics"].iloc[-1])["loss"]}
+
+
+def _samples_per_s(run_dir: str) -> float:
+    """Samples per wall-clock second from the end of the first step to the end of the last
+    (every epoch's pipeline included: Ray Data reads ahead, so a window of late steps would
+    find them already read)."""
+    from hetero_ray.metrics.summary import per_step
+
+    table = per_step(pd.read_parquet(os.path.join(run_dir, "steps.parquet")))
+    return float(table["samples"].iloc[1:].sum() / (table["end_wall_time"].iloc[-1] - table["end_wall_time"].iloc[0]))
 
 
 def plain_fit(args, storage: str, num_workers: int) -> float:
@@ -178,7 +199,11 @@ def main(argv=None) -> None:
     p.add_argument("--emulate-speeds", default="1,0.5", help="the throughput runs' workers")
     p.add_argument("--identical-workers", type=int, default=2, help="the final-loss runs' workers")
     p.add_argument("--skip-loss", action="store_true")
+    p.add_argument("--two-nodes", action="store_true", help="only 3.: a CPU-only node feeding or training")
+    p.add_argument("--node-cores", type=float, default=1.0, help="each node's CPU quota, in cores")
     args = p.parse_args(argv)
+    if args.two_nodes:
+        return two_nodes(args)
     import ray
 
     ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level="ERROR",
@@ -203,6 +228,57 @@ def main(argv=None) -> None:
         print(f"final loss, {args.identical_workers} identical workers: hetero_ray {hetero:.4f}, plain Ray Train "
               f"{plain:.4f} ({abs(hetero - plain) / plain * 100:.1f} %; goal ≤ 2 %); another row order alone "
               f"moves hetero_ray's by {abs(hetero - reordered) / hetero * 100:.1f} % ({reordered:.4f})")
+
+
+def two_nodes(args) -> None:
+    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):  # as `ray start` finds it (read when Ray loads)
+        os.environ["RAY_AUTH_MODE"] = "token"
+    import ray
+
+    from benchmarks.local_cluster import cgroup_unusable_reason, free_port, set_cpu_quota, start_node, wait_for_nodes
+
+    reason = cgroup_unusable_reason()
+    if reason:
+        print(f"--two-nodes: {reason}; skipped")
+        return
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as logs, tempfile.TemporaryDirectory() as storage:
+        nodes = [start_node(port=port, num_cpus=2, resources={"train_node": 1, "slot": 1}, cpu_quota=args.node_cores,
+                            log_dir=logs)]
+        try:
+            time.sleep(3)
+            nodes.append(start_node(address=address, num_cpus=2, resources={"data_node": 1, "slot": 1},
+                                    cpu_quota=args.node_cores, log_dir=logs))
+            wait_for_nodes(address, 2, nodes)
+            for node in nodes:
+                set_cpu_quota(node, args.node_cores)
+            ray.init(address=address, logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+            print(f"two nodes of {args.node_cores:g} core(s) each; {args.transform_ms} ms of CPU work per row in "
+                  f"map_batches; global batch {args.global_batch_size}", flush=True)
+            train_node = {"CPU": 1, "train_node": 0.5}
+            runs = {
+                "CPU-only node feeds (map_batches there), training node trains": dict(
+                    datasets={"train": pipeline(args.num_rows, args.transform_ms, on="data_node")}, workers=train_node),
+                "transform on the training node itself": dict(
+                    datasets={"train": pipeline(args.num_rows, args.transform_ms, on="train_node")}, workers=train_node),
+                "transform anywhere, training node trains": dict(
+                    datasets={"train": pipeline(args.num_rows, args.transform_ms)}, workers=train_node),
+            }
+            figures = {}
+            for i, (label, run) in enumerate(runs.items()):
+                figures[label] = hetero_fit(args, storage, f"node-{i}", "ray_data", (1.0,), **run)["samples_per_s"]
+                print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
+            label = "CPU-only node as a second training rank (transform anywhere)"
+            figures[label] = hetero_fit(args, storage, "node-train", "ray_data", (1.0, 1.0),
+                                        workers={"CPU": 1, "slot": 1})["samples_per_s"]
+            print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
+            feeding = list(figures.values())[0]
+            print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: {max(figures, key=figures.get)}")
+        finally:
+            ray.shutdown()
+            for node in reversed(nodes):
+                node.stop()
 
 
 if __name__ == "__main__":
