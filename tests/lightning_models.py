@@ -1,6 +1,6 @@
 """A small LightningModule with BatchNorm and a smooth activation (tanh: one device's math
-is compared at 1e-5 in float32, which a ReLU's kink would not allow on every CPU, see
-TESTING.md), its data (nothing downloaded), and one Lightning Trainer on one device over
+is compared at 1e-5 in float32, which a ReLU's kink would not allow on every CPU: its
+result moves with the CPU's kernels), its data (nothing downloaded), and one Lightning Trainer on one device over
 hetero_ray's global batches: the reference every run is held to."""
 
 from __future__ import annotations
