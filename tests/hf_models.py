@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from hetero_ray.sampler import GlobalSampler
+from tests.global_batches import GlobalBatches
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach a hub
 
@@ -100,25 +101,11 @@ def one_device_trainer(kind: str, num_samples: int, global_batch_size: int, eval
     of hetero_ray's global sampler, trained: the reference."""
     sampler = GlobalSampler(num_samples, global_batch_size, SEED, False, True)
 
-    class GlobalBatches:
-        def __init__(self):
-            self.epoch = 0
-
-        def __iter__(self):
-            permutation = sampler.permutation(self.epoch)
-            self.epoch += 1
-            for step in range(sampler.steps_per_epoch):
-                begin, stop = sampler.window(step)
-                yield permutation[begin:stop].tolist()
-
-        def __len__(self):
-            return sampler.steps_per_epoch
-
     dataset = make_dataset(kind, num_samples)
 
     class OneDeviceTrainer(transformers.Trainer):
         def get_train_dataloader(self):
-            return torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(),
+            return torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(sampler),
                                                collate_fn=transformers.default_data_collator)
 
     with tempfile.TemporaryDirectory() as directory:

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from hetero_ray.sampler import GlobalSampler
+from tests.global_batches import GlobalBatches
 
 FEATURES, HIDDEN, CLASSES = 8, 16, 3
 SEED = 0
@@ -82,21 +83,7 @@ def one_device_trainer(num_samples: int, global_batch_size: int, epochs: int = E
     hetero_ray's global sampler, fitted: the reference (returns the module)."""
     sampler = GlobalSampler(num_samples, global_batch_size, SEED, False, True)
 
-    class GlobalBatches:
-        def __init__(self):
-            self.epoch = 0
-
-        def __iter__(self):
-            permutation = sampler.permutation(self.epoch)
-            self.epoch += 1
-            for step in range(sampler.steps_per_epoch):
-                begin, stop = sampler.window(step)
-                yield permutation[begin:stop].tolist()
-
-        def __len__(self):
-            return sampler.steps_per_epoch
-
-    batches = GlobalBatches()
+    batches = GlobalBatches(sampler)
 
     class OneDevice(BatchNormClassifier):
         def train_dataloader(self):

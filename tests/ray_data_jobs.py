@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Optional
 
 import numpy as np
 import ray.train
@@ -49,20 +50,27 @@ def one_device(num_rows: int, global_batches: list[list[int]]) -> dict:
     return model.state_dict()
 
 
+def restore(model, optimizer) -> Optional[dict]:
+    """The checkpoint's model and optimiser state loaded (its whole state returned), if any."""
+    checkpoint = hetero_ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        state = torch.load(os.path.join(directory, "state.pt"))
+    model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
 def ray_data_loop(config: dict) -> None:
     """Ray Train's Ray Data recipe on hetero_ray: the shard of "train" each epoch, a
     checkpoint every ``checkpoint_every`` steps and at each epoch's end, and an evaluation
     of "val" (every row once across the ranks: the count is reported)."""
     model = hetero_ray.train.prepare_model(make_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    global_step, restored_from = 0, -1
-    checkpoint = hetero_ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = torch.load(os.path.join(directory, "state.pt"))
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        global_step = restored_from = state["global_step"]
+    state = restore(model, optimizer)
+    global_step = state["global_step"] if state else 0
+    restored_from = global_step if state else -1
     train, val = hetero_ray.train.get_dataset_shard("train"), hetero_ray.train.get_dataset_shard("val")
     for epoch in range(train.epoch, config["epochs"]):
         for batch in train.iter_torch_batches(batch_size=config.get("batch_size")):

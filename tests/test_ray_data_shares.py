@@ -19,7 +19,7 @@ import torch
 
 from hetero_ray.constants import RAY_NAMESPACE
 from tests.inprocess_session import ScriptedPlanner, run_cases_on_ranks, run_in_session
-from tests.ray_data_jobs import SEED, augment, features, make_model, one_device
+from tests.ray_data_jobs import LR, MOMENTUM, SEED, augment, features, make_model, one_device, restore
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +41,8 @@ def data_loop(config: dict) -> dict:
     import hetero_ray.train
 
     model = hetero_ray.train.prepare_model(make_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    checkpoint = hetero_ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            state = torch.load(os.path.join(directory, "state.pt"))
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    restore(model, optimizer)
     shard = hetero_ray.train.get_dataset_shard("train")
     steps = []  # per step: (epoch, the row ids this rank trained)
     for epoch in range(shard.epoch, EPOCHS):
@@ -59,7 +54,8 @@ def data_loop(config: dict) -> dict:
             steps.append((epoch, [] if hetero_ray.train.is_probe_step() else batch["id"].tolist()))
             if len(steps) == config.get("stop_after"):
                 with tempfile.TemporaryDirectory() as directory:
-                    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                                "global_step": len(steps)},
                                os.path.join(directory, "state.pt"))
                     hetero_ray.train.report({"steps": len(steps)},
                                             checkpoint=ray.train.Checkpoint.from_directory(directory))
