@@ -599,10 +599,10 @@ def storage_problems(job: dict) -> list[str]:
                       if (output_dir + "/").startswith(m["mountPath"].rstrip("/") + "/")]
             claim = [volumes.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") for m in mounts]
             if len(claim) != 1 or claim[0] is None:
-                problems.append(f"{name}: --output-dir {output_dir} is not on a volume claim mounted there")
+                problems.append(f"{name}: --storage-path {output_dir} is not on a volume claim mounted there")
             claims.update(claim)
     if len(claims - {None}) > 1:
-        problems.append(f"--output-dir is on different claims in different pods: {sorted(claims - {None})}")
+        problems.append(f"--storage-path is on different claims in different pods: {sorted(claims - {None})}")
     return problems
 
 
@@ -687,7 +687,7 @@ def test_the_rayjob_keeps_its_runs_on_a_volume_every_pod_mounts():
     job = _resource("RayJob")
     assert storage_problems(job) == []
     head = "spec.rayClusterSpec.headGroupSpec.template.spec"
-    assert "head: --output-dir" in storage_problems(_break(job, f"{head}.containers.0.volumeMounts", []))[0]
+    assert "head: --storage-path" in storage_problems(_break(job, f"{head}.containers.0.volumeMounts", []))[0]
     assert "not on a volume claim" in storage_problems(_break(job, f"{head}.volumes.0", {"name": "runs", "emptyDir": {}}))[0]
     elsewhere = _break(job, "spec.entrypoint", job["spec"]["entrypoint"].replace("/shared/runs", "runs"))
     assert len(storage_problems(elsewhere)) == 3

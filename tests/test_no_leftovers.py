@@ -84,7 +84,7 @@ def test_a_leftover_is_found(tmp_path, text):
 
 @pytest.mark.parametrize("text", [
     "Ray's logs are under /tmp/ray/session_latest", "the image's working directory /" + "home/ray/hetero_ray",
-    "the checkpoint " + "this" + " worker group resumes from", "--output-dir /shared/runs",
+    "the checkpoint " + "this" + " worker group resumes from", "--storage-path /shared/runs",
     "the CRDs in ../" + "shared/" + "kuberay/ beside the clone", "~/work/data",
 ])
 def test_what_is_no_leftover(tmp_path, text):
