@@ -59,6 +59,15 @@ def test_hetero_ray_profile_names_a_wsl2_node_and_keeps_a_linux_line_as_it_was()
     assert describe_node(_node(None)).startswith("node 1a2b3c4d (10.0.0.7): cpu")  # a nodes.json from before
 
 
+def test_hetero_ray_profiles_summary_names_each_nodes_platform():
+    from hetero_ray.cli.profile import profile_report
+
+    report = profile_report([_node("wsl2"), _node("linux"), _node(None)])
+    assert "node 1a2b3c4d (gaming-pc, wsl2): ok" in report
+    assert "node 1a2b3c4d (gaming-pc, linux): ok" in report
+    assert "node 1a2b3c4d (gaming-pc): ok" in report  # a nodes.json from before
+
+
 def test_the_platform_travels_in_nodes_json_and_reaches_the_cluster_page():
     recorded = _node("wsl2").to_dict()
     assert recorded["platform"] == "wsl2"
