@@ -11,7 +11,11 @@
 #       -t ghcr.io/your-org/hetero-ray:0.1.0-gpu .
 #
 # The tags are the ones kuberay-raycluster.yaml names; push them where your cluster pulls
-# from. No token or data goes into the image (.dockerignore): the auth token comes from a
+# from. Size: both images carry torch from PyPI, which brings CUDA 13's libraries
+# (nvidia-* wheels, about 3 GB installed) also into the CPU image, where nothing uses
+# them. A CPU-only torch would leave them out, but PyPI's torchvision wheels are CUDA
+# builds that fail to import against it (requirements.txt), so both images install the
+# same tested pair; expect the CPU image to be about 3 GB larger than its Ray base. No token or data goes into the image (.dockerignore): the auth token comes from a
 # Kubernetes Secret at run time.
 ARG RAY_IMAGE=rayproject/ray:2.60.0-py311
 FROM ${RAY_IMAGE}

@@ -15,9 +15,9 @@ setup-browser:
 ## A short run on a local Ray cluster with four visibly different (emulated) workers.
 demo: setup
 	$(VENV)/bin/hetero-ray train --model simple_cnn --dataset synthetic_image \
-	  --num-samples 6144 --epochs 2 --batch-size 96 --num-workers 4 \
+	  --num-samples 6144 --epochs 2 --global-batch-size 96 --num-workers 4 \
 	  --emulate-speeds 1,1,0.5,0.25 \
-	  --output-dir runs --experiment-name $(DEMO_NAME)
+	  --storage-path runs --name $(DEMO_NAME)
 	@$(VENV)/bin/hetero-ray report --quiet runs/$(DEMO_NAME)  # the run already printed its summary
 
 ## Imports point down only: the contract is [tool.importlinter] in pyproject.toml.

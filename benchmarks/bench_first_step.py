@@ -100,8 +100,8 @@ def hetero(workdir: str, num_workers: int, name: str, emulate_speeds: str | None
 
     cli = os.path.join(os.path.dirname(sys.executable), "hetero-ray")
     argv = [cli, "train", "--model", MODEL, "--dataset", "synthetic_image", "--num-samples", str(BATCH * 12),
-            "--epochs", "1", "--batch-size", str(BATCH), "--num-workers", str(num_workers),
-            "--output-dir", workdir, "--experiment-name", name]
+            "--epochs", "1", "--global-batch-size", str(BATCH), "--num-workers", str(num_workers),
+            "--storage-path", workdir, "--name", name]
     if emulate_speeds:
         argv += ["--emulate-speeds", emulate_speeds]
     if address:

@@ -385,7 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--log-dir", default=os.path.join("runs", time.strftime("gpu-check-%Y%m%d-%H%M%S")),
                    help="every stage's log and output goes here (packed into LOG_DIR.tar.gz at the end)")
     p.add_argument("--model", default="simple_cnn", help="built-in model to profile and train (default simple_cnn)")
-    p.add_argument("--batch-size", type=int, default=512, help="global batch of the training runs (default 512)")
+    p.add_argument("--global-batch-size", "--batch-size", dest="batch_size", type=int, default=512, help="global batch of the training runs (default 512)")
     p.add_argument("--steps", type=int, default=60, help="global steps per training run (default 60)")
     p.add_argument("--cpu-workers", type=int, default=3, help="CPU ranks beside the GPU (default 3)")
     p.add_argument("--cpus-per-worker", type=int, default=3, help="cores per rank (default 3)")
@@ -455,7 +455,7 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
                                                   nodes_json), log_dir, limit, env)
         if failed is None:
             failed = run_stage("plan", _hetero_ray(
-                "plan", "--profile", nodes_json, "--batch-size", str(args.batch_size),
+                "plan", "--profile", nodes_json, "--global-batch-size", str(args.batch_size),
                 "--workers", f"gpu,cpu*{args.cpu_workers}", "--json", plan_json), log_dir, limit, env)
         rows += curve_rows(_read_json(plan_json) or {}) if failed is None else [
             Row("profile", "profile and curves", failed, status=FAILED)]
@@ -475,14 +475,14 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         experiment = f"train-{i}-{policy}-{len(devices.split(','))}w-{precision}"
         failed = run_stage(experiment, _hetero_ray(
             "train", "--address", address, "--model", args.model, "--dataset", "synthetic_image",
-            "--batch-size", str(args.batch_size), "--num-samples", str(args.batch_size * args.steps),
+            "--global-batch-size", str(args.batch_size), "--num-samples", str(args.batch_size * args.steps),
             "--eval-samples", str(args.batch_size), "--epochs", "1", "--worker-devices", devices,
             "--num-workers", str(len(devices.split(","))), "--cpus-per-worker", str(args.cpus_per_worker),
             "--policy", policy, "--precision", precision, *profile_flag,
             # A checkpoint is a barrier of every rank: on a GPU whose step takes milliseconds
             # one inside the measured half of the run would outweigh its steps.
-            "--checkpoint-every", str(args.steps), "--output-dir", os.path.join(log_dir, "runs"),
-            "--experiment-name", experiment), log_dir, limit, env)
+            "--checkpoint-every", str(args.steps), "--storage-path", os.path.join(log_dir, "runs"),
+            "--name", experiment), log_dir, limit, env)
         run_dir = os.path.join(log_dir, "runs", experiment)
         summary = _read_json(os.path.join(run_dir, "summary.json")) or {}
         measured[name] = summary.get("steady_samples_per_s") if failed is None else None
@@ -515,10 +515,10 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         rows.append(Row("nccl", "2 GPU ranks over NCCL", f"{num_gpus} GPU here: needs 2 or more", status=SKIPPED))
     else:
         failed = run_stage("nccl", _hetero_ray(
-            "train", "--address", address, "--model", args.model, "--batch-size", str(args.batch_size),
+            "train", "--address", address, "--model", args.model, "--global-batch-size", str(args.batch_size),
             "--num-samples", str(args.batch_size * 10), "--epochs", "1", "--use-gpu", "yes", "--backend", "nccl",
-            "--num-workers", "2", "--cpus-per-worker", "1", "--output-dir", os.path.join(log_dir, "runs"),
-            "--experiment-name", "nccl"), log_dir, limit, env)
+            "--num-workers", "2", "--cpus-per-worker", "1", "--storage-path", os.path.join(log_dir, "runs"),
+            "--name", "nccl"), log_dir, limit, env)
         summary = _read_json(os.path.join(log_dir, "runs", "nccl", "summary.json")) or {}
         value = summary.get("steady_samples_per_s")
         rows.append(Row("nccl", "2 GPU ranks over NCCL", failed or f"{value or 0:,.0f} samples/s",
@@ -537,11 +537,11 @@ def _precision_losses(args, env: dict, log_dir: str, limit: float) -> dict:
     for precision in _precisions(args):
         experiment = f"precision-{precision}"
         failed = run_stage(experiment, _hetero_ray(
-            "train", "--model", "mlp", "--num-samples", "960", "--eval-samples", "48", "--batch-size", "48",
+            "train", "--model", "mlp", "--num-samples", "960", "--eval-samples", "48", "--global-batch-size", "48",
             "--epochs", "3", "--max-steps", str(PRECISION_STEPS), "--seed", "5", "--lr", "0.05",
             "--worker-devices", "gpu,cpu,cpu", "--num-workers", "3", "--cpus-per-worker", "2",
-            "--policy", "static", "--batch-split", "26,14,8", "--plan-change", "20:8,16,24", "--no-profile",
-            "--precision", precision, "--output-dir", os.path.join(log_dir, "runs"), "--experiment-name", experiment),
+            "--policy", "static", "--batch-split", "26,14,8", "--plan-changes", "20:8,16,24", "--no-profile",
+            "--precision", precision, "--storage-path", os.path.join(log_dir, "runs"), "--name", experiment),
             log_dir, limit, env)
         if failed is None:
             losses[precision] = step_losses(_steps(os.path.join(log_dir, "runs", experiment, "steps.parquet")))

@@ -79,8 +79,8 @@ def update_runs(catalog: RunCatalog, n_intervals, search: Optional[str], current
         message = None
     else:
         message = ui.message(
-            f"No runs under {catalog.runs_dir} — start one with `hetero-ray train --output-dir {catalog.runs_dir} "
-            f"--experiment-name my-run` (or `make demo`)"
+            f"No runs under {catalog.runs_dir} — start one with `hetero-ray train --storage-path {catalog.runs_dir} "
+            f"--name my-run` (or `make demo`)"
             + ("" if catalog.bridge is not None else ", or connect the app to a cluster with --address"), "warn")
     return (options if options != current_options else no_update,
             value if value != current else no_update, status, message)
@@ -130,7 +130,7 @@ def update_page(page, catalog: RunCatalog, run_key: Optional[str], extra: tuple,
                 notes.append(source.notice() or "")
     except RunNotFound as e:
         hint = "choose a run in the list at the top" if catalog.entries() else \
-            f"no runs under {catalog.runs_dir} yet — start one with `hetero-ray train --output-dir {catalog.runs_dir}`"
+            f"no runs under {catalog.runs_dir} yet — start one with `hetero-ray train --storage-path {catalog.runs_dir}`"
         return _empty_outputs(page, f"{e}: {hint}.")
     except Exception as e:  # noqa: BLE001 - the page says so; the app keeps serving
         log.exception("building page %s failed", page.NAME)

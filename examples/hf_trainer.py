@@ -2,7 +2,7 @@
 (nothing downloaded), learns generated sentences character by character; each worker
 trains on a share of every global batch that follows its speed.
 
-    pip install 'hetero-ray[hf]'                                 # transformers and accelerate
+    pip install '.[hf]'                                          # in the checkout: transformers and accelerate
     python examples/hf_trainer.py                                # a local Ray, 3 workers
     python examples/hf_trainer.py --emulate-speeds 1,0.5,0.25    # one fast, two slow workers
     ray job submit --working-dir . -- python examples/hf_trainer.py

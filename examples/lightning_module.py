@@ -2,7 +2,7 @@
 classify generated points (nothing downloaded), its data coming from a LightningDataModule;
 each worker trains on a share of every global batch that follows its speed.
 
-    pip install 'hetero-ray[lightning]'                               # PyTorch Lightning
+    pip install '.[lightning]'                               # PyTorch Lightning
     python examples/lightning_module.py                               # a local Ray, 3 workers
     python examples/lightning_module.py --emulate-speeds 1,0.5,0.25   # one fast, two slow workers
     ray job submit --working-dir . -- python examples/lightning_module.py

@@ -100,7 +100,8 @@ class DataConfig:
 class OptimizationConfig:
     """Depends on the global batch only, never on the workers or their speeds."""
 
-    batch_size: int = setting(64, "global batch size B", type=int)
+    batch_size: int = setting(64, "global batch size B: the samples of one optimiser step across all workers", type=int,
+                               name="--global-batch-size", aliases=("--batch-size",))
     epochs: int = setting(1, "passes over the training samples", type=int)
     max_steps: Optional[int] = setting(None, "stop after this many global steps", type=int)  # ≤ epochs' worth
     lr: float = setting(0.05, "learning rate", type=float)
@@ -112,7 +113,7 @@ class OptimizationConfig:
     seed: int = setting(0, "the data order (one seeded permutation per epoch) and the initial weights", type=int)
 
     def __post_init__(self):
-        validate.positive_int("--batch-size", self.batch_size)
+        validate.positive_int("--global-batch-size", self.batch_size)
         validate.positive_int("--epochs", self.epochs)
         if self.max_steps is not None:
             validate.positive_int("--max-steps", self.max_steps)
@@ -199,7 +200,7 @@ class PlanConfig:
     # optimal: minimise the predicted step time with the fitted cost model.
     policy: str = setting("optimal", _one_of(POLICIES))
     batch_split: Optional[list[int]] = setting(
-        None, "explicit initial shares, e.g. 40,24 (sum = --batch-size)", type=int_list)
+        None, "explicit initial shares, e.g. 40,24 (sum = --global-batch-size)", type=int_list)
     # Often enough to follow a device, rare enough to measure (rank 0 fetches + broadcasts).
     rebalance_interval: int = setting(20, "steps between plan checks", type=int)
     rebalance_threshold: float = setting(  # adopt only if the predicted step time drops > 5 %
@@ -208,18 +209,18 @@ class PlanConfig:
     # Scripted plan changes {"global_step", "local_batch_sizes"} (tests and demos).
     plan_changes: Optional[list[dict]] = setting(
         None, "scripted plan change at a global step (tests, demos; repeatable)",
-        name="--plan-change", type=plan_change, metavar="STEP:B0,B1,...", repeat=True)
+        type=plan_change, metavar="STEP:B0,B1,...", repeat=True, aliases=("--plan-change",))
 
     def __post_init__(self):
         validate.choice("--policy", self.policy, POLICIES)
         if self.batch_split is not None:
-            # Shares of the global batch: TrainConfig checks them against --batch-size and the ranks.
+            # Shares of the global batch: TrainConfig checks them against --global-batch-size and the ranks.
             _store(self, batch_split=validate.int_list("--batch-split", self.batch_split))
         validate.positive_int("--rebalance-interval", self.rebalance_interval)
         validate.fraction_below_one("--rebalance-threshold", self.rebalance_threshold, of="the step time")
         validate.non_negative_int("--rebalance-cooldown", self.rebalance_cooldown)
         if self.plan_changes is not None:
-            _store(self, plan_changes=validate.plan_changes("--plan-change", self.plan_changes))
+            _store(self, plan_changes=validate.plan_changes("--plan-changes", self.plan_changes))
 
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.planning.policies.PolicyConfig`."""
@@ -234,7 +235,7 @@ class EmulationConfig:
         None, "per-rank fraction of real speed, e.g. 1,1,0.5,0.25", type=float_list)
     emulate_speed_changes: Optional[list[dict]] = setting(
         None, "from global STEP on, RANK runs at SPEED (repeatable)",
-        name="--emulate-speed-change", type=speed_change, metavar="STEP:RANK:SPEED", repeat=True)
+        type=speed_change, metavar="STEP:RANK:SPEED", repeat=True, aliases=("--emulate-speed-change",))
     emulate_devices: Optional[list[str]] = setting(
         None, "per-rank device curve: PROFILE.json[:NODE][:gpuN|cpuN] or curve:FLOOR_MS:ALPHA_MS:BETA_MS, "
               "each optionally *COUNT, e.g. h100_nodes.json:gpu0,curve:0:2:0.5*3",
@@ -249,7 +250,7 @@ class EmulationConfig:
             _store(self, emulate_speeds=validate.fractions("--emulate-speeds", self.emulate_speeds,
                                                            of="the real speed"))
         if self.emulate_speed_changes is not None:
-            _store(self, emulate_speed_changes=validate.speed_changes("--emulate-speed-change",
+            _store(self, emulate_speed_changes=validate.speed_changes("--emulate-speed-changes",
                                                                       self.emulate_speed_changes))
         if self.emulate_devices is not None:
             _store(self, emulate_devices=emulated_devices("--emulate-devices", self.emulate_devices))
@@ -264,7 +265,7 @@ class EmulationConfig:
 # --- emulated devices: the syntax of one rank's entry (training/curve_emulation.py reads the files)
 #
 # Colons inside an entry, commas between ranks: as every per-rank flag (--emulate-speeds,
-# --worker-devices) and --emulate-speed-change STEP:RANK:SPEED.
+# --worker-devices) and --emulate-speed-changes STEP:RANK:SPEED.
 _DEVICE_SELECTOR = re.compile(r"^(?P<kind>gpu|cpu)(?P<index>\d+)?$")
 _COUNT_SUFFIX = re.compile(r"^(?P<entry>.+)\*(?P<count>\d+)$")
 CURVE_PREFIX = "curve:"
@@ -329,15 +330,15 @@ class ProfilingConfig:
     profile_interval: int = setting(
         10, "in-training GPU/CPU readings every N steps; 0 turns them off", type=int)
     profile_timeout_s: float = setting(  # slower nodes are reported failed and start with typical shares
-        DEFAULT_PROFILE_TIMEOUT_S, "seconds for profiling the whole cluster", name="--profile-timeout", type=float,
-        metavar="SECONDS")
+        DEFAULT_PROFILE_TIMEOUT_S, "seconds for profiling the whole cluster", type=float, metavar="SECONDS",
+        aliases=("--profile-timeout",))
 
     def __post_init__(self):
         validate.switch("--profile", self.profile)
         if self.profile_batch_sizes is not None:
             _store(self, profile_batch_sizes=validate.probe_sizes("--profile-batch-sizes", self.profile_batch_sizes))
         validate.non_negative_int("--profile-interval", self.profile_interval)
-        validate.positive_number("--profile-timeout", self.profile_timeout_s, unit="seconds")
+        validate.positive_number("--profile-timeout-s", self.profile_timeout_s, unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ class FaultToleranceConfig:
 
     checkpoint_every: int = setting(100, "steps between checkpoints (and every epoch end)", type=int)
     max_failures: int = setting(3, "worker-group restarts allowed, each from the last checkpoint", type=int)
-    resume: bool = setting(False, "continue the run of the same --experiment-name")
+    resume: bool = setting(False, "continue the run of the same --name")
     # A NaN loss is almost always a bug or a divergence, and every later step trains on it.
     allow_non_finite_loss: bool = setting(
         False, "train on when a loss is NaN or infinite (by default the run stops at that step, naming it)")
@@ -361,19 +362,23 @@ class FaultToleranceConfig:
 class OutputConfig:
     """Which run this is, and where its files go."""
 
-    experiment_name: str = setting(help="run name (default run-YYYYmmdd-HHMMSS)",
-                                   default_factory=default_experiment_name)
-    output_dir: str = setting("runs", "runs go to OUTPUT_DIR/EXPERIMENT_NAME")
+    # The flags are Ray Train's RunConfig(name=..., storage_path=...): one word for each in the
+    # CLI, the Python API and the examples (the settings keep their config.json keys).
+    experiment_name: str = setting(help="the run's name, its folder under --storage-path (default run-YYYYmmdd-HHMMSS)",
+                                   default_factory=default_experiment_name, name="--name",
+                                   aliases=("--experiment-name",))
+    output_dir: str = setting("runs", "where runs go: a run is the folder STORAGE_PATH/NAME (shared by every node "
+                                      "of a multi-node cluster)", name="--storage-path", aliases=("--output-dir",))
     record_sample_ids: bool = setting(False, "write sample_ids.parquet (exactly-once audit)")
 
     def __post_init__(self):
         if not isinstance(self.experiment_name, str) or not _EXPERIMENT_NAME.match(self.experiment_name):
             raise ConfigError(
-                f"--experiment-name {self.experiment_name!r} must be 1-100 characters of letters, "
+                f"--name {self.experiment_name!r} must be 1-100 characters of letters, "
                 "digits, '.', '_' or '-', starting with a letter or digit"
             )
         if not self.output_dir:
-            raise ConfigError("--output-dir must not be empty")
+            raise ConfigError("--storage-path must not be empty")
         validate.switch("--record-sample-ids", self.record_sample_ids)
 
 
@@ -383,27 +388,27 @@ class OutputConfig:
 def check_shares(plan: PlanConfig, batch_size: int) -> None:
     """The plan's shares add up to the global batch (known before the workers are)."""
     if plan.batch_split is not None:
-        validate.shares("--batch-split", plan.batch_split, batch_size, "--batch-size")
+        validate.shares("--batch-split", plan.batch_split, batch_size, "--global-batch-size")
     for change in plan.plan_changes or ():
-        validate.shares(f"--plan-change at step {change['global_step']}", change["local_batch_sizes"], batch_size,
-                        "--batch-size", may_leave_out=True)
+        validate.shares(f"--plan-changes at step {change['global_step']}", change["local_batch_sizes"], batch_size,
+                        "--global-batch-size", may_leave_out=True)
 
 
 def check_ranks(plan: PlanConfig, emulation: EmulationConfig, batch_size: int, num_workers: int) -> None:
     """What depends on the number of workers (the most a run may have): a sample per
     worker in every step, one value per rank in every per-rank setting."""
     if batch_size < num_workers:
-        raise ConfigError(f"--batch-size {batch_size} is smaller than --num-workers {num_workers}: every worker "
+        raise ConfigError(f"--global-batch-size {batch_size} is smaller than --num-workers {num_workers}: every worker "
                           "needs at least one sample per step; raise the global batch or use fewer workers")
     if plan.batch_split is not None:
         validate.per_rank("--batch-split", plan.batch_split, num_workers)
     for change in plan.plan_changes or ():
-        validate.per_rank(f"--plan-change at step {change['global_step']}", change["local_batch_sizes"], num_workers)
+        validate.per_rank(f"--plan-changes at step {change['global_step']}", change["local_batch_sizes"], num_workers)
     if emulation.emulate_speeds is not None:
         validate.per_rank("--emulate-speeds", emulation.emulate_speeds, num_workers)
     for change in emulation.emulate_speed_changes or ():
         if change["rank"] >= num_workers:
-            raise ConfigError(f"--emulate-speed-change rank {change['rank']} does not exist with "
+            raise ConfigError(f"--emulate-speed-changes rank {change['rank']} does not exist with "
                               f"--num-workers {num_workers}")
     if emulation.emulate_devices is not None:
         validate.per_rank("--emulate-devices", emulation.emulate_devices, num_workers)
@@ -458,7 +463,7 @@ class TrainConfig:
         check_ranks(self.plan, self.emulation, self.batch_size, self.num_workers)
         if self.dataset not in FILE_DATASETS and self.num_samples < self.batch_size:
             raise ConfigError(
-                f"--num-samples {self.num_samples} is smaller than --batch-size {self.batch_size}; "
+                f"--num-samples {self.num_samples} is smaller than --global-batch-size {self.batch_size}; "
                 "one epoch would not fill one global batch"
             )
         check_shares(self.plan, self.batch_size)
@@ -558,7 +563,7 @@ def changed_on_resume(recorded: dict, config: TrainConfig) -> list[str]:
 
 
 def setting_flag(name: str) -> str:
-    """The flag that sets ``name`` (``profile_timeout_s`` → ``--profile-timeout``)."""
+    """The flag that sets ``name`` (``profile_timeout_s`` → ``--profile-timeout-s``)."""
     fields = dataclasses.fields(parts()[_PART_OF[name]])
     return flag_name(next(f for f in fields if f.name == name))
 

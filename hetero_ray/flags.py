@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -30,6 +31,8 @@ class Flag:
         metavar: how the value is shown in ``--help``.
         repeat: the flag may be given several times; the setting is the list of values.
         sets: the fields one parsed value fills, in order (default: its own field alone).
+        aliases: older spellings of the flag, still accepted with a deprecation message
+            (:class:`DeprecatedFlag`) and hidden from ``--help``.
     """
 
     help: str
@@ -38,6 +41,7 @@ class Flag:
     metavar: Optional[str] = None
     repeat: bool = False
     sets: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
 
 
 def setting(default=dataclasses.MISSING, help: str = "", *, default_factory=dataclasses.MISSING,
@@ -88,6 +92,33 @@ def add_flags(parser, config_class) -> None:
             if shown:
                 options["help"] = f"{flag.help} (default {shown})"
         parser.add_argument(flag_name(f), **options)
+        for alias in flag.aliases:
+            add_deprecated_alias(parser, alias, flag_name(f), dest=f.name, type=flag.type, repeat=flag.repeat)
+
+
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag: sets the same value as the new one (appends, for a
+    repeatable flag) and says on stderr which flag to use instead. Hidden from ``--help``;
+    ``docs/cli.md`` lists it under its command."""
+
+    def __init__(self, option_strings, dest, use: str, repeat: bool = False, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.use = use
+        self.repeat = repeat
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: {option_string} is deprecated and will be removed; use {self.use} "
+              f"(same value)", file=sys.stderr)
+        if self.repeat:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(parser, alias: str, use: str, *, dest: str, type: Optional[Callable[[str], Any]] = None,
+                         repeat: bool = False) -> None:
+    """Accepts ``alias`` as an old spelling of the flag ``use`` (see :class:`DeprecatedFlag`)."""
+    parser.add_argument(alias, dest=dest, action=DeprecatedFlag, use=use, repeat=repeat, type=type,
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def settings_from_args(args: argparse.Namespace, config_class) -> dict[str, Any]:

@@ -171,7 +171,8 @@ class HeteroConfig:
 
 
 # The CLI's flags as HeteroTrainer's arguments name them: the parts' checks speak in flags.
-_API_NAMES = {"--batch-size": "HeteroConfig.global_batch_size", "--num-workers": "ScalingConfig.num_workers",
+_API_NAMES = {"--global-batch-size": "HeteroConfig.global_batch_size", "--batch-size": "HeteroConfig.global_batch_size",
+              "--num-workers": "ScalingConfig.num_workers",
               **{flag: f"HeteroConfig.{f.name}" for f in dataclasses.fields(HeteroConfig) if f.name in setting_names()
                  for flag in (setting_flag(f.name), "--" + f.name.replace("_", "-"))}}
 _FLAG = re.compile(r"--[a-z][a-z0-9-]*")

@@ -1,7 +1,7 @@
 """The checks every configuration shares: :class:`~hetero_ray.config.TrainConfig`'s parts,
 :class:`~hetero_ray.hetero_config.HeteroConfig` and
 :class:`~hetero_ray.profiling.profile_config.ProfileConfig` reject a value with the same
-words, naming the setting the way its user wrote it (``--batch-size`` on the command line,
+words, naming the setting the way its user wrote it (``--global-batch-size`` on the command line,
 ``HeteroConfig.global_batch_size`` in Python).
 
 Each check raises :class:`~hetero_ray.errors.ConfigError` or returns the value in the form

@@ -2,7 +2,8 @@
 
 A job's driver runs inside Ray's unpacked copy of ``--working-dir``
 (``/tmp/ray/session_*/runtime_resources/working_dir_files/…``), which Ray deletes later.
-A relative ``--output-dir`` (the default ``runs``) or ``--json`` would land there and
+A relative ``--storage-path`` (``train``'s default ``runs``; the balance benchmark's
+``--output-dir``) or ``--json`` would land there and
 vanish with it. Inside a Ray job, those paths are resolved against
 ``HETERO_RAY_JOB_OUTPUT_DIR`` if set, else ``~/hetero_ray``; absolute paths and runs
 outside a job are left as given.
@@ -42,7 +43,7 @@ def resolve_output_paths(command: str, argv: Sequence[str], environ: Optional[di
 
     Returns:
         The flags to run with: unchanged outside a Ray job; inside one, an absolute
-        ``--output-dir`` / ``--json`` appended where the given (or default) one was
+        ``--storage-path`` (``--output-dir`` for the benchmark) / ``--json`` appended where the given (or default) one was
         relative (the last occurrence of a flag wins in argparse).
     """
     argv = list(argv)
@@ -63,7 +64,7 @@ def resolve_output_paths(command: str, argv: Sequence[str], environ: Optional[di
     if command == "bench" and output_dir is None:  # the bench's own default, under the root
         output_dir = os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S"))
     if output_dir is not None and not os.path.isabs(os.path.expanduser(output_dir)):
-        added += ["--output-dir", os.path.join(root, output_dir)]
+        added += ["--output-dir" if command == "bench" else "--storage-path", os.path.join(root, output_dir)]
     json_path = getattr(args, "json", None)
     if json_path and not os.path.isabs(os.path.expanduser(json_path)):
         added += ["--json", os.path.join(root, json_path)]

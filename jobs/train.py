@@ -3,7 +3,7 @@
     ray job submit --working-dir . -- python jobs/train.py --model simple_cnn --num-workers 4
 
 Inside a Ray job, RAY_ADDRESS is set, so training joins the cluster the job runs on, and a
-relative --output-dir (the default `runs` too) lands under HETERO_RAY_JOB_OUTPUT_DIR or
+relative --storage-path (the default `runs` too) lands under HETERO_RAY_JOB_OUTPUT_DIR or
 ~/hetero_ray, not in Ray's copy of the working dir, which Ray deletes (jobs/job_paths.py).
 """
 

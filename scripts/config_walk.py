@@ -87,7 +87,7 @@ def walk(argv: list[str]) -> list[tuple[str, str]]:
 def main(flags: list[str]) -> int:
     ordered = layers()
     with tempfile.TemporaryDirectory() as output_dir:
-        calls = walk(["train", *flags, "--output-dir", output_dir, "--experiment-name", "walk"])
+        calls = walk(["train", *flags, "--storage-path", output_dir, "--name", "walk"])
     first_seen = list(dict.fromkeys(m for call in calls for m in call))
     up = Counter((a, b) for a, b in calls if layer_of(b, ordered) < layer_of(a, ordered))
     print(f"{len(first_seen)} modules, {len(calls)} calls between modules, in the order first entered:")

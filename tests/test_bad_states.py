@@ -40,7 +40,7 @@ from tests.cli import run_cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The job every checkpoint case resumes: 8 steps of mlp, checkpoints at steps 4 and 8.
-JOB = ["--model", "mlp", "--num-samples", "256", "--eval-samples", "64", "--batch-size", "32",
+JOB = ["--model", "mlp", "--num-samples", "256", "--eval-samples", "64", "--global-batch-size", "32",
        "--num-workers", "2", "--no-profile", "--policy", "static"]
 
 
@@ -83,7 +83,7 @@ def files_of(run_dir: str) -> dict[str, tuple[int, int]]:
 
 def train_args(output_dir, name: str, *extra: str) -> list[str]:
     """``hetero-ray train`` of JOB; later flags override JOB's (argparse keeps the last)."""
-    return ["train", *JOB, "--epochs", "1", "--output-dir", str(output_dir), "--experiment-name", name, *extra]
+    return ["train", *JOB, "--epochs", "1", "--storage-path", str(output_dir), "--name", name, *extra]
 
 
 def resume_args(output_dir, name: str, *extra: str) -> list[str]:
@@ -200,7 +200,7 @@ CHANGED_SETTINGS_CASES = [
     ("--optimizer", ["--optimizer", "adamw"], ["--optimizer was sgd, now adamw"]),
     ("--drop-last", ["--drop-last"], ["--drop-last was off, now on"]),
     ("--lr-schedule", ["--lr-schedule", "constant"], ["--lr-schedule was cosine, now constant"]),
-    ("--batch-size", ["--batch-size", "64"], ["--batch-size was 32, now 64"]),
+    ("--global-batch-size", ["--global-batch-size", "64"], ["--global-batch-size was 32, now 64"]),
     ("--num-samples", ["--num-samples", "512"], ["--num-samples was 256, now 512"]),
     ("--eval-samples", ["--eval-samples", "128"], ["--eval-samples was 64, now 128"]),
     ("--seed", ["--seed", "7"], ["--seed was 0, now 7"]),
@@ -221,7 +221,7 @@ def test_resume_with_other_training_settings_is_refused(trained_run, tmp_path, c
     for fragment in fragments:
         assert fragment in err, err
     assert err.rstrip().endswith("Resume with the original values, or start a new run under another "
-                                 "--experiment-name"), err
+                                 "--name"), err
     assert "--epochs" not in err and "--num-workers" not in err, "a setting that may change was named"
     assert "Traceback" not in out + err
     assert files_of(run_dir) == before, "the run directory changed (config.json included)"
@@ -392,7 +392,7 @@ def assert_failed_cleanly(run_dir: str, out: str, err: str) -> None:
     # One line, no traceback of the driver's own (Ray Train logs the workers' errors and
     # the collateral ones of its shutdown; those lines carry the worker's prefix).
     assert not [line for line in driver_lines(out + err) if "Traceback" in line], err[-3000:]
-    for fragment in ("disk full at", "free space or choose another --output-dir", f"are in {run_dir}"):
+    for fragment in ("disk full at", "free space or choose another --storage-path", f"are in {run_dir}"):
         assert fragment in message, message
     # Nothing half-written is visible: no temporary file, no unregistered checkpoint.
     leftovers = [os.path.join(root, name) for root, _, names in os.walk(run_dir) for name in names
@@ -545,7 +545,7 @@ def test_failures_become_one_message_a_person_can_act_on():
     assert isinstance(store, TrainingFailed)
     assert str(store) == ("training stopped: the metrics store could not write: disk full at "
                           "/r/parts/steps/part-00000003.parquet while writing the steps part (0.0 MiB free there); "
-                          "free space or choose another --output-dir; the run's files up to step 40 are in /r")
+                          "free space or choose another --storage-path; the run's files up to step 40 are in /r")
 
     upload = failure_for_user(WorkerGroupError("rank 0 failed", {0: OSError(errno.ENOSPC, "No space left on device")}),
                               "/r", 30)

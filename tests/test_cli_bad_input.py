@@ -25,7 +25,7 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def base_args(output_dir) -> list[str]:
-    return ["train", "--output-dir", str(output_dir), "--experiment-name", "bad", "--model", "mlp"]
+    return ["train", "--storage-path", str(output_dir), "--name", "bad", "--model", "mlp"]
 
 
 def corrupt_cifar(tmp_path):
@@ -41,17 +41,17 @@ CASES = [
     ("unknown model", ["--model", "vgg99"], "--model must be one of"),
     ("unknown dataset", ["--dataset", "imagenet"], "--dataset must be one of"),
     ("unknown policy", ["--policy", "fastest"], "--policy must be one of"),
-    ("zero batch", ["--batch-size", "0"], "--batch-size must be a positive integer"),
+    ("zero batch", ["--global-batch-size", "0"], "--global-batch-size must be a positive integer"),
     ("negative epochs", ["--epochs", "-1"], "--epochs must be a positive integer"),
-    ("non-integer batch", ["--batch-size", "6.5"], "invalid int value"),
+    ("non-integer batch", ["--global-batch-size", "6.5"], "invalid int value"),
     ("non-integer workers", ["--num-workers", "two"], "expected N or MIN-MAX"),
     ("elastic range reversed", ["--num-workers", "4-2"], "the minimum must not exceed the maximum"),
     ("elastic minimum zero", ["--num-workers", "0-2"], "--num-workers (minimum) must be a positive integer"),
     ("zero samples", ["--num-samples", "0"], "--num-samples must be a positive integer"),
     ("zero rebalance interval", ["--rebalance-interval", "0"], "--rebalance-interval must be a positive integer"),
-    ("batch below workers", ["--batch-size", "3", "--num-workers", "4"], "smaller than --num-workers"),
+    ("batch below workers", ["--global-batch-size", "3", "--num-workers", "4"], "smaller than --num-workers"),
     ("split wrong length", ["--batch-split", "40,24,8"], "--batch-split has 3 values but --num-workers is 2"),
-    ("split wrong sum", ["--batch-split", "40,20"], "sums to 60, but --batch-size is 64"),
+    ("split wrong sum", ["--batch-split", "40,20"], "sums to 60, but --global-batch-size is 64"),
     ("split zero share", ["--batch-split", "64,0"], "--batch-split values must be ≥ 1"),
     ("split not integers", ["--batch-split", "40,x"], "comma-separated integers"),
     ("speeds wrong length", ["--emulate-speeds", "1,0.5,0.5"], "--emulate-speeds has 3 values"),
@@ -59,7 +59,7 @@ CASES = [
     ("speed zero", ["--emulate-speeds", "1,0"], "--emulate-speeds values must be in (0, 1]"),
     ("model and dataset mismatch", ["--model", "gpt_tiny"], "needs a text dataset"),
     ("cifar without data dir", ["--dataset", "cifar10"], "reads its files from --data-dir"),
-    ("bad experiment name", ["--experiment-name", "../escape"], "--experiment-name"),
+    ("bad experiment name", ["--name", "../escape"], "--name"),
     ("negative lr", ["--lr", "-0.1"], "--lr must be a positive number"),
     ("zero checkpoint interval", ["--checkpoint-every", "0"], "--checkpoint-every must be a positive integer"),
     ("negative max failures", ["--max-failures", "-1"], "--max-failures must be a non-negative integer"),
@@ -73,24 +73,24 @@ CASES = [
     ("threshold above one", ["--rebalance-threshold", "1.5"], "--rebalance-threshold must be in [0, 1)"),
     ("negative cooldown", ["--rebalance-cooldown", "-1"], "--rebalance-cooldown must be a non-negative integer"),
     ("negative profile interval", ["--profile-interval", "-1"], "--profile-interval must be a non-negative integer"),
-    ("zero profile timeout", ["--profile-timeout", "0"], "--profile-timeout must be a positive number"),
+    ("zero profile timeout", ["--profile-timeout-s", "0"], "--profile-timeout-s must be a positive number"),
     ("zero probe batch", ["--profile-batch-sizes", "0,8"], "--profile-batch-sizes must be positive integers"),
     ("one probe size", ["--profile-batch-sizes", "8"], "--profile-batch-sizes needs two or more different positive sizes"),
     ("repeated probe size", ["--profile-batch-sizes", "8,8"], "--profile-batch-sizes needs two or more different"),
     ("unknown worker device", ["--worker-devices", "gpu,tpu"], "--worker-devices must give each worker gpu or cpu"),
     ("worker devices wrong length", ["--worker-devices", "gpu"], "--worker-devices has 1 values but --num-workers is 2"),
     ("malformed worker labels", ["--worker-labels", "gpu;cpu"], "expected KEY=VALUE pairs per worker"),
-    ("malformed plan change", ["--plan-change", "10:40,x"], "expected STEP:B0,B1"),
-    ("plan change wrong sum", ["--plan-change", "10:40,20"], "--plan-change at step 10 sums to 60, but --batch-size is 64"),
-    ("malformed speed change", ["--emulate-speed-change", "10:1"], "expected STEP:RANK:SPEED"),
-    ("speed change above one", ["--emulate-speed-change", "10:1:2"], "SPEED in (0, 1]"),
+    ("malformed plan change", ["--plan-changes", "10:40,x"], "expected STEP:B0,B1"),
+    ("plan change wrong sum", ["--plan-changes", "10:40,20"], "--plan-changes at step 10 sums to 60, but --global-batch-size is 64"),
+    ("malformed speed change", ["--emulate-speed-changes", "10:1"], "expected STEP:RANK:SPEED"),
+    ("speed change above one", ["--emulate-speed-changes", "10:1:2"], "SPEED in (0, 1]"),
 ]
 
 
 @pytest.mark.parametrize("flags,fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_flags_exit_2_without_a_run_directory(flags, fragment, tmp_path, capsys):
     output_dir = tmp_path / "runs"
-    code, err = run_cli(base_args(output_dir) + ["--batch-size", "64"] + flags, capsys)
+    code, err = run_cli(base_args(output_dir) + ["--global-batch-size", "64"] + flags, capsys)
     assert code == 2
     assert fragment in err
     assert not output_dir.exists()
@@ -169,13 +169,13 @@ def test_existing_run_directory_is_not_overwritten(tmp_path, capsys):
 
 
 def test_bad_speed_change_rank(tmp_path, capsys):
-    code, err = run_cli(base_args(tmp_path / "runs") + ["--emulate-speed-change", "10:5:0.5"], capsys)
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--emulate-speed-changes", "10:5:0.5"], capsys)
     assert code == 2 and "rank 5 does not exist" in err
 
 
 @pytest.mark.ray
 def test_more_workers_than_the_cluster_can_place(ray_session, tmp_path, capsys):
-    code, err = run_cli(base_args(tmp_path / "runs") + ["--num-workers", "64", "--batch-size", "64"], capsys)
+    code, err = run_cli(base_args(tmp_path / "runs") + ["--num-workers", "64", "--global-batch-size", "64"], capsys)
     assert code == 2
     assert "can place 8 worker(s) of 1 CPU" in err and "8 CPU" in err
     assert not (tmp_path / "runs").exists()

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from hetero_ray.cli.main import SUBCOMMANDS
+from hetero_ray.flags import DeprecatedFlag
 from hetero_ray.cli.reference import (
     BEGIN, END, REGENERATE, drift, reference_markdown, replace_block, subcommand_parsers,
 )
@@ -37,14 +38,17 @@ def test_the_reference_has_every_command_and_flag():
     assert set(commands) == set(SUBCOMMANDS)
     for name, parser in commands.items():
         assert f"### `hetero-ray {name}`" in block
+        section = block.split(f"### `hetero-ray {name}`")[1].split("### ")[0]
         for action in parser._actions:
             for flag in action.option_strings:
-                if flag not in ("-h", "--help"):
-                    assert f"| `{flag}" in block.split(f"### `hetero-ray {name}`")[1].split("### ")[0], (name, flag)
+                if isinstance(action, DeprecatedFlag):  # an old spelling: named beside its new one
+                    assert f"`{flag}` (now `{action.use}`)" in section, (name, flag)
+                elif flag not in ("-h", "--help"):
+                    assert f"| `{flag}" in section, (name, flag)
 
 
 @pytest.mark.parametrize("flag, default", [
-    ("--lr LR", "`0.05`"), ("--max-steps MAX_STEPS", ""), ("--plan-change STEP:B0,B1,...", ""),
+    ("--lr LR", "`0.05`"), ("--max-steps MAX_STEPS", ""), ("--plan-changes STEP:B0,B1,...", ""),
     ("--num-workers N\\|MIN-MAX", "`2`"), ("--batch-sizes B1,B2,...", "`8,16,32,64`"),
     ("--profile FILE", "required"), ("--port PORT", "`8050`"), ("--quiet", ""),
 ])

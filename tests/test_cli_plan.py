@@ -41,7 +41,7 @@ def write(tmp_path, document, name="nodes.json") -> str:
 
 def test_plan_on_the_h100_profile_prints_and_writes_the_curve_and_the_plan(tmp_path, capsys):
     out_json = tmp_path / "plan.json"
-    code, out, err = cli.run_cli(["plan", "--profile", str(H100_PROFILE), "--batch-size", "64",
+    code, out, err = cli.run_cli(["plan", "--profile", str(H100_PROFILE), "--global-batch-size", "64",
                                   "--json", str(out_json)], capsys)
     assert code == 0, err
     assert "NVIDIA H100 80GB HBM3: flat" in out and "refitted from the probe" in out
@@ -64,7 +64,7 @@ def test_plan_on_the_h100_profile_prints_and_writes_the_curve_and_the_plan(tmp_p
 def test_a_mixed_plan_gives_the_gpu_what_the_cpus_cannot_finish_within_its_floor(tmp_path, capsys):
     path = write(tmp_path, with_cpu_probe(h100_document()))
     out_json = tmp_path / "plan.json"
-    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3",
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--global-batch-size", "64", "--workers", "gpu,cpu*3",
                                   "--model", "resnet18", "--json", str(out_json)], capsys)
     assert code == 0, err
     report = json.loads(out_json.read_text())
@@ -83,7 +83,7 @@ def test_with_the_allreduce_the_plan_leaves_out_the_cpu_ranks_that_cost_more_tha
     reports = {}
     for allreduce in ("2.6", "0"):
         out_json = tmp_path / f"plan-{allreduce}.json"
-        code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3",
+        code, out, err = cli.run_cli(["plan", "--profile", path, "--global-batch-size", "64", "--workers", "gpu,cpu*3",
                                       "--allreduce-ms", allreduce, "--json", str(out_json)], capsys)
         assert code == 0, err
         reports[allreduce] = json.loads(out_json.read_text())
@@ -99,10 +99,10 @@ def test_with_the_allreduce_the_plan_leaves_out_the_cpu_ranks_that_cost_more_tha
 
 def test_the_plan_says_when_communication_is_not_modelled(tmp_path, capsys):
     path = write(tmp_path, with_cpu_probe(h100_document()))
-    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3"], capsys)
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--global-batch-size", "64", "--workers", "gpu,cpu*3"], capsys)
     assert code == 0, err
     assert "communication not modelled: give --allreduce-ms" in out
-    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "64", "--workers", "gpu,cpu*3",
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--global-batch-size", "64", "--workers", "gpu,cpu*3",
                                   "--allreduce-ms", "2.6"], capsys)
     assert code == 0, err
     assert "left out: ranks 1, 2, 3" in out and "all-reduce 0.000 ms" in out
@@ -122,7 +122,7 @@ def test_plan_reads_what_the_profiler_writes(tmp_path, capsys):
     path = str(tmp_path / "nodes.json")
     write_nodes_json(path, nodes, "simple_cnn", [8, 16, 32, 64])
     out_json = tmp_path / "plan.json"
-    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "1024", "--json", str(out_json),
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--global-batch-size", "1024", "--json", str(out_json),
                                   "--workers", "gpu-node:gpu,10.0.0.2:cpu*2"], capsys)
     assert code == 0, err
     assert "refitted" not in out and "floor+line" in out
@@ -133,7 +133,7 @@ def test_plan_reads_what_the_profiler_writes(tmp_path, capsys):
     assert [w["max_batch_size"] for w in report["workers"]] == [4096, 500, 500]
     assert all(abs(p["rel_error"]) < 1e-9 for d in report["devices"] for p in d["probe"])
     # default workers: the GPU, and the CPU of the node without one
-    code, out, err = cli.run_cli(["plan", "--profile", path, "--batch-size", "1024", "--json", str(out_json)], capsys)
+    code, out, err = cli.run_cli(["plan", "--profile", path, "--global-batch-size", "1024", "--json", str(out_json)], capsys)
     assert code == 0, err
     assert [(w["node_id"][0], w["kind"]) for w in json.loads(out_json.read_text())["workers"]] == [("a", "gpu"),
                                                                                                    ("b", "cpu")]
@@ -161,9 +161,9 @@ BAD = [
     ("too many gpus", "h100", ["--workers", "gpu*2"], "no gpu left in the profile"),
     ("negative all-reduce", "h100", ["--allreduce-ms", "-1"], "--allreduce-ms must be a number of milliseconds ≥ 0"),
     ("nan all-reduce", "h100", ["--allreduce-ms", "nan"], "--allreduce-ms must be a number of milliseconds ≥ 0"),
-    ("batch below workers", "h100_cpu", ["--workers", "gpu,cpu*3", "--batch-size", "3"],
+    ("batch below workers", "h100_cpu", ["--workers", "gpu,cpu*3", "--global-batch-size", "3"],
      "smaller than the 4 workers"),
-    ("zero batch", "h100", ["--batch-size", "0"], "--batch-size must be a positive integer"),
+    ("zero batch", "h100", ["--global-batch-size", "0"], "--global-batch-size must be a positive integer"),
 ]
 
 
@@ -180,8 +180,8 @@ def test_bad_profiles_and_flags_exit_2_with_a_clear_message(tmp_path, capsys, pr
         pathlib.Path(path).write_text(profile)
     else:
         path = write(tmp_path, profile)
-    argv = ["plan", "--profile", path, "--batch-size", "64", *extra]
-    if "--batch-size" in extra:
+    argv = ["plan", "--profile", path, "--global-batch-size", "64", *extra]
+    if "--global-batch-size" in extra:
         argv = ["plan", "--profile", path, *extra]
     code, out, err = cli.run_cli(argv, capsys)
     assert code == 2, (out, err)

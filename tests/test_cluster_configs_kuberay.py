@@ -306,7 +306,7 @@ def test_a_broken_raycluster_is_refused_by_the_schema(crds):
     cluster = _resource("RayCluster")
     for path, value, says in [
         ("spec.workerGroupSpecs.1.minReplicas", "2", "is not of type 'integer'"),
-        ("spec.headGroupSpec.template.spec.volumes.0.secret.defaultMode", "0440", "is not of type 'integer'"),
+        ("spec.headGroupSpec.template.spec.volumes.1.secret.defaultMode", "0440", "is not of type 'integer'"),
         ("spec.headGroupSpec.labels", ["hetero-ray.io/device=cpu"], "is not of type 'object'"),
         ("spec.headGroupSpec.template.spec.containers.0.volumeMounts.0.mountPath", _GONE, "'mountPath' is a required"),
     ]:
@@ -397,6 +397,12 @@ def placement_problems(spec: dict) -> list[str]:
                 problems.append(f"{name}: a GPU group names its model ({GPU_MODEL_LABEL})")
             if not all(g and int(g) >= 1 for g in gpus):
                 problems.append(f"{name}: labelled gpu but its containers request no {GPU}")
+            tolerated = [t for t in group["template"]["spec"].get("tolerations", [])
+                         if t.get("key") == GPU and t.get("operator") == "Exists"
+                         and t.get("effect") in (None, "NoSchedule")]
+            if not tolerated:
+                problems.append(f"{name}: a GPU group tolerates the {GPU} taint of GPU nodes (operator Exists, "
+                                "effect NoSchedule)")
         elif device == "cpu":
             if any(gpus):
                 problems.append(f"{name}: labelled cpu but requests {GPU}")
@@ -468,6 +474,8 @@ def test_both_clusters_meet_hetero_rays_needs(kind, check):
     (placement_problems, f"workerGroupSpecs.0.template.spec.containers.0.resources.limits[{GPU}]", 0, "request no"),
     (placement_problems, "workerGroupSpecs.1.rayStartParams.num-gpus", _GONE, "offers no GPU"),
     (placement_problems, "headGroupSpec.rayStartParams.num-cpus", _GONE, "the head trains nothing"),
+    (placement_problems, "workerGroupSpecs.0.template.spec.tolerations", _GONE, "tolerates the nvidia.com/gpu taint"),
+    (placement_problems, "workerGroupSpecs.0.template.spec.tolerations.0.effect", "NoExecute", "tolerates"),
     (image_problems, "workerGroupSpecs.1.template.spec.containers.0.image", "rayproject/ray:2.60.0", "none of"),
     (image_problems, "workerGroupSpecs.0.template.spec.containers.0.image", "ghcr.io/your-org/hetero-ray:0.1.0-cpu",
      "is built on rayproject/ray:"),
@@ -524,6 +532,67 @@ def test_raycluster_every_ray_container_reads_the_token_from_the_secret_mounted_
     assert not [d for d in _documents(RAYCLUSTER_YAML) if d["kind"] == "Secret"]  # created with kubectl
 
 
+PROMETHEUS_PODS = {"app.kubernetes.io/name": "prometheus"}  # the Prometheus operator's pods
+
+
+def _is_prometheus_rule(rule: dict, port: int) -> bool:
+    """An ingress rule that admits Prometheus (any namespace) to the metrics port alone."""
+    sources = rule.get("from", [])
+    return (len(sources) == 1 and sources[0].get("podSelector", {}).get("matchLabels") == PROMETHEUS_PODS
+            and rule.get("ports") == [{"port": port, "protocol": "TCP"}])
+
+
+def metrics_problems(documents: list[dict]) -> list[str]:
+    """Prometheus can scrape every node: each Ray container names its metrics-export-port
+    `metrics` (a PodMonitor selects it by name), and the NetworkPolicy admits Prometheus there."""
+    (cluster,) = [d for d in documents if d["kind"] in CRD_FILES]
+    problems, ports = [], set()
+    for name, group in _groups(_cluster_spec(cluster)).items():
+        port = group.get("rayStartParams", {}).get("metrics-export-port")
+        if port is None:
+            problems.append(f"{name}: no metrics-export-port")
+            continue
+        ports.add(int(port))
+        for container in _containers(group):
+            named = {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
+            if named.get("metrics") != int(port):
+                problems.append(f"{name}: the container names no port `metrics` at {port} (what a PodMonitor scrapes)")
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    for port in ports:
+        if not any(_is_prometheus_rule(rule, port) for rule in policy["spec"].get("ingress", [])):
+            problems.append(f"the NetworkPolicy keeps Prometheus from the metrics port {port}")
+    return problems
+
+
+@pytest.mark.parametrize("path", [RAYCLUSTER_YAML, RAYJOB_YAML], ids=["RayCluster", "RayJob"])
+def test_prometheus_may_scrape_the_metrics_port_of_every_node(path):
+    documents = _documents(path)
+    assert metrics_problems(documents) == []
+    (cluster_index,) = [i for i, d in enumerate(documents) if d["kind"] in CRD_FILES]
+    (policy_index,) = [i for i, d in enumerate(documents) if d["kind"] == "NetworkPolicy"]
+    prefix = "spec.rayClusterSpec." if documents[cluster_index]["kind"] == "RayJob" else "spec."
+
+    def broken(index, where, value=_GONE) -> list[str]:
+        changed = list(documents)
+        changed[index] = _break(documents[index], where, value)
+        return metrics_problems(changed)
+
+    assert "names no port `metrics`" in broken(cluster_index, prefix + "workerGroupSpecs.1.template.spec.containers.0.ports")[0]
+    last = len(documents[policy_index]["spec"]["ingress"]) - 1
+    assert "keeps Prometheus" in broken(policy_index, f"spec.ingress.{last}")[0]
+    assert "keeps Prometheus" in broken(policy_index, f"spec.ingress.{last}.ports.0.port", 9090)[0]
+
+
+def test_the_raycluster_keeps_its_runs_on_a_volume_every_pod_mounts():
+    """As the RayJob: the header's commands pass --storage-path /shared/runs."""
+    spec = _resource("RayCluster")["spec"]
+    assert "--storage-path /shared/runs" in open(RAYCLUSTER_YAML).read()
+    assert shared_storage_problems(spec, "/shared/runs") == []
+    mounts = "workerGroupSpecs.1.template.spec.containers.0.volumeMounts"
+    assert "cpu-workers: --storage-path" in shared_storage_problems(_break(spec, mounts, []), "/shared/runs")[0]
+    assert shared_storage_problems(spec, "/elsewhere/runs")
+
+
 def test_raycluster_dashboard_and_ports_are_not_exposed():
     documents = _documents(RAYCLUSTER_YAML)
     cluster = _resource("RayCluster")
@@ -533,7 +602,10 @@ def test_raycluster_dashboard_and_ports_are_not_exposed():
     (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
     own_pods = {"ray.io/cluster": cluster["metadata"]["name"]}
     assert policy["spec"]["podSelector"]["matchLabels"] == own_pods
-    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [[{"podSelector": {"matchLabels": own_pods}}]]
+    own, *others = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": own_pods}}]}  # every port, the cluster's pods only
+    metrics_port = int(head["rayStartParams"]["metrics-export-port"])
+    assert [_is_prometheus_rule(rule, metrics_port) for rule in others] == [True]  # and Prometheus, one port
 
 
 # --- the RayJob's own: one run of jobs/train.py on a cluster that goes when it ends
@@ -590,19 +662,24 @@ def storage_problems(job: dict) -> list[str]:
     """The run directory outlives the cluster: on one volume claim mounted at the same path
     in every Ray container (the driver on the head, the checkpoints on the workers)."""
     _, config = _train_config(job["spec"]["entrypoint"])
-    output_dir = config.output_dir.rstrip("/")
+    return shared_storage_problems(_cluster_spec(job), config.output_dir)
+
+
+def shared_storage_problems(spec: dict, output_dir: str) -> list[str]:
+    """``output_dir`` lies on one volume claim mounted there in every Ray container of ``spec``."""
+    output_dir = output_dir.rstrip("/")
     problems, claims = [], set()
-    for name, group in _groups(_cluster_spec(job)).items():
+    for name, group in _groups(spec).items():
         volumes = {v["name"]: v for v in group["template"]["spec"].get("volumes", [])}
         for container in _containers(group):
             mounts = [m for m in container.get("volumeMounts", [])
                       if (output_dir + "/").startswith(m["mountPath"].rstrip("/") + "/")]
             claim = [volumes.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") for m in mounts]
             if len(claim) != 1 or claim[0] is None:
-                problems.append(f"{name}: --output-dir {output_dir} is not on a volume claim mounted there")
+                problems.append(f"{name}: --storage-path {output_dir} is not on a volume claim mounted there")
             claims.update(claim)
     if len(claims - {None}) > 1:
-        problems.append(f"--output-dir is on different claims in different pods: {sorted(claims - {None})}")
+        problems.append(f"--storage-path is on different claims in different pods: {sorted(claims - {None})}")
     return problems
 
 
@@ -639,7 +716,8 @@ def access_problems(documents: list[dict]) -> list[str]:
         operator = (len(sources) == 1 and sources[0].get("podSelector", {}).get("matchLabels")
                     == {"app.kubernetes.io/name": "kuberay-operator"}
                     and rule.get("ports") == [{"port": 8265, "protocol": "TCP"}])
-        if not (own or operator):
+        metrics_port = int(spec["headGroupSpec"].get("rayStartParams", {}).get("metrics-export-port", 0))
+        if not (own or operator or _is_prometheus_rule(rule, metrics_port)):
             problems.append(f"an ingress rule admits more than the job's pods and the operator's job API: {rule}")
     return problems
 
@@ -687,7 +765,7 @@ def test_the_rayjob_keeps_its_runs_on_a_volume_every_pod_mounts():
     job = _resource("RayJob")
     assert storage_problems(job) == []
     head = "spec.rayClusterSpec.headGroupSpec.template.spec"
-    assert "head: --output-dir" in storage_problems(_break(job, f"{head}.containers.0.volumeMounts", []))[0]
+    assert "head: --storage-path" in storage_problems(_break(job, f"{head}.containers.0.volumeMounts", []))[0]
     assert "not on a volume claim" in storage_problems(_break(job, f"{head}.volumes.0", {"name": "runs", "emptyDir": {}}))[0]
     elsewhere = _break(job, "spec.entrypoint", job["spec"]["entrypoint"].replace("/shared/runs", "runs"))
     assert len(storage_problems(elsewhere)) == 3

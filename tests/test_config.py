@@ -26,12 +26,12 @@ from hetero_ray.errors import ConfigError
     (ClusterConfig, dict(num_workers=1, worker_devices=["cpu"], worker_label_selectors=[{"a": "b"}]),
      "give one of them"),
     (PlanConfig, dict(rebalance_threshold=1.0), "--rebalance-threshold must be in [0, 1)"),
-    (PlanConfig, dict(plan_changes=[{"global_step": -1, "local_batch_sizes": [1]}]), "--plan-change: each change"),
+    (PlanConfig, dict(plan_changes=[{"global_step": -1, "local_batch_sizes": [1]}]), "--plan-changes: each change"),
     (EmulationConfig, dict(emulate_speeds=[1, 2]), "--emulate-speeds values must be in (0, 1]"),
     (EmulationConfig, dict(emulate_speed_changes=[{"global_step": 1, "rank": 0, "speed": 2}]),
-     "--emulate-speed-change: each change"),
+     "--emulate-speed-changes: each change"),
     (ProfilingConfig, dict(profile_batch_sizes=[8]), "--profile-batch-sizes needs two or more different"),
-    (ProfilingConfig, dict(profile_timeout_s=0), "--profile-timeout must be a positive number of seconds"),
+    (ProfilingConfig, dict(profile_timeout_s=0), "--profile-timeout-s must be a positive number of seconds"),
 ])
 def test_a_part_rejects_its_own_bad_fields(part, settings, message):
     with pytest.raises(ConfigError) as raised:
@@ -59,17 +59,17 @@ def test_train_config_rejects_a_single_probe_size_naming_its_flag():
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(batch_size=3, num_workers=4), "--batch-size 3 is smaller than --num-workers 4"),
-    (dict(batch_size=64, num_samples=32), "--num-samples 32 is smaller than --batch-size 64"),
+    (dict(batch_size=3, num_workers=4), "--global-batch-size 3 is smaller than --num-workers 4"),
+    (dict(batch_size=64, num_samples=32), "--num-samples 32 is smaller than --global-batch-size 64"),
     (dict(batch_size=64, batch_split=[40, 24, 0]), "--batch-split has 3 values but --num-workers is 2"),
-    (dict(batch_size=64, batch_split=[40, 20]), "--batch-split sums to 60, but --batch-size is 64"),
+    (dict(batch_size=64, batch_split=[40, 20]), "--batch-split sums to 60, but --global-batch-size is 64"),
     (dict(batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [64]}]),
-     "--plan-change at step 4 has 1 values but --num-workers is 2"),
+     "--plan-changes at step 4 has 1 values but --num-workers is 2"),
     (dict(batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [60, 3]}]),
-     "--plan-change at step 4 sums to 63, but --batch-size is 64"),
+     "--plan-changes at step 4 sums to 63, but --global-batch-size is 64"),
     (dict(emulate_speeds=[1.0, 0.5, 0.5]), "--emulate-speeds has 3 values but --num-workers is 2"),
     (dict(emulate_speed_changes=[{"global_step": 4, "rank": 2, "speed": 0.5}]),
-     "--emulate-speed-change rank 2 does not exist with --num-workers 2"),
+     "--emulate-speed-changes rank 2 does not exist with --num-workers 2"),
 ])
 def test_rules_across_parts(settings, message):
     with pytest.raises(ConfigError) as raised:
@@ -94,7 +94,7 @@ def test_flat_settings_go_to_their_parts_and_read_back_flat():
     with pytest.raises(AttributeError):
         config.batch_size = 64  # read-only: a change goes through replace(), which checks it
     assert config.replace(batch_size=96).batch_size == 96 and config.batch_size == 48
-    with pytest.raises(ConfigError, match="--batch-size 2 is smaller than --num-workers 3"):
+    with pytest.raises(ConfigError, match="--global-batch-size 2 is smaller than --num-workers 3"):
         config.replace(batch_size=2)
 
 
@@ -143,17 +143,17 @@ def test_hetero_config_is_checked_by_the_parts_of_the_cli_in_its_own_words():
     for settings, api, flag in [
         (dict(policy="fastest"), "HeteroConfig.policy must be one of", "--policy must be one of"),
         (dict(rebalance_cooldown=-1), "HeteroConfig.rebalance_cooldown must be", "--rebalance-cooldown must be"),
-        (dict(profile_timeout_s=-1), "HeteroConfig.profile_timeout_s must be", "--profile-timeout must be"),
+        (dict(profile_timeout_s=-1), "HeteroConfig.profile_timeout_s must be", "--profile-timeout-s must be"),
         (dict(emulate_speeds=[0]), "HeteroConfig.emulate_speeds values must be", "--emulate-speeds values must be"),
         (dict(batch_split=[3, 3]), "HeteroConfig.batch_split sums to 6, but HeteroConfig.global_batch_size is 8",
-         "--batch-split sums to 6, but --batch-size is 8"),
+         "--batch-split sums to 6, but --global-batch-size is 8"),
     ]:
         with pytest.raises(ConfigError) as from_api:
             HeteroConfig(global_batch_size=8, **settings)
         with pytest.raises(ConfigError) as from_cli:
             TrainConfig(batch_size=8, num_workers=2, **settings)
         assert api in str(from_api.value) and flag in str(from_cli.value)
-        assert str(from_api.value).replace(api, flag).replace("HeteroConfig.global_batch_size", "--batch-size") \
+        assert str(from_api.value).replace(api, flag).replace("HeteroConfig.global_batch_size", "--global-batch-size") \
             == str(from_cli.value)
 
 
@@ -169,10 +169,10 @@ def _train_args(*flags: str):
 def test_every_setting_has_a_flag_and_the_flags_defaults_are_the_configs():
     from hetero_ray.cli.train import config_from_args
 
-    args = _train_args("--experiment-name", "x")
+    args = _train_args("--name", "x")
     assert set(setting_names()) - set(vars(args)) == {"min_workers"}  # set by --num-workers MIN-MAX
     assert config_from_args(args) == TrainConfig(experiment_name="x")
-    assert setting_flag("profile_timeout_s") == "--profile-timeout"
+    assert setting_flag("profile_timeout_s") == "--profile-timeout-s"
     assert setting_flag("profile") == "--no-profile"
     assert setting_flag("worker_label_selectors") == "--worker-labels"
 
@@ -181,10 +181,10 @@ def test_flags_become_settings():
     from hetero_ray.cli.train import config_from_args
 
     config = config_from_args(_train_args(
-        "--model", "mlp", "--batch-size", "48", "--num-workers", "2-3", "--batch-split", "16,16,16",
-        "--emulate-speeds", "1,1,0.5", "--emulate-speed-change", "10:2:0.25", "--emulate-speed-change", "20:2:1",
-        "--plan-change", "5:8,16,24", "--no-profile", "--no-verify-checksums", "--profile-timeout", "30",
-        "--worker-labels", "a=1;a=1;b=2", "--drop-last", "--allow-non-finite-loss", "--experiment-name", "flags"))
+        "--model", "mlp", "--global-batch-size", "48", "--num-workers", "2-3", "--batch-split", "16,16,16",
+        "--emulate-speeds", "1,1,0.5", "--emulate-speed-changes", "10:2:0.25", "--emulate-speed-changes", "20:2:1",
+        "--plan-changes", "5:8,16,24", "--no-profile", "--no-verify-checksums", "--profile-timeout-s", "30",
+        "--worker-labels", "a=1;a=1;b=2", "--drop-last", "--allow-non-finite-loss", "--name", "flags"))
     assert (config.model, config.batch_size, config.min_workers, config.num_workers) == ("mlp", 48, 2, 3)
     assert config.cluster.elastic and config.batch_split == [16, 16, 16]
     assert config.emulate_speed_changes == [{"global_step": 10, "rank": 2, "speed": 0.25},
@@ -202,10 +202,10 @@ def test_help_groups_the_flags_by_part_and_shows_the_defaults(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split("options:")[1].split())  # the flags, one line
     order = ["what to train:", "--model MODEL", "optimisation (depends on the global batch only):", "--lr LR",
-             "emulation (heterogeneity on one machine):", "--emulate-speed-change STEP:RANK:SPEED", "profiling:"]
+             "emulation (heterogeneity on one machine):", "--emulate-speed-changes STEP:RANK:SPEED", "profiling:"]
     assert [text.index(heading) for heading in order] == sorted(text.index(heading) for heading in order)
     assert "(default 2)" in text.split("--num-workers N|MIN-MAX")[1].split("--cpus-per-worker")[0]
-    assert "--profile-timeout SECONDS seconds for profiling the whole cluster (default 120.0)" in text
+    assert "--profile-timeout-s SECONDS seconds for profiling the whole cluster (default 120.0)" in text
 
 
 # --- hetero-ray profile is generated from ProfileConfig the same way

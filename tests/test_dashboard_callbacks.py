@@ -121,7 +121,7 @@ def test_run_list_takes_the_run_from_the_url_but_not_a_path_out_of_the_folder(ca
 def test_an_empty_runs_folder_says_how_to_start_a_run(tmp_path):
     options, value, _, message = callbacks.update_runs(RunCatalog(str(tmp_path)), 0, "", None, None)
     assert options == [] and value is no_update  # stays None
-    assert f"No runs under {tmp_path} — start one with `hetero-ray train --output-dir {tmp_path}" in text_of(message)
+    assert f"No runs under {tmp_path} — start one with `hetero-ray train --storage-path {tmp_path}" in text_of(message)
 
 
 def test_rank_selector_offers_the_runs_ranks(catalog):

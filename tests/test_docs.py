@@ -189,3 +189,22 @@ def test_every_documented_cli_answers_help(command):
                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO_ROOT})
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+def test_the_readme_is_read_in_five_minutes():
+    """At most 300 lines: the detail lives in docs/, linked from the README."""
+    lines = _read(README).count("\n")
+    assert lines <= 300, f"README.md has {lines} lines; move detail to docs/ (at most 300)"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if not p.endswith("CHANGELOG.md")],
+                         ids=lambda p: os.path.relpath(p, REPO_ROOT))
+def test_no_page_teaches_an_old_flag(page):
+    """The pages show the current flags; the old spellings (still accepted) are listed in
+    docs/cli.md only. The changelog keeps the words of its time."""
+    from hetero_ray.cli.reference import deprecated_aliases, subcommand_parsers
+
+    old = {alias: new for parser in subcommand_parsers().values() for alias, new in deprecated_aliases(parser)}
+    found = [f"{' '.join(words)}: {word} (now {old[word.split('=')[0]]})" for words in command_lines(page)
+             for word in words if word.split("=")[0] in old]
+    assert not found, "\n".join(found)

@@ -43,7 +43,7 @@ TOTAL_STEPS = EPOCHS * NUM_SAMPLES // BATCH_SIZE  # 60
 # mid-run, a checkpoint every 10 steps.
 JOB = dict(model="mlp", num_samples=NUM_SAMPLES, eval_samples=256, batch_size=BATCH_SIZE, epochs=EPOCHS, seed=0,
            lr=0.1, checkpoint_every=10, record_sample_ids=True)
-CLI_JOB = ["--model", "mlp", "--num-samples", str(NUM_SAMPLES), "--eval-samples", "256", "--batch-size", str(BATCH_SIZE),
+CLI_JOB = ["--model", "mlp", "--num-samples", str(NUM_SAMPLES), "--eval-samples", "256", "--global-batch-size", str(BATCH_SIZE),
            "--epochs", str(EPOCHS), "--seed", "0", "--lr", "0.1", "--checkpoint-every", "10",
            "--record-sample-ids", "--no-profile"]
 # Same ranks and split as the reference: only float noise (~1e-6). Another number of ranks
@@ -270,8 +270,8 @@ def test_metrics_store_killed_mid_run(reference, fast_config):
 def test_driver_stopped_and_resumed(reference, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
     command = [sys.executable, "-m", "hetero_ray", "train", *CLI_JOB, "--num-workers", "2",
-               "--emulate-speeds", "0.25,0.25", "--policy", "static", "--output-dir", str(tmp_path),
-               "--experiment-name", "stopped"]
+               "--emulate-speeds", "0.25,0.25", "--policy", "static", "--storage-path", str(tmp_path),
+               "--name", "stopped"]
     run_dir = tmp_path / "stopped"
     driver = subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, start_new_session=True)
@@ -304,7 +304,7 @@ def test_node_lost_with_elastic_training(reference, tmp_path):
         env = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
         command = [sys.executable, "-m", "hetero_ray", "train", "--address", address, *CLI_JOB,
                    "--num-workers", "2-3", "--emulate-speeds", "0.25,0.25,0.25", "--policy", "optimal",
-                   "--output-dir", str(tmp_path / "runs"), "--experiment-name", "elastic"]
+                   "--storage-path", str(tmp_path / "runs"), "--name", "elastic"]
         driver = subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT)
         run_dir = tmp_path / "runs" / "elastic"

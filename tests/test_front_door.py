@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SETTINGS = dict(model="mlp", num_samples=256, batch_size=32, num_workers=2, batch_split=[20, 12], max_steps=6,
                 checkpoint_every=3, seed=3, record_sample_ids=True, profile=False)
-FLAGS = ["--model", "mlp", "--num-samples", "256", "--batch-size", "32", "--num-workers", "2", "--batch-split", "20,12",
+FLAGS = ["--model", "mlp", "--num-samples", "256", "--global-batch-size", "32", "--num-workers", "2", "--batch-split", "20,12",
          "--max-steps", "6", "--checkpoint-every", "3", "--seed", "3", "--record-sample-ids", "--no-profile"]
 # What the CLI's run has that a user's loop cannot give HeteroTrainer.
 CLI_ONLY_FILES = {"model_final.pt"}
@@ -50,7 +50,7 @@ def test_the_cli_and_the_api_run_of_one_job_leave_the_same_run(ray_session, tmp_
     from hetero_ray.builtin.loop import train_loop_per_worker
     from hetero_ray.config import TrainConfig
 
-    code, out, err = run_cli(["train", *FLAGS, "--output-dir", str(tmp_path / "cli"), "--experiment-name", "job"],
+    code, out, err = run_cli(["train", *FLAGS, "--storage-path", str(tmp_path / "cli"), "--name", "job"],
                              capsys)
     assert code == 0, err[-3000:]
     config = TrainConfig(**SETTINGS, output_dir=str(tmp_path / "api"), experiment_name="job")

@@ -30,7 +30,7 @@ from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL_STEPS = 256  # 8192 samples / 32: long enough (~15 s, emulated) to stop in the middle
-JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--batch-size", "32", "--epochs", "1",
+JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--global-batch-size", "32", "--epochs", "1",
        "--num-workers", "2", "--no-profile", "--policy", "static", "--checkpoint-every", "8",
        "--emulate-speeds", "0.25,0.25"]
 ENV = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
@@ -78,7 +78,7 @@ CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("label,send,signum,resume", CASES, ids=[c[0] for c in CASES])
 def test_a_stopped_run_says_interrupted_and_resumes(tmp_path, label, send, signum, resume):
-    args = ["train", *JOB, "--output-dir", str(tmp_path), "--experiment-name", "stopped"]
+    args = ["train", *JOB, "--storage-path", str(tmp_path), "--name", "stopped"]
     run_dir = str(tmp_path / "stopped")
     driver = subprocess.Popen([sys.executable, "-m", "hetero_ray", *args], cwd=REPO_ROOT, env=ENV, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

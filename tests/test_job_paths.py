@@ -1,7 +1,7 @@
 """`ray job submit` entrypoints write outside Ray's temporary copy of the working dir.
 
 Inside a Ray job (Ray's job supervisor sets RAY_JOB_CONFIG_JSON_ENV_VAR for the job's
-driver), relative --output-dir / --json resolve against HETERO_RAY_JOB_OUTPUT_DIR, else
+driver), relative --storage-path / --json resolve against HETERO_RAY_JOB_OUTPUT_DIR, else
 ~/hetero_ray. Checked through the real argument parser, and once through a real
 `python jobs/train.py` run as a job's driver would start it (in a throwaway copy of the
 working dir, with that variable set).
@@ -40,16 +40,16 @@ def test_the_variable_is_the_one_ray_sets_for_a_job_driver():
 
 
 def test_outside_a_job_nothing_changes(tmp_path):
-    argv = ["--model", "mlp", "--output-dir", "runs", "--json", "x.json"]
+    argv = ["--model", "mlp", "--storage-path", "runs", "--json", "x.json"]
     assert resolve("train", argv, {JOB_OUTPUT_DIR_ENV_VAR: str(tmp_path)}) == (argv, [])
 
 
 @pytest.mark.parametrize("command,argv,added", [
-    ("train", ["--model", "mlp"], ["--output-dir", "{root}/runs"]),  # the default `runs`
-    ("train", ["--output-dir", "out/a"], ["--output-dir", "{root}/out/a"]),
-    ("train", ["--output-dir=out/b"], ["--output-dir", "{root}/out/b"]),
-    ("train", ["--output-d", "out/c"], ["--output-dir", "{root}/out/c"]),  # argparse's abbreviation
-    ("train", ["--output-dir", "/abs/runs"], []),
+    ("train", ["--model", "mlp"], ["--storage-path", "{root}/runs"]),  # the default `runs`
+    ("train", ["--storage-path", "out/a"], ["--storage-path", "{root}/out/a"]),
+    ("train", ["--storage-path=out/b"], ["--storage-path", "{root}/out/b"]),
+    ("train", ["--storage-p", "out/c"], ["--storage-path", "{root}/out/c"]),  # argparse's abbreviation
+    ("train", ["--storage-path", "/abs/runs"], []),
     ("profile", ["--json", "nodes.json"], ["--json", "{root}/nodes.json"]),
     ("profile", ["--model", "mlp"], []),
     ("bench", ["--json", "bench.json", "--output-dir", "/abs/bench"], ["--json", "{root}/bench.json"]),
@@ -72,13 +72,13 @@ def test_the_bench_default_lands_under_the_job_output_dir(tmp_path):
 def test_without_the_variable_results_go_to_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     resolved, printed = resolve("train", [], in_job())
-    assert resolved == ["--output-dir", f"{tmp_path}/hetero_ray/runs"]
+    assert resolved == ["--storage-path", f"{tmp_path}/hetero_ray/runs"]
     assert os.path.isdir(tmp_path / "hetero_ray")
 
 
 def test_bad_flags_still_fail_as_the_cli_does(tmp_path):
     with pytest.raises(SystemExit) as exited:
-        resolve("train", ["--batch-size", "six"], in_job(tmp_path))
+        resolve("train", ["--global-batch-size", "six"], in_job(tmp_path))
     assert exited.value.code == 2
 
 
@@ -94,12 +94,12 @@ def test_a_job_driver_writes_its_run_outside_the_working_dir_copy(tmp_path):
     env = {**os.environ, **in_job(results), "RAY_ADDRESS": "", "PYTHONPATH": str(copy)}
     completed = subprocess.run(
         [sys.executable, "jobs/train.py", "--model", "mlp", "--num-samples", "128", "--eval-samples", "32",
-         "--batch-size", "32", "--epochs", "1", "--num-workers", "2", "--no-profile", "--policy", "static",
-         "--experiment-name", "job"],
+         "--global-batch-size", "32", "--epochs", "1", "--num-workers", "2", "--no-profile", "--policy", "static",
+         "--name", "job"],
         cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     run_dir = results / "runs" / "job"
-    assert f"running as a Ray job: results go to --output-dir {results}/runs" in completed.stdout
+    assert f"running as a Ray job: results go to --storage-path {results}/runs" in completed.stdout
     assert f"results: {run_dir}" in completed.stdout
     assert (run_dir / "summary.json").is_file() and (run_dir / "steps.parquet").is_file()
     assert not (copy / "runs").exists(), "the run landed in the working dir copy"

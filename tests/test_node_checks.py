@@ -107,8 +107,8 @@ def test_fingerprint_tells_copies_apart(tmp_path):
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
-    """head (normal), `readonly` (sees --output-dir read-only), `otherdata` (another CIFAR
-    at --data-dir), `unshared` (an empty disk of its own at --output-dir); yields (address, paths, {role: node_id})."""
+    """head (normal), `readonly` (sees --storage-path read-only), `otherdata` (another CIFAR
+    at --data-dir), `unshared` (an empty disk of its own at --storage-path); yields (address, paths, {role: node_id})."""
     if os.geteuid() != 0:
         pytest.skip("a node with its own view of the disk needs a mount namespace (root)")
     from benchmarks.local_cluster import free_port, start_node, wait_for_nodes
@@ -151,10 +151,10 @@ def train(address: str, paths: dict, roles: str, name: str, *extra: str) -> subp
     """`hetero-ray train` with one worker on each node of ``roles`` (';'-separated)."""
     workers = roles.split(";")
     command = [sys.executable, "-m", "hetero_ray", "train", "--address", address, "--model", "mlp",
-               "--num-samples", "256", "--eval-samples", "64", "--batch-size", "32", "--epochs", "1",
+               "--num-samples", "256", "--eval-samples", "64", "--global-batch-size", "32", "--epochs", "1",
                "--no-profile", "--policy", "static", "--num-workers", str(len(workers)),
                "--worker-labels", ";".join(f"{ROLE}={r}" for r in workers),
-               "--output-dir", str(paths["runs"]), "--experiment-name", name, *extra]
+               "--storage-path", str(paths["runs"]), "--name", name, *extra]
     return subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "RAY_ADDRESS": ""}, text=True,
                           capture_output=True, timeout=300)
 
@@ -198,7 +198,7 @@ def test_a_node_with_other_cifar_files_is_named(nodes):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_node_whose_run_directory_is_another_disk_is_stopped_before_the_first_step(nodes):
-    """The default --output-dir exists at the same path on every node; writable everywhere, it
+    """The default --storage-path exists at the same path on every node; writable everywhere, it
     need not be shared. A restart elsewhere would not find the checkpoint: exit 2 first."""
     address, paths, ids = nodes
     done = train(address, paths, "head;unshared", "unshared")

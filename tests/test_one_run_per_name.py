@@ -52,11 +52,11 @@ def assert_untouched(live_run) -> None:
 def test_the_cli_refuses_a_second_run_of_a_live_name(live_run, tmp_path, capsys):
     second = tmp_path / "second"
     code, _, err = cli.run_cli(["train", "--model", "mlp", "--num-samples", "256", "--eval-samples", "64",
-                                "--batch-size", "32", "--max-steps", "2", "--no-profile", "--num-workers", "2",
-                                "--experiment-name", NAME, "--output-dir", str(second)], capsys)
+                                "--global-batch-size", "32", "--max-steps", "2", "--no-profile", "--num-workers", "2",
+                                "--name", NAME, "--storage-path", str(second)], capsys)
     assert code == 2, err
     assert f"a run named {NAME!r} is already running on this Ray cluster" in err
-    assert "twin/metrics_store" in err and "Choose another --experiment-name" in err
+    assert "twin/metrics_store" in err and "Choose another --name" in err
     assert not second.exists(), "the refused run wrote something"
     assert_untouched(live_run)
 
@@ -89,7 +89,7 @@ def test_the_name_is_free_again_once_the_run_has_ended(ray_session, tmp_path):
                                    rebalance_interval=20)
     ray.get([store.attempts.remote(), planner.info.remote()], timeout=30)
     with pytest.raises(UserError):
-        actors.check_name_free("ended", "--experiment-name")
+        actors.check_name_free("ended", "--name")
     for actor in (planner, store):
         actors.kill_actor(actor)
-    actors.check_name_free("ended", "--experiment-name")  # a --resume right after: not refused
+    actors.check_name_free("ended", "--name")  # a --resume right after: not refused

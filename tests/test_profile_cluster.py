@@ -114,7 +114,7 @@ def test_cli_profile_writes_the_json_document(ray_session, tmp_path, capsys):
         assert isinstance(device[key], (int, float)) and device[key] > 0, (key, device[key])
     assert device["fit_shape"] and isinstance(device["floor_s"], (int, float))
     # `hetero-ray plan` reads what `hetero-ray profile` wrote
-    rc = main(["plan", "--profile", str(path), "--batch-size", "64", "--model", "simple_cnn"])
+    rc = main(["plan", "--profile", str(path), "--global-batch-size", "64", "--model", "simple_cnn"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "predicted step time" in out and f"node {node['node_id'][:8]} cpu" in out

@@ -218,8 +218,8 @@ def test_ray_job_submit_trains_and_writes_the_run_directory(script_cluster, tmp_
         script_cluster, "job", "submit", "--address", script_cluster["dashboard"], "--submission-id", job_id,
         "--working-dir", REPO_ROOT, "--runtime-env-json", json.dumps(runtime_env), "--",
         "python", "jobs/train.py", "--model", "mlp", "--num-workers", "2", "--worker-devices", "cpu,cpu",
-        "--num-samples", "512", "--batch-size", "32", "--epochs", "1", "--no-profile",
-        "--emulate-speeds", "0.05,0.05", "--output-dir", output_dir, "--experiment-name", "submitted",
+        "--num-samples", "512", "--global-batch-size", "32", "--epochs", "1", "--no-profile",
+        "--emulate-speeds", "0.05,0.05", "--storage-path", output_dir, "--name", "submitted",
         timeout_s=JOB_TIMEOUT_S)
     job_s = time.monotonic() - started
     print(f"ray job submit: {job_s:.1f} s (submit, upload, run, tail)")

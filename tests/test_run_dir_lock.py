@@ -67,12 +67,12 @@ def test_a_killed_holder_never_leaves_the_directory_stuck(held):
 def test_the_cli_resume_of_a_held_run_exits_2_before_writing(held, capsys):
     run_dir, holder = held
     before = sorted(os.listdir(run_dir))
-    code, _, err = cli.run_cli(["train", "--model", "mlp", "--num-samples", "256", "--batch-size", "32",
-                                "--no-profile", "--output-dir", str(run_dir.parent), "--experiment-name", "held",
+    code, _, err = cli.run_cli(["train", "--model", "mlp", "--num-samples", "256", "--global-batch-size", "32",
+                                "--no-profile", "--storage-path", str(run_dir.parent), "--name", "held",
                                 "--resume"], capsys)
     assert code == 2, err
     assert f"is in use by another hetero_ray driver (pid {holder.pid}" in err
-    assert "then continue it with --resume" in err and "another --experiment-name" in err
+    assert "then continue it with --resume" in err and "another --name" in err
     assert sorted(os.listdir(run_dir)) == before
 
 
@@ -96,7 +96,7 @@ def test_fit_on_a_held_run_directory_raises_before_writing(held):
 # ---- two real drivers ---------------------------------------------------------------------------
 
 TOTAL_STEPS = 256  # 8192 samples / 32: long enough (~15 s, emulated) for a second driver to try
-JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--batch-size", "32", "--epochs", "1",
+JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--global-batch-size", "32", "--epochs", "1",
        "--num-workers", "2", "--no-profile", "--policy", "static", "--checkpoint-every", "8",
        "--emulate-speeds", "0.25,0.25"]
 FULL_SPEED = ["--emulate-speeds", "1,1"]  # the job's speeds only keep it running long enough to stop it
@@ -127,7 +127,7 @@ def _each_step_once(run_dir: str) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_second_driver_on_a_running_run_exits_2_and_the_first_records_each_step_once(tmp_path):
-    args = ["train", *JOB, "--output-dir", str(tmp_path), "--experiment-name", "busy"]
+    args = ["train", *JOB, "--storage-path", str(tmp_path), "--name", "busy"]
     run_dir = str(tmp_path / "busy")
     first = _start(args)
     _wait_for_a_checkpoint(run_dir, first)
@@ -154,7 +154,7 @@ def test_a_second_driver_on_a_running_run_exits_2_and_the_first_records_each_ste
 def test_a_sigkilled_driver_with_a_torn_part_resumes_to_a_summary(tmp_path):
     """The driver's whole process group (its local Ray included) killed at once, as a lost
     machine would; a part left at 0 bytes; then --resume runs to the end."""
-    args = ["train", *JOB, "--output-dir", str(tmp_path), "--experiment-name", "crashed"]
+    args = ["train", *JOB, "--storage-path", str(tmp_path), "--name", "crashed"]
     run_dir = str(tmp_path / "crashed")
     first = _start(args)
     _wait_for_a_checkpoint(run_dir, first)

@@ -72,7 +72,7 @@ def template() -> dict:
     base["templating"]["list"] = [
         ray_vars["datasource"],
         labels("SessionName", "Filter queries to specific ray sessions.", "{global_filters}", "SessionName"),
-        labels("Experiment", "hetero_ray runs (RunConfig.name, --experiment-name).", 'SessionName=~"$SessionName"',
+        labels("Experiment", "hetero_ray runs (RunConfig.name, --name).", 'SessionName=~"$SessionName"',
                "experiment"),
         labels("Rank", "Training ranks of the chosen runs.",
                'SessionName=~"$SessionName", experiment=~"$Experiment"', "rank"),

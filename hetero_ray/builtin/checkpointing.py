@@ -124,7 +124,7 @@ def load_state(directory: str, expected_fingerprint: Optional[dict] = None,
         raise UserError(
             f"checkpoint {path} cannot be read ({type(e).__name__}: {_first_line(e)}); it is "
             "corrupt or was not written by hetero_ray, so the run cannot continue from it; start a "
-            "new run with another --experiment-name"
+            "new run with another --name"
         ) from e
     # A checkpoint of an older version records fewer settings; those it has must match.
     diffs = {
@@ -136,7 +136,7 @@ def load_state(directory: str, expected_fingerprint: Optional[dict] = None,
         described = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diffs.items())
         raise UserError(
             f"checkpoint {path} belongs to a different run ({described}); resume with the "
-            "original settings or start a new run with another --experiment-name"
+            "original settings or start a new run with another --name"
         )
     if expected_shapes is not None:
         problem = _shape_mismatch(state.model, expected_shapes)
@@ -144,7 +144,7 @@ def load_state(directory: str, expected_fingerprint: Optional[dict] = None,
             raise UserError(
                 f"checkpoint {path} holds weights that do not fit --model "
                 f"{state.fingerprint.get('model')} ({problem}); the file was replaced or written by "
-                "another version of the model. Start a new run with another --experiment-name"
+                "another version of the model. Start a new run with another --name"
             )
     return state
 

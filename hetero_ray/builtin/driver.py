@@ -32,12 +32,12 @@ from hetero_ray.runtime.job import JobFacts, Wording
 
 # What a person types after a message about this run: the CLI's flags.
 CLI_WORDS = Wording(
-    name_setting="--experiment-name",
-    storage_setting="--output-dir",
+    name_setting="--name",
+    storage_setting="--storage-path",
     continue_how="--resume",
-    start_afresh="start again under another --experiment-name",
+    start_afresh="start again under another --name",
     locked_advice=("Wait for that run to end, or stop it (Ctrl-C where it runs, or kill -INT with its pid on its "
-                   "host), then continue it with --resume; or start a new run under another --experiment-name"),
+                   "host), then continue it with --resume; or start a new run under another --name"),
 )
 
 

@@ -41,7 +41,7 @@ def check_run_dir(config: TrainConfig) -> str:
     elif os.path.exists(run_dir):
         raise UserError(
             f"run directory {run_dir} already exists; pass --resume to continue that run, or "
-            "choose another --experiment-name (nothing was overwritten)"
+            "choose another --name (nothing was overwritten)"
         )
     return run_dir
 
@@ -49,7 +49,7 @@ def check_run_dir(config: TrainConfig) -> str:
 def check_output_dir(output_dir: str) -> None:
     path = os.path.abspath(output_dir)
     if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"--output-dir {output_dir} exists and is not a directory; choose a directory")
+        raise UserError(f"--storage-path {output_dir} exists and is not a directory; choose a directory")
     existing = path
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -63,7 +63,7 @@ def check_output_dir(output_dir: str) -> None:
         except OSError as e:
             problem = f"cannot create files in {existing}: {e.strerror or e}"
     if problem:
-        raise UserError(f"--output-dir {output_dir} cannot be written ({problem}); "
+        raise UserError(f"--storage-path {output_dir} cannot be written ({problem}); "
                         "choose a directory you can write to")
 
 
@@ -77,17 +77,17 @@ def check_resumable(run_dir: str, config: TrainConfig) -> None:
     if os.path.isdir(os.path.join(run_dir, RAY_TRAIN_SUBDIR)):
         raise UserError(f"--resume: {run_dir} was written by an earlier hetero_ray, which kept Ray Train's "
                         f"checkpoints in {RAY_TRAIN_SUBDIR}/ (this one keeps them beside the tables); continue it "
-                        "with the version that started it, or start a new run under another --experiment-name")
+                        "with the version that started it, or start a new run under another --name")
     try:
         checkpoint_dir = latest_checkpoint_dir(run_dir) if os.path.isdir(run_dir) else None
     except ValueError as e:  # Ray Train's list of checkpoints, cut short or edited
         snapshot = os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)
         raise UserError(f"--resume: {snapshot} is not valid JSON ({e}), so the run's latest checkpoint is "
-                        "unknown; start a new run with another --experiment-name") from None
+                        "unknown; start a new run with another --name") from None
     if checkpoint_dir is None:
         raise UserError(
-            f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --output-dir "
-            "and --experiment-name, or start a new run without --resume"
+            f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --storage-path "
+            "and --name, or start a new run without --resume"
         )
     check_settings_unchanged(recorded_settings(run_dir, checkpoint_dir), config)
     check_checkpoint_loads(checkpoint_dir, config)
@@ -101,10 +101,10 @@ def recorded_settings(run_dir: str, checkpoint_dir: str) -> dict:
         saved = read_json(path)
     except ValueError as e:  # a truncated or hand-edited file
         raise UserError(f"--resume: {path} is not valid JSON ({e}); restore it "
-                        "or start a new run with another --experiment-name") from None
+                        "or start a new run with another --name") from None
     if saved is not None and not isinstance(saved, dict):
         raise UserError(f"--resume: {path} does not hold a configuration (a JSON object); restore it "
-                        "or start a new run with another --experiment-name")
+                        "or start a new run with another --name")
     if saved:
         return saved
     try:
@@ -123,7 +123,7 @@ def check_settings_unchanged(recorded: dict, config: TrainConfig) -> None:
     if changes:
         raise UserError(
             f"--resume cannot change settings that change the training: {'; '.join(changes)}. Resume with "
-            "the original values, or start a new run under another --experiment-name"
+            "the original values, or start a new run under another --name"
         )
 
 

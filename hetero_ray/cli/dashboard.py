@@ -65,7 +65,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise UserError(f"--runs-dir {args.runs_dir} is not a folder")
         # An empty app that says how to start a run is more useful than an error.
         print(f"[dashboard] {args.runs_dir} does not exist yet; runs written there will appear "
-              f"(start one with `hetero-ray train --output-dir {args.runs_dir}`)", file=sys.stderr)
+              f"(start one with `hetero-ray train --storage-path {args.runs_dir}`)", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
     hetero-ray train --model simple_cnn --num-workers 4 --emulate-speeds 1,1,0.5,0.25
     hetero-ray profile --model simple_cnn --json nodes.json
-    hetero-ray plan --profile nodes.json --batch-size 512 --workers gpu,cpu*3
+    hetero-ray plan --profile nodes.json --global-batch-size 512 --workers gpu,cpu*3
     hetero-ray dashboard --runs-dir runs
     hetero-ray report runs/my-run
 

@@ -1,8 +1,8 @@
 """``hetero-ray plan``: what-if planning from a saved profile, without starting Ray.
 
-    hetero-ray plan --profile nodes.json --batch-size 512
-    hetero-ray plan --profile nodes.json --batch-size 512 --workers gpu,cpu*3 --json plan.json
-    hetero-ray plan --profile nodes.json --batch-size 512 --workers 28c424db:gpu,10.0.0.7:cpu*2
+    hetero-ray plan --profile nodes.json --global-batch-size 512
+    hetero-ray plan --profile nodes.json --global-batch-size 512 --workers gpu,cpu*3 --json plan.json
+    hetero-ray plan --profile nodes.json --global-batch-size 512 --workers 28c424db:gpu,10.0.0.7:cpu*2
 
 Reads a ``nodes.json`` written by ``hetero-ray profile --model M --json FILE`` (or by a
 training run), prints each probed device's busy-time curve ``t(b) = max(floor, α + β·b)``
@@ -31,6 +31,7 @@ import re
 from typing import Any, Optional
 
 from hetero_ray.errors import UserError
+from hetero_ray.flags import add_deprecated_alias
 from hetero_ray.profiling.capability import read_nodes_document
 
 HELP = "what-if planning from a saved profile (nodes.json): curves, shares, predicted step time; no Ray"
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--profile", required=True, metavar="FILE",
                         help="a nodes.json written by `hetero-ray profile --model M --json FILE`")
-    parser.add_argument("--batch-size", required=True, type=int, metavar="B", help="the global batch size")
+    parser.add_argument("--global-batch-size", type=int, metavar="B",  # required: run() says so (or --batch-size)
+                        help="the global batch size: the samples of one optimiser step across all workers (required)")
+    add_deprecated_alias(parser, "--batch-size", "--global-batch-size", dest="global_batch_size", type=int)
     parser.add_argument("--model", help="check that the profile probed this model (default: whatever it probed)")
     parser.add_argument("--workers", metavar="SPEC",
                         help="ranks as [NODE:]KIND[*COUNT],… e.g. gpu,cpu*3 (default: one per probed device)")
@@ -59,8 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    if args.global_batch_size is None:
+        raise UserError("--global-batch-size is required: the global batch to share out, e.g. --global-batch-size 512")
+    if args.global_batch_size < 1:
+        raise UserError(f"--global-batch-size must be a positive integer, got {args.global_batch_size}")
     if args.allreduce_ms is not None and not (math.isfinite(args.allreduce_ms) and args.allreduce_ms >= 0):
         raise UserError(f"--allreduce-ms must be a number of milliseconds ≥ 0, got {args.allreduce_ms}")
     if args.json:
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
         _check_writable(args.json)
     document = load_profile(args.profile, args.model)
-    report = plan_report(document, args.batch_size, args.workers, args.policy, args.profile,
+    report = plan_report(document, args.global_batch_size, args.workers, args.policy, args.profile,
                          allreduce_s=None if args.allreduce_ms is None else args.allreduce_ms / 1e3)
     print(format_report(report))
     if args.json:
@@ -230,7 +235,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
         raise UserError("no worker to plan for: the profile has no probed device to put a rank on; "
                         "give --workers")
     if global_batch_size < len(rank_node_ids):
-        raise UserError(f"--batch-size {global_batch_size} is smaller than the {len(rank_node_ids)} workers; "
+        raise UserError(f"--global-batch-size {global_batch_size} is smaller than the {len(rank_node_ids)} workers; "
                         "every rank needs a sample")
     planner = Planner(global_batch_size, policy, DEFAULT_REBALANCE_INTERVAL)
     planner.set_capabilities(nodes)

@@ -106,7 +106,8 @@ def profile_report(nodes, model=None) -> str:
                               if not k.startswith("memory") and k != "object_store_memory")
         status = "ok" if node.ok else "FAILED"
         took = f", {node.profile_time_s:.1f} s" if node.profile_time_s is not None else ""
-        lines.append(f"node {node.node_id[:8]} ({node.hostname or node.ip or '?'}): {status}{took}; "
+        where = ", ".join(filter(None, [node.hostname or node.ip or "?", node.platform]))  # wsl2: Windows in WSL2
+        lines.append(f"node {node.node_id[:8]} ({where}): {status}{took}; "
                      + "; ".join(facts) + (f"; Ray resources {resources}" if resources else ""))
         if node.error:
             lines.append(f"  error: {node.error}")

@@ -17,6 +17,7 @@ import sys
 from typing import Optional, Sequence
 
 from hetero_ray.cli.main import SUBCOMMANDS, build_parser
+from hetero_ray.flags import DeprecatedFlag
 
 REGENERATE = "python -m hetero_ray.cli.reference docs/cli.md"
 BEGIN = f"<!-- BEGIN generated from the parsers by `{REGENERATE}`; edit the parsers, not this block -->"
@@ -42,7 +43,14 @@ def flag_rows(parser: argparse.ArgumentParser) -> list[tuple[Optional[str], list
     groups = [(None, [action for group in own for action in group._group_actions])]
     groups += [(group.title, group._group_actions) for group in parser._action_groups if group not in own]
     return [(title, rows) for title, actions in groups
-            if (rows := [_row(parser, a) for a in actions if not isinstance(a, argparse._HelpAction)])]
+            if (rows := [_row(parser, a) for a in actions
+                         if not isinstance(a, argparse._HelpAction) and a.help is not argparse.SUPPRESS])]
+
+
+def deprecated_aliases(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """The parser's old spellings of flags, as (old, new): accepted with a message, hidden from --help."""
+    return [(flag, action.use) for action in parser._actions if isinstance(action, DeprecatedFlag)
+            for flag in action.option_strings]
 
 
 def _row(parser: argparse.ArgumentParser, action: argparse.Action) -> tuple[str, str, str]:
@@ -103,6 +111,10 @@ def reference_markdown(parser: Optional[argparse.ArgumentParser] = None) -> str:
             lines += ["| flag | default | what it does |", "|---|---|---|"]
             lines += [f"| `{_cell(flag)}` | {_cell(default)} | {_cell(text)} |" for flag, default, text in rows]
             lines.append("")
+        aliases = deprecated_aliases(sub)
+        if aliases:
+            lines += ["Old spellings, still accepted with a deprecation message on stderr: "
+                      + ", ".join(f"`{old}` (now `{new}`)" for old, new in aliases) + ".", ""]
     lines.append(END)
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,7 @@ HELP = "write a self-contained HTML report of one or more runs and print their s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (OUTPUT_DIR/EXPERIMENT_NAME)")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (STORAGE_PATH/NAME)")
     parser.add_argument("--out", help="HTML file to write (default RUN_DIR/report.html for one run, "
                                       "hetero_ray_report.html here for several)")
     parser.add_argument("--quiet", action="store_true", help="print only where the report went, not the summary")

@@ -111,6 +111,12 @@ class CpuInfo:
         return cls(**_known(cls, d or {}))
 
 
+# The platforms a node reports (NodeCapability.platform). A Windows machine joins a Linux
+# cluster through WSL2 (docs/clusters.md): Python there says "Linux", and only the kernel's
+# version string tells (profiling/inventory.py).
+LINUX, WSL2, WSL1 = "linux", "wsl2", "wsl1"
+
+
 @dataclass
 class NodeCapability:
     """A node as profiled: inventory, measured figures per device, or why it failed."""
@@ -126,6 +132,7 @@ class NodeCapability:
     devices: list[DeviceCapability] = field(default_factory=list)
     profile_time_s: Optional[float] = None  # on the node, inventory to last probe
     stage_times_s: dict[str, float] = field(default_factory=dict)
+    platform: Optional[str] = None  # linux, wsl2 (a Windows machine through WSL2), …; None: not read
 
     def __post_init__(self):
         if self.status not in (OK, FAILED):
@@ -142,7 +149,8 @@ class NodeCapability:
 
     def to_dict(self) -> dict[str, Any]:
         d = _json_safe({k: getattr(self, k) for k in ("node_id", "ip", "hostname", "resources", "labels",
-                                                      "status", "error", "profile_time_s", "stage_times_s")})
+                                                      "status", "error", "profile_time_s", "stage_times_s",
+                                                      "platform")})
         d["cpu"] = self.cpu.to_dict()
         d["devices"] = [device.to_dict() for device in self.devices]
         return d

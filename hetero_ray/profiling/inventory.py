@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import psutil
 
-from hetero_ray.profiling.capability import CpuInfo
+from hetero_ray.profiling.capability import LINUX, WSL1, WSL2, CpuInfo
 from hetero_ray.profiling.cgroup import cpu_quota_cores
 from hetero_ray.profiling.gpu import GpuReader
 
@@ -25,6 +25,31 @@ def cpu_info() -> CpuInfo:
         ram_bytes=int(psutil.virtual_memory().total),
         cpu_quota_cores=cpu_quota_cores(),
     )
+
+
+def node_platform() -> str:
+    """This node's platform: ``wsl2`` for Linux inside WSL2, ``wsl1``, else the OS in lower case
+    (``linux``, ``darwin``, ``windows``)."""
+    try:
+        with open("/proc/version") as f:
+            proc_version = f.read()
+    except OSError:
+        proc_version = ""
+    return platform_from(platform.system(), platform.release(), proc_version)
+
+
+def platform_from(system: str, release: str, proc_version: str = "") -> str:
+    """The platform from what the OS says about itself.
+
+    WSL2's kernel names itself in its release and ``/proc/version``
+    (``5.15.167.4-microsoft-standard-WSL2``); WSL1 has no Linux kernel and reports a
+    Windows build as ``4.4.0-19041-Microsoft``. A custom WSL2 kernel may drop the
+    ``-WSL2`` suffix but keeps ``microsoft-standard``.
+    """
+    text = f"{release} {proc_version}".lower()
+    if system.lower() == "linux" and "microsoft" in text:
+        return WSL2 if ("wsl2" in text or "microsoft-standard" in text) else WSL1
+    return system.lower() or LINUX
 
 
 def cpu_model() -> Optional[str]:

@@ -62,7 +62,8 @@ class NodeProfiler:
         gpus = timed("gpu inventory", lambda: inventory.gpu_inventory(reader))
         capability = NodeCapability(**{k: facts.get(k) for k in ("node_id", "ip", "hostname")},
                                     resources=dict(facts.get("resources") or {}),
-                                    labels=dict(facts.get("labels") or {}), cpu=cpu)
+                                    labels=dict(facts.get("labels") or {}), cpu=cpu,
+                                    platform=inventory.node_platform())
         problems: list[str] = []
         declared = int(capability.resources.get("GPU", 0))
         if declared > len(gpus):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hetero_ray.profiling.capability import CPU, FAILED, NodeCapability
+from hetero_ray.profiling.capability import CPU, FAILED, LINUX, NodeCapability
 
 
 def describe_node(capability: NodeCapability, elapsed_s: Optional[float] = None, model: Optional[str] = None) -> str:
-    """One line: ``node 1a2b3c4d (10.0.0.5): cpu 0.21 TFLOPS fp32, 8.4 GB/s, simple_cnn α=… (4.2 s)``."""
-    head = f"node {capability.node_id[:8]} ({capability.ip or '?'})"
+    """One line: ``node 1a2b3c4d (10.0.0.5): cpu 0.21 TFLOPS fp32, 8.4 GB/s, simple_cnn α=… (4.2 s)``;
+    a platform other than plain Linux follows the address (``(10.0.0.7, wsl2)``)."""
+    where = ", ".join(filter(None, [capability.ip or "?", None if capability.platform in (None, LINUX)
+                                    else capability.platform]))
+    head = f"node {capability.node_id[:8]} ({where})"
     took = f" ({elapsed_s:.1f} s)" if elapsed_s is not None else ""
     parts = []
     for device in capability.devices:

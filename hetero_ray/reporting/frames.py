@@ -303,7 +303,7 @@ def nodes_frame(nodes: list[dict], steps: pd.DataFrame, live: bool, now: float,
     A node is ``live`` when one of its ranks reported a step in the last ``idle_after_s``
     seconds of a running run; nodes that trained earlier are ``idle``.
     """
-    columns = ["node_id", "host", "status", "cpu", "devices", "ranks", "state", "last_step_age_s"]
+    columns = ["node_id", "host", "platform", "status", "cpu", "devices", "ranks", "state", "last_step_age_s"]
     by_node: dict[str, dict] = {}
     for node in nodes or []:
         cpu = node.get("cpu") or {}
@@ -311,6 +311,7 @@ def nodes_frame(nodes: list[dict], steps: pd.DataFrame, live: bool, now: float,
         by_node[str(node.get("node_id"))] = {
             "node_id": str(node.get("node_id")),
             "host": node.get("hostname") or node.get("ip") or "",
+            "platform": node.get("platform") or "",  # wsl2: a Windows machine through WSL2
             "status": node.get("status") or "ok",
             "cpu": _cpu_text(cpu),
             "devices": ", ".join(sorted({str(d.get("name") or d.get("kind")) for d in devices})),

@@ -53,7 +53,7 @@ def check_run_dir(path: str) -> str:
         raise UserError(f"{path} is not a folder; pass a run directory such as runs/<experiment-name>")
     if not looks_like_run(path):
         raise UserError(f"{path} is not a run directory (no config.json, summary.json, steps.parquet or parts/); "
-                        "pass the folder `hetero-ray train` wrote, OUTPUT_DIR/EXPERIMENT_NAME")
+                        "pass the folder `hetero-ray train` wrote, STORAGE_PATH/NAME")
     return os.path.abspath(path)
 
 

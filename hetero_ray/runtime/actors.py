@@ -42,7 +42,7 @@ def check_name_free(experiment_name: str, option: str) -> None:
     """Raises a :class:`UserError` when a run of ``experiment_name`` is alive on this cluster.
 
     Call it after connecting and before writing anything. ``option`` says how the person
-    chose the name (``--experiment-name``, ``RunConfig(name=...)``), for the message.
+    chose the name (``--name``, ``RunConfig(name=...)``), for the message.
     """
     alive = [actor_name(experiment_name, role) for role in EXPERIMENT_ROLES if _exists(experiment_name, role)]
     if alive:

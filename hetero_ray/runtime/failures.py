@@ -205,15 +205,15 @@ def failure_for_user(error: BaseException, run_dir: str, steps_on_disk: int) -> 
         return kind(f"{cause} (the run stopped without retrying; {recorded})")
     if isinstance(cause, StoreWriteFailed):
         return TrainingFailed(f"training stopped: the metrics store could not write: {cause}; free space or "
-                              f"choose another --output-dir; {recorded}")
+                              f"choose another --storage-path; {recorded}")
     if cause is not None:  # a full disk met by a worker (Ray Train's checkpoint upload) or the driver
         # The error rarely names its file; how much room the run's disk has left tells a
-        # full --output-dir from a full temporary folder on a worker.
+        # full --storage-path from a full temporary folder on a worker.
         where = (f"disk full at {cause.filename}" if getattr(cause, "filename", None) else
                  f"disk full at {run_dir} while saving a checkpoint "
                  f"({free_space(run_dir)})")
         return TrainingFailed(f"training stopped: {where} ({_first_line(cause)}); free space or choose another "
-                              f"--output-dir; {recorded}")
+                              f"--storage-path; {recorded}")
     return TrainingFailed(f"training failed: {error}; what was recorded is in {run_dir}")
 
 

@@ -10,7 +10,7 @@ is written, one small task per hosting node (pinned to it, no CPU reserved) prob
 node's view, and the driver compares: any difference is a :class:`UserError` naming the
 nodes.
 
-Writable is not shared: the default ``--output-dir runs`` exists at the same path on every
+Writable is not shared: the default ``--storage-path runs`` exists at the same path on every
 node, each on its own disk, and a worker restarted elsewhere would not find the checkpoint
 (Ray Train itself checks this only at the first checkpoint). So the driver leaves a marker
 file with a random token in the folder for the time of the check, and every node must read
@@ -187,13 +187,13 @@ def problems(probes: dict[str, NodeProbe], nodes: list[NodeResources], run_dir: 
             continue
         if seen.write_error:
             found.append(f"{describe(node)} cannot write the run directory {run_dir} ({seen.write_error}); workers "
-                         "there write checkpoints into it: give every node the same writable --output-dir (a "
+                         "there write checkpoints into it: give every node the same writable --storage-path (a "
                          "shared filesystem mounted at the same path)")
         elif seen.sees_driver_folder is False:
             found.append(f"{describe(node)} does not share the run directory {run_dir} with the driver (a file the "
                          "driver wrote there is not there on that node: another disk at the same path); a worker "
                          "restarted on another node could not find its checkpoint: give every node the same "
-                         "shared filesystem at that path (--output-dir / RunConfig(storage_path=...)), or a URI "
+                         "shared filesystem at that path (--storage-path / RunConfig(storage_path=...)), or a URI "
                          "storage such as s3://")
         if dataset is None:
             continue

@@ -58,7 +58,7 @@ def acquire(run_dir: str, what_to_do: str) -> RunDirLock:
 
     Args:
         what_to_do: the end of the refusal's message: how this caller continues or
-            starts afresh (``--resume`` / ``--experiment-name``, or ``fit()`` / ``RunConfig(name=...)``).
+            starts afresh (``--resume`` / ``--name``, or ``fit()`` / ``RunConfig(name=...)``).
 
     Raises:
         UserError: another live process holds it; the message names it (pid, host) and

@@ -32,7 +32,7 @@ def prepare_trainer(trainer):
     and logged loss weighted by ``b_i / B`` (Ray Train's
     ``ray.train.huggingface.transformers.prepare_trainer``, for hetero_ray). Report with
     ``hetero_ray.train.huggingface.RayTrainReportCallback``. Needs the ``hf`` extra
-    (``pip install 'hetero-ray[hf]'``); see :mod:`hetero_ray.train.huggingface`. A PyTorch
+    (``pip install '.[hf]'`` in a checkout); see :mod:`hetero_ray.train.huggingface`. A PyTorch
     Lightning Trainer takes :func:`hetero_ray.train.lightning.prepare_trainer` (the
     ``lightning`` extra)."""
     from hetero_ray.errors import UserError

@@ -76,7 +76,7 @@ from hetero_ray.errors import UserError
 
 logger = logging.getLogger("hetero_ray.worker")
 
-INSTALL_HINT = "pip install 'hetero-ray[hf]' (transformers and accelerate)"
+INSTALL_HINT = "pip install '.[hf]' in a hetero_ray checkout (transformers 5.x and accelerate)"
 
 try:
     import transformers

@@ -9,7 +9,7 @@ batch from 8 to 64 (the kernel-launch floor). ``--emulate-devices`` gives each r
 and the rank pads its step so that its busy time at local batch ``b`` is
 
     busy(b) = k · t_dev(b) / v      v: the rank's emulated speed (1 unless --emulate-speeds
-                                       or --emulate-speed-change say otherwise)
+                                       or --emulate-speed-changes say otherwise)
 
 **Where the curves come from** (one entry per rank, ``*COUNT`` repeats one):
 

@@ -21,7 +21,7 @@ and the ratios asked for would be lost. So every speed is multiplied by one fact
 largest that lets the CPU ranks of every node run together on
 ``USABLE_CORE_FRACTION`` of its cores (:func:`fit_to_cores`): 1 when they fit.
 
-Speeds may change at given global steps (``--emulate-speed-change STEP:RANK:SPEED``), to
+Speeds may change at given global steps (``--emulate-speed-changes STEP:RANK:SPEED``), to
 test how the balancer follows a device that slows down mid-run.
 
 A speed makes every emulated device a line like this machine's; a device whose busy time

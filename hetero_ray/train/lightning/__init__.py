@@ -49,7 +49,7 @@ try:
     import lightning  # noqa: F401
 except ModuleNotFoundError as e:  # an optional extra: say how to get it
     raise ModuleNotFoundError(f"hetero_ray.train.lightning needs PyTorch Lightning, which cannot be imported here "
-                              f"({e}); pip install 'hetero-ray[lightning]'") from e
+                              f"({e}); pip install '.[lightning]'") from e
 
 from hetero_ray.train.lightning.environment import HeteroLightningEnvironment
 from hetero_ray.train.lightning.prepare import prepare_trainer
