@@ -395,9 +395,9 @@ def test_without_transformers_the_error_says_what_to_install(monkeypatch):
     from hetero_ray.train import huggingface
 
     monkeypatch.setattr(huggingface, "_IMPORT_ERROR", ImportError("No module named 'transformers'"))
-    with pytest.raises(UserError, match=r"pip install 'hetero-ray\[hf\]'"):
+    with pytest.raises(UserError, match=r"pip install '\.\[hf\]'"):
         huggingface.prepare_trainer(object())
-    with pytest.raises(UserError, match=r"pip install 'hetero-ray\[hf\]'"):
+    with pytest.raises(UserError, match=r"pip install '\.\[hf\]'"):
         huggingface.RayTrainReportCallback()
 
 
