@@ -242,6 +242,7 @@ def test_resume_without_config_json_compares_the_checkpoints_settings(trained_ru
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a real resumed run
 def test_resume_applies_the_settings_that_may_change(trained_run, tmp_path, capsys):
     """The finished 1-epoch, 2-worker run goes on for a second epoch on one worker."""
     run_dir = copy_run(trained_run, tmp_path, "longer")
@@ -298,6 +299,7 @@ def count_train_workers() -> int:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a real run up to the worker's failure
 def test_a_worker_meeting_a_bad_checkpoint_stops_the_run_without_retries(trained_run, tmp_path, capsys,
                                                                          monkeypatch):
     from hetero_ray.builtin import preflight
@@ -419,6 +421,7 @@ def assert_failed_cleanly(run_dir: str, out: str, err: str) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a real run
 def test_disk_full_where_the_metrics_store_writes(ray_session, tmp_path, capsys):
     """mlp slowed to a quarter speed, 1024 steps; the disk fills once 20 steps are on disk.
     The run is long enough that it cannot reach its final checkpoint (which would meet the

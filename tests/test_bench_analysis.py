@@ -136,6 +136,7 @@ def test_a_cold_start_is_measured_against_the_profiled_run_and_timed_to_its_fina
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # three real runs (static, optimal, a cold start): ~65 s
 @pytest.mark.usefixtures("ray_session")
 def test_bench_runs_the_policies_and_writes_the_figures(tmp_path, capsys):
     out = tmp_path / "bench.json"

@@ -12,6 +12,7 @@ tolerance that would show exactness.
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -75,6 +76,7 @@ def _relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
             / torch.cat([w.flatten() for w in want]).norm()).item()
 
 
+@pytest.mark.slow  # three gloo ranks and one device through a real ResNet-18: ~20 s
 def test_resnet18_gradient_with_unequal_shares_is_one_devices(tmp_path):
     port = free_port()
     mp.spawn(_worker, args=(len(LOCAL_BATCH_SIZES), port, str(tmp_path)), nprocs=len(LOCAL_BATCH_SIZES), join=True)

@@ -29,6 +29,7 @@ TIMEOUT_MS = 20_000
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.ray,  # the runs it shows are trained for real on the session's Ray
+    pytest.mark.slow,  # two real runs before the first page (~75 s), then a browser
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing: run `make setup-browser` "
                                                             "(Debian's chromium; never `playwright install`)"),
 ]
