@@ -159,3 +159,43 @@ def test_a_ranks_warm_up_measures_its_emulated_speed_and_leaves_torchs_random_st
 
     assert measure_rank(ProfileModel(build=recipe.build, make_batch=broken), cpu, [8, 32], SpeedEmulator(**work),
                         1.0) is None
+
+
+def test_the_warm_up_times_the_emulated_device_not_the_hosts_preemption(clocks, monkeypatch):
+    """Another process takes the core for 4× each step's work. Timed by the wall clock, a rank
+    at speed 0.5 (no pad: past its target) and one at 0.25 (its pad absorbs most of the wait)
+    both measured 2.5 ms a sample, and the first plan could not tell them apart; timed as
+    the emulated device spends it (SpeedEmulator.busy_s) they are 1 and 2 ms."""
+    from hetero_ray.profiling import model_probe
+    from hetero_ray.profiling.recipe import ProfileModel
+    from hetero_ray.training import warmup
+    from hetero_ray.training.warmup import measure_rank
+
+    monkeypatch.setattr(model_probe, "time", clocks)
+    monkeypatch.setattr(warmup, "time", clocks)
+
+    def preempted_step(model, batch):
+        inputs, batch_size = batch
+        clocks.compute(0.0005 * batch_size)
+        clocks.preempted(0.002 * batch_size)
+        return model(inputs).sum()
+
+    recipe = ProfileModel(build=lambda: torch.nn.Linear(1, 1), make_batch=lambda b: (torch.rand(b, 1), b),
+                          compute_loss=preempted_step)
+    work = dict(work_clock=lambda: clocks.work)
+    half = measure_rank(recipe, torch.device("cpu"), [8, 32], SpeedEmulator(**work), 0.5, time_budget_s=0.5)
+    quarter = measure_rank(recipe, torch.device("cpu"), [8, 32], SpeedEmulator(**work), 0.25, time_budget_s=0.5)
+    assert half["beta_s_per_sample"] == pytest.approx(0.001, rel=1e-6)
+    assert quarter["beta_s_per_sample"] == pytest.approx(0.002, rel=1e-6)
+
+
+def test_busy_time_at_full_speed_is_the_work_at_most_the_wall(clocks):
+    emulator = started(clocks, 1.0)
+    clocks.compute(0.010)
+    clocks.preempted(0.005)
+    assert emulator.busy_s() == pytest.approx(0.010)
+    gpu = SpeedEmulator(synchronize=lambda: None, work_clock=lambda: 0.0)
+    gpu.begin_step(0.5, clocks.perf_counter())
+    clocks.compute(0.004)
+    gpu.pad()  # to 8 ms of wall
+    assert gpu.busy_s() == pytest.approx(0.008)

@@ -250,12 +250,14 @@ class Planner:
             caps = None  # a share past its rank's cap is trained in micro-batches
         self.policy.caps = caps
         first = self.policy.initial_plan(self.global_batch_size, num_workers, measured)
-        reason = first.reason
+        # what measured the curves follows the policy's own words, before any note ("; …")
+        reason, sep, notes = first.reason.partition("; ")
         if measured is not None and warmed_up:
             reason = f"{reason}, measured by each rank's warm-up"
         elif measured is not None and any(own):
             ranks = ", ".join(str(rank) for rank, o in enumerate(own) if o)
             reason = f"{reason}, rank(s) {ranks} measured by their own warm-up, the others by their node profiles"
+        reason += sep + notes
         return Plan(version, first.local_batch_sizes, reason)
 
     def _caps_from_late_profiles(self) -> None:

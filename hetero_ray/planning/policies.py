@@ -63,6 +63,7 @@ import numpy as np
 
 from hetero_ray import validate
 from hetero_ray.errors import ConfigError
+from hetero_ray.planning.alike import pool_alike
 from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.estimates import Estimates
@@ -385,18 +386,28 @@ class _AdaptivePolicy(_BasePolicy):
         lo = np.where(usable, cfg.min_local_batch_size, b_now)
         caps = [None] * n if self.caps is None else list(self.caps)
         hi = [c if u else int(b) for c, u, b in zip(caps, usable, b_now)]
+        margin = self._noise_margin(est, usable, level_forecast_se)
+        required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
         try:
             proposal, left_out, all_ranks_s = self._propose(current, alphas, betas, floors, usable, lo, hi,
                                                             comm_cost_s)
+            # Ranks that differ by less than a move must clear are split as one speed (alike.py):
+            # solved again with their group's curve; the predictions keep every rank's own.
+            rel_se = est.busy_time_rel_se
+            if level_forecast_se > 0:  # the levels' drift between decisions (NaN: not measured yet)
+                rel_se = np.fmax(rel_se, level_forecast_se)
+            shares = np.asarray(proposal, dtype=np.float64)
+            shares = np.where(shares > 0, shares, current.global_batch_size / int(usable.sum()))
+            solve_a, solve_b, solve_f, alike = pool_alike(alphas, betas, floors, shares, required, rel_se, usable)
+            if alike:
+                proposal, left_out, all_ranks_s = self._propose(current, solve_a, solve_b, solve_f, usable, lo, hi,
+                                                                comm_cost_s)
         except ValueError as e:
             around = "within the caps and around the stale ranks" if (~usable).any() else "within the caps"
             return self._keep(current, f"no feasible split {around} ({e}): keep the plan",
                               est, global_step, current_predicted_step_time_s=current_pred)
         proposal_arr = np.asarray(proposal)
         proposed_pred = predicted(proposal_arr)
-
-        margin = self._noise_margin(est, usable, level_forecast_se)
-        required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
 
         # Leaving a rank out must pay on its own: against the best split with every rank in,
         # its gain clears the same bar as any move (else a move that pays for its other
@@ -408,7 +419,7 @@ class _AdaptivePolicy(_BasePolicy):
             kept_in_note = (f"; ranks {_short_list(np.asarray(newly_out))} kept in: leaving them out would gain "
                             f"{own_gain:+.1%} ({all_ranks_s * 1e3:.2f} → {proposed_pred * 1e3:.2f} ms), within the "
                             f"required {required:.1%}")
-            proposal, left_out, _ = _AdaptivePolicy._propose(self, current, alphas, betas, floors, usable, lo, hi,
+            proposal, left_out, _ = _AdaptivePolicy._propose(self, current, solve_a, solve_b, solve_f, usable, lo, hi,
                                                              comm_cost_s)
             proposal_arr = np.asarray(proposal)
             proposed_pred = predicted(proposal_arr)
@@ -433,7 +444,8 @@ class _AdaptivePolicy(_BasePolicy):
         back = [r for r in range(n) if b_now[r] == 0 and proposal_arr[r] > 0]
         if back:
             out_note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
-        stale_note = out_note + kept_in_note + stale_note
+        alike_note = _alike_note(alike, (alphas, betas, floors), f"{required:.1%} or their noise")
+        stale_note = out_note + kept_in_note + alike_note + stale_note
         if tuple(proposal) == current.local_batch_sizes:
             self._lead_under_version = None
             return self._keep(current, f"the current plan is already the best split{stale_note}",
@@ -484,10 +496,17 @@ class OptimalPolicy(_AdaptivePolicy):
             return super().initial_plan(global_batch_size, num_workers)
         self._check_room(global_batch_size, num_workers)
         self._check_capacities(capacities, num_workers)
-        sizes = solve_split([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
-                            global_batch_size, self.config.min_local_batch_size, self.caps,
-                            [c.floor_s for c in capacities])
-        return Plan(0, tuple(sizes), "optimal: split for the profiled cost model")
+        # Ranks within the threshold of each other are split as one speed (alike.py): a later
+        # decision could not move their shares apart for that difference either.
+        alphas, betas, floors = ([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
+                                 [c.floor_s for c in capacities])
+        sizes = solve_split(alphas, betas, global_batch_size, self.config.min_local_batch_size, self.caps, floors)
+        alphas, betas, floors, alike = pool_alike(alphas, betas, floors, sizes, self.config.rebalance_threshold)
+        if alike:
+            sizes = solve_split(alphas, betas, global_batch_size, self.config.min_local_batch_size, self.caps, floors)
+        alike_note = _alike_note(alike, ([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
+                                         [c.floor_s for c in capacities]), f"{self.config.rebalance_threshold:.1%}")
+        return Plan(0, tuple(sizes), f"optimal: split for the profiled cost model{alike_note}")
 
     def _propose(self, current: Plan, alphas, betas, floors, usable, lo, hi, comm_cost_s):
         """The best group and split of the fresh ranks (:func:`subset.solve_subset_split`);
@@ -535,6 +554,14 @@ def _contenders(busy_time_s: np.ndarray, rel_se: np.ndarray) -> int:
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.log(busy_time_s[slowest] / busy_time_s) / np.sqrt(rel_se[slowest] ** 2 + rel_se ** 2)
     return int(np.sum(~(z >= CONTENDER_SIGMAS)))  # NaN (0/0: identical, no noise) counts as a contender
+
+
+def _alike_note(groups: list[list[int]], curves, within: str) -> str:
+    """The reason's words for the groups of alike ranks whose own curves differ (ranks with
+    one curve already, as one node's profile gives, need no word)."""
+    rows = [np.asarray(c, dtype=np.float64) for c in curves]
+    differ = [g for g in groups if any(np.ptp(row[g]) > 0 for row in rows)]
+    return "".join(f"; ranks {_short_list(np.asarray(g))} alike (within {within}): one speed" for g in differ)
 
 
 def _comm_s(comm_cost_s: Optional[CommCost], sizes) -> float:

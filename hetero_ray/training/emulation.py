@@ -130,6 +130,24 @@ class SpeedEmulator:
         self._work_start = self._work_clock()
         self.padded_s = 0.0
 
+    def busy_s(self) -> float:
+        """The step so far as the emulated device spends it: its ``work / speed``, the wall
+        time the pad makes the step last less any moment the host gave the core to another
+        process (which a slower device would not multiply, and which the pad only meets
+        when the host let the step run past its target). At speed ≥ 1 there is no pad: the
+        work itself, at most the wall time (an intra-op pool's CPU time exceeds it).
+
+        What the warm-up times (training/warmup.py): a fast rank whose core was taken away
+        by another process would otherwise be timed slower than a slow rank whose pad
+        absorbed the same wait, and the first plan would mis-order them.
+        """
+        if self._synchronize is not None:
+            self._synchronize()
+        elapsed = time.perf_counter() - self._step_start
+        # a GPU's drained queue: wall time is the work (module docstring)
+        work = elapsed - self.padded_s if self._synchronize is not None else self._work_clock() - self._work_start
+        return work / self.speed if self.speed < 1.0 else min(work, elapsed)
+
     def pad(self, is_last: bool = True) -> None:
         """Before each gradient bucket (``is_last``: the step's last): every bucket leaves late."""
         if self.speed >= 1.0:

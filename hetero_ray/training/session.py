@@ -334,10 +334,11 @@ def _curve_emulator(settings: WorkerSettings, identity: WorkerIdentity, synchron
 def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: SpeedEmulator, speed: float) -> list:
     """Collective: every rank measures its own step under its emulated ``speed`` (see
     training/warmup.py); returns every rank's line."""
-    from hetero_ray.training.warmup import gather_fits, measure_rank
+    from hetero_ray.training.warmup import gather_fits, measure_rank, until_all_ranks_done
 
     started = time.perf_counter()
-    fit = measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes), emulator, speed)
+    fit = measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes), emulator, speed,
+                       hold=until_all_ranks_done)
     rank_fits = gather_fits(fit, identity.num_workers)
     lines = ", ".join("?" if f is None else f"{f['beta_s_per_sample'] * 1e3:.3g}" for f in rank_fits)
     _say(identity, f"warm-up: each rank timed its own step in {time.perf_counter() - started:.1f} s; "

@@ -1,0 +1,80 @@
+"""The warm-up times every rank beside the others' load, as training will: two real gloo
+processes, a full-speed rank and a quarter-speed one. The fast rank finishes measuring
+first and keeps stepping (untimed, padded) until the slow one has measured, so the slow
+rank's last blocks are not timed alone on cores the others left; a rank whose measurement
+fails still releases the others (no hang)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hetero_ray.profiling.recipe import ProfileModel
+from hetero_ray.training.emulation import SpeedEmulator
+from hetero_ray.training.warmup import measure_rank, until_all_ranks_done
+from tests.helpers import free_port
+
+SPEEDS = (1.0, 0.25)
+
+
+def _recipe() -> ProfileModel:
+    return ProfileModel(build=lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                                         torch.nn.Linear(256, 1)),
+                        make_batch=lambda b: torch.randn(b, 64), compute_loss=lambda m, x: m(x).square().mean())
+
+
+def _broken(batch_size):
+    raise ValueError("no data")
+
+
+def _run(rank: int, port: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=len(SPEEDS))
+    seen: dict = {"held_steps": 0}
+
+    def hold(step):
+        seen["measured_at"] = time.monotonic()
+
+        def counted():
+            step()
+            seen["held_steps"] += 1
+            seen["last_step_end"] = time.monotonic()
+
+        until_all_ranks_done(counted)
+        seen["released_at"] = time.monotonic()
+
+    # one round of blocks of ≥ 0.3 s each (the budget ends it): rank 1 measures four sizes to
+    # rank 0's two, so it finishes ≥ 0.6 s later whatever the machine's load
+    sizes = [8, 32] if rank == 0 else [8, 16, 32, 64]
+    fit = measure_rank(_recipe(), torch.device("cpu"), sizes, SpeedEmulator(), SPEEDS[rank],
+                       time_budget_s=0.5, hold=hold)
+    # rank 1's recipe fails: it still holds once, so rank 0 is released
+    recipe = _recipe() if rank == 0 else ProfileModel(build=_recipe().build, make_batch=_broken)
+    started = time.monotonic()
+    second = measure_rank(recipe, torch.device("cpu"), [8, 32], SpeedEmulator(), SPEEDS[rank], time_budget_s=0.5,
+                          hold=until_all_ranks_done)
+    out[rank] = dict(seen, fit=fit, second=second, second_s=time.monotonic() - started)
+    dist.destroy_process_group()
+
+
+def test_a_fast_rank_keeps_the_slow_ranks_company_until_it_has_measured():
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_run, args=(free_port(), out), nprocs=len(SPEEDS), join=True)
+        fast, slow = out[0], out[1]
+    assert fast["fit"] is not None and slow["fit"] is not None
+    assert fast["fit"]["beta_s_per_sample"] < slow["fit"]["beta_s_per_sample"]
+    assert fast["measured_at"] < slow["measured_at"], "rank 1 measures more sizes: it finishes later"
+    # the fast rank was stepping (not waiting idle) until the slow one's measurement ended
+    assert fast["held_steps"] > 0
+    # (its last step may end just before the other enters the barrier: one poll between them;
+    # idle, the gap would be the ≥ 0.6 s by which rank 1 measures longer)
+    assert slow["measured_at"] - fast["last_step_end"] < 0.1
+    # the failed measurement gives no line, and the rank that measured was not left waiting
+    assert slow["second"] is None and fast["second"] is not None
+    assert fast["second_s"] < 30
