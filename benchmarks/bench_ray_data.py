@@ -14,12 +14,18 @@
     python benchmarks/bench_ray_data.py                  # minutes; run it alone on the machine
     python benchmarks/bench_ray_data.py --skip-loss      # throughput only
     python benchmarks/bench_ray_data.py --two-nodes      # 3. below (root: cgroup v1 CPU quotas)
+    RAY_ADDRESS=... python benchmarks/bench_ray_data.py --gpu   # 4. below (gpu_check.py's ray-data stage)
 
 3. A CPU-only node beside a training node (``--two-nodes``): two real Ray nodes on this
    machine, each held to ``--node-cores`` by a cgroup CPU quota; the same CPU-heavy
    pipeline with its ``map_batches`` on the CPU-only node (feeding), on the training node
    itself, and anywhere, and the CPU-only node as a second training rank instead. Prints
    the samples/s of each and which is fastest.
+
+4. A GPU rank fed by the cluster's CPUs (``--gpu``, on a cluster with nodes labelled
+   ``hetero-ray.io/device=gpu|cpu``): the same transform in the GPU rank's own DataLoader
+   (``--loader-workers`` processes on the GPU node), against a ``map_batches`` on the
+   CPU-only node, and anywhere. Prints the samples/s of each and the ratios.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FEATURES = 64
+# The workers import this checkout, and whatever else PYTHONPATH holds here (a GPU machine's Ray bundle).
+WORKER_ENV = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)}}
 
 
 def rows_of(ids: np.ndarray) -> dict:
@@ -91,8 +99,9 @@ def hetero_loop(config: dict) -> None:
         loader = hetero_ray.train.prepare_data_loader(Rows(config["num_rows"], config["transform_ms"]),
                                                       num_workers=config["loader_workers"], shuffle=False)
         batches = lambda: iter(loader)  # noqa: E731
+    device = hetero_ray.train.get_device()
     for epoch in range(config["epochs"]):
-        total, count = torch.zeros(1), torch.zeros(1)
+        total, count = torch.zeros(1, device=device), torch.zeros(1)
         for x, y in batches():
             loss = torch.nn.functional.cross_entropy(model(x), y)
             optimizer.zero_grad()
@@ -101,6 +110,7 @@ def hetero_loop(config: dict) -> None:
             if not hetero_ray.train.is_probe_step():
                 total += loss.detach() * len(y)
                 count += len(y)
+        total = total.cpu()  # gloo between GPU and CPU ranks: the sums travel on the CPU
         torch.distributed.all_reduce(total)
         torch.distributed.all_reduce(count)
         hetero_ray.train.report({"epoch": epoch, "loss": (total / count).item()})
@@ -131,16 +141,19 @@ def plain_loop(config: dict) -> None:
             json.dump({"loss": (total / count).item()}, f)
 
 
-def pipeline(num_rows: int, transform_ms: float, on: Optional[str] = None):
-    """The rows through the CPU-heavy transform; ``on``: the custom resource of the node it must run on."""
+def pipeline(num_rows: int, transform_ms: float, on: Optional[str] = None, labels: Optional[dict] = None):
+    """The rows through the CPU-heavy transform; ``on``: the custom resource of the node it
+    must run on; ``labels``: the node labels it must run on."""
     import ray
 
     where = {"resources": {on: 0.01}} if on else {}
+    if labels:
+        where["label_selector"] = labels
     return ray.data.range(num_rows).map_batches(transform, fn_kwargs={"transform_ms": transform_ms}, **where)
 
 
 def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=None, *, datasets=None,
-               workers: Optional[dict] = None) -> dict:
+               workers: Optional[dict] = None, devices: Optional[tuple] = None) -> dict:
     from ray.train import RunConfig, ScalingConfig
 
     from hetero_ray import HeteroConfig, HeteroTrainer
@@ -154,7 +167,7 @@ def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=No
                             run_config=RunConfig(name=name, storage_path=storage),
                             hetero_config=HeteroConfig(global_batch_size=args.global_batch_size,
                                                        emulate_speeds=None if set(speeds) == {1.0} else speeds,
-                                                       policy="optimal"),
+                                                       policy="optimal", worker_devices=devices),
                             emit=lambda line: None)
     trainer.fit()
     run_dir = os.path.join(storage, name)
@@ -201,13 +214,19 @@ def main(argv=None) -> None:
     p.add_argument("--skip-loss", action="store_true")
     p.add_argument("--two-nodes", action="store_true", help="only 3.: a CPU-only node feeding or training")
     p.add_argument("--node-cores", type=float, default=1.0, help="each node's CPU quota, in cores")
+    p.add_argument("--gpu", action="store_true",
+                   help="only 4.: on the Ray cluster at RAY_ADDRESS (nodes labelled hetero-ray.io/device=gpu|cpu, "
+                        "as benchmarks/gpu_check.py starts them), a GPU rank fed by Ray Data against its own DataLoader")
+    p.add_argument("--json", help="with --gpu: also write the figures to this JSON file")
     args = p.parse_args(argv)
     if args.two_nodes:
         return two_nodes(args)
+    if args.gpu:
+        return gpu_fed(args)
     import ray
 
     ray.init(num_cpus=max(4, os.cpu_count() or 1), logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+             runtime_env=WORKER_ENV)
     speeds = tuple(float(s) for s in args.emulate_speeds.split(","))
     with tempfile.TemporaryDirectory() as storage:
         print(f"throughput: {args.num_rows} rows × {args.epochs} epochs, global batch {args.global_batch_size}, "
@@ -253,7 +272,7 @@ def two_nodes(args) -> None:
             wait_for_nodes(address, 2, nodes)
             for node in nodes:
                 set_cpu_quota(node, args.node_cores)
-            ray.init(address=address, logging_level="ERROR", runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+            ray.init(address=address, logging_level="ERROR", runtime_env=WORKER_ENV)
             print(f"two nodes of {args.node_cores:g} core(s) each; {args.transform_ms} ms of CPU work per row in "
                   f"map_batches; global batch {args.global_batch_size}", flush=True)
             train_node = {"CPU": 1, "train_node": 0.5}
@@ -279,6 +298,49 @@ def two_nodes(args) -> None:
             ray.shutdown()
             for node in reversed(nodes):
                 node.stop()
+
+
+def gpu_fed(args) -> None:
+    """4. One GPU rank on the node labelled gpu, its batches made by the CPU-heavy transform:
+    in its own DataLoader's ``--loader-workers`` processes (the GPU node's cores), or by a
+    ``map_batches`` on the CPU-only node (label cpu) or anywhere on the cluster."""
+    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):  # as `ray start` finds it (read when Ray loads)
+        os.environ["RAY_AUTH_MODE"] = "token"
+    import ray
+
+    from hetero_ray.constants import DEVICE_LABEL
+
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise SystemExit("--gpu: set RAY_ADDRESS to a cluster with nodes labelled hetero-ray.io/device=gpu|cpu "
+                         "(benchmarks/gpu_check.py starts one)")
+    ray.init(address=address, logging_level="ERROR", runtime_env=WORKER_ENV)
+    cpus = {label: sum(n["Resources"].get("CPU", 0) for n in ray.nodes()
+                       if n["Alive"] and n.get("Labels", {}).get(DEVICE_LABEL) == label) for label in ("gpu", "cpu")}
+    print(f"one GPU rank, {args.transform_ms} ms of CPU work per row, {args.num_rows} rows × {args.epochs} epochs, "
+          f"global batch {args.global_batch_size}; GPU node {cpus['gpu']:g} CPUs, CPU-only node {cpus['cpu']:g}",
+          flush=True)
+    gpu_rank = {"CPU": args.loader_workers}
+    runs = {
+        f"own DataLoader ({args.loader_workers} worker processes on the GPU node)": dict(source="map"),
+        "Ray Data, map_batches on the CPU-only node": dict(
+            source="ray_data", datasets={"train": pipeline(args.num_rows, args.transform_ms,
+                                                           labels={DEVICE_LABEL: "cpu"})}),
+        "Ray Data, map_batches anywhere": dict(source="ray_data"),
+    }
+    figures = {}
+    with tempfile.TemporaryDirectory() as storage:
+        for i, (label, run) in enumerate(runs.items()):
+            figures[label] = hetero_fit(args, storage, f"gpu-{i}", run["source"], (1.0,), datasets=run.get("datasets"),
+                                        workers=gpu_rank, devices=("gpu",))["samples_per_s"]
+            print(f"  {label}: {figures[label]:,.0f} samples/s", flush=True)
+    own = next(iter(figures.values()))
+    for label, value in list(figures.items())[1:]:
+        print(f"  {label} ÷ own DataLoader: {value / own:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpus": cpus, "transform_ms": args.transform_ms, "samples_per_s": figures}, f, indent=1)
+    ray.shutdown()
 
 
 if __name__ == "__main__":

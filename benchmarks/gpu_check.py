@@ -24,7 +24,13 @@ its output in ``LOG_DIR/<stage>.log``:
    change, in fp32, bf16 and fp16 (GradScaler): each step's loss over the global batch in
    bf16 and fp16 against fp32; and the GPU alone in bf16 (samples/s against fp32);
 5. ``api``: ``examples/own_model.py`` (HeteroTrainer, a BatchNorm CNN) on the GPU, 2 steps;
-6. ``nccl``: two GPU ranks over NCCL, where there are two GPUs or more.
+6. ``nccl``: two GPU ranks over NCCL, where there are two GPUs or more;
+7. ``ray-data``: the GPU rank fed by a ``map_batches`` pipeline on the CPU-only node (and
+   anywhere) against its own DataLoader doing the same CPU-heavy transform
+   (``benchmarks/bench_ray_data.py --gpu``): samples/s of each and the ratios;
+8. ``lightning`` (where the ``lightning`` extra is installed): ``examples/lightning_module.py``
+   on the GPU in 32-true and 16-mixed (a real GradScaler), and on the GPU + a CPU rank in
+   16-mixed: each run's final logged loss.
 
 A stage that fails or runs out of time is a row of the table, not the end of the check.
 Exit status: 0 when every stage passed, 1 when one did not, 2 when there is no GPU (or no
@@ -56,7 +62,7 @@ DEVICE_LABEL = "hetero-ray.io/device"
 RAY_PORT = 6399  # not Ray's default 6379, so a Ray cluster already running here is left alone
 PASSED, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 PRECISION_STEPS = 50
-STAGES = ("profile", "train", "precision", "api", "nccl")
+STAGES = ("profile", "train", "precision", "api", "nccl", "ray-data", "lightning")
 # When the whole check must end (time.monotonic()), from --deadline-s: time on a GPU machine is
 # often short, and a table of what ran beats a killed check with none.
 _deadline: Optional[float] = None
@@ -460,6 +466,11 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         rows += curve_rows(_read_json(plan_json) or {}) if failed is None else [
             Row("profile", "profile and curves", failed, status=FAILED)]
     plan = _read_json(plan_json) or {}
+    # Before the training runs: the newest stages first, where --deadline-s cuts the check short.
+    if "ray-data" in args.stages:
+        rows += _ray_data_rows(args, env, log_dir, limit)
+    if "lightning" in args.stages:
+        rows += _lightning_rows(env, log_dir, limit)
 
     runs = {"GPU alone": ("gpu", "optimal", "fp32"),
             f"GPU + {args.cpu_workers} CPU, optimal": (f"gpu,{cpu_ranks}", "optimal", "fp32"),
@@ -524,6 +535,66 @@ def _cluster_stages(args, address: str, log_dir: str, num_gpus: int) -> list[Row
         rows.append(Row("nccl", "2 GPU ranks over NCCL", failed or f"{value or 0:,.0f} samples/s",
                         status=PASSED if failed is None else FAILED))
     return rows
+
+
+RAY_DATA_TRANSFORM_MS = 0.5  # per row: an augmentation's cost, enough to make one GPU rank input-bound
+
+
+def _ray_data_rows(args, env: dict, log_dir: str, limit: float) -> list[Row]:
+    """A GPU rank fed by Ray Data on the CPU-only node's cores, against its own DataLoader."""
+    out = os.path.join(log_dir, "ray_data.json")
+    failed = run_stage("ray-data", [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "bench_ray_data.py"), "--gpu",
+                                    "--json", out, "--num-rows", "32768", "--epochs", "2", "--global-batch-size", "512",
+                                    "--transform-ms", str(RAY_DATA_TRANSFORM_MS),
+                                    "--loader-workers", str(args.cpus_per_worker)], log_dir, limit, env)
+    figures = (_read_json(out) or {}).get("samples_per_s", {}) if failed is None else {}
+    if not figures:
+        return [Row("ray-data", "GPU rank fed by Ray Data vs its own DataLoader", failed or "no figures",
+                    status=FAILED)]
+    own = next(iter(figures.values()))
+    return [Row("ray-data", label, f"{value:,.0f} samples/s ({RAY_DATA_TRANSFORM_MS} ms CPU work a row)"
+                + ("" if i == 0 else f"; {value / own:.2f}× the own DataLoader"))
+            for i, (label, value) in enumerate(figures.items())]
+
+
+LIGHTNING_RUNS = {"GPU, 32-true": ("gpu", "32-true"), "GPU, 16-mixed": ("gpu", "16-mixed"),
+                  "GPU + CPU, 16-mixed": ("gpu,cpu", "16-mixed")}
+
+
+def _lightning_rows(env: dict, log_dir: str, limit: float) -> list[Row]:
+    """examples/lightning_module.py on CUDA: the final logged loss of each precision."""
+    import importlib.util
+
+    if importlib.util.find_spec("lightning") is None:
+        return [Row("lightning", "Lightning bridge on CUDA", "the lightning extra is not installed here "
+                    "(pip install '.[lightning]')", status=SKIPPED)]
+    rows = []
+    for i, (label, (devices, precision)) in enumerate(LIGHTNING_RUNS.items()):
+        name = f"lightning-{i}"
+        storage = os.path.join(log_dir, "runs")
+        failed = run_stage(name, [sys.executable, os.path.join(REPO_ROOT, "examples", "lightning_module.py"),
+                                  "--worker-devices", devices, "--precision", precision, "--epochs", "2",
+                                  "--storage-path", storage, "--name", name], log_dir, limit, env)
+        loss = _last_metric(os.path.join(storage, name), ("loss_epoch", "loss")) if failed is None else None
+        rows.append(Row("lightning", label, failed or (f"final epoch loss {loss:.4f}" if loss is not None
+                                                       else "ran, no loss reported"),
+                        status=PASSED if loss is not None else FAILED))
+    return rows
+
+
+def _last_metric(run_dir: str, keys: Sequence[str]) -> Optional[float]:
+    """The last reported value of the first of ``keys`` a report holds."""
+    import pandas as pd
+
+    path = os.path.join(run_dir, "reports.parquet")
+    if not os.path.exists(path):
+        return None
+    for metrics in pd.read_parquet(path).sort_values("global_step")["metrics"].iloc[::-1]:
+        reported = json.loads(metrics)
+        for key in keys:
+            if reported.get(key) is not None:
+                return float(reported[key])
+    return None
 
 
 def _precisions(args) -> tuple[str, ...]:

@@ -42,6 +42,10 @@ CASES = [
     {"name": "out_from_first-fp32", "plan": "out_from_first", "precision": "32-true"},
     {"name": "change-bf16", "plan": "change", "precision": "bf16-mixed"},
     {"name": "out_and_back-16", "plan": "out_and_back", "precision": "16-mixed"},
+    # A GPU rank beside CPU ranks, all asked for "16-mixed": Lightning gives the GPU rank fp16
+    # with a GradScaler and the CPU ranks bf16 without one. Rank 0 here holds the GPU's
+    # plugin (fp16 and a GradScaler, on the CPU).
+    {"name": "gpu_beside_cpu-16", "plan": "change", "precision": "16-mixed", "scaler_on_rank_0": True},
     # Stopped after global step 4 (checkpoints every 2 steps: the last at step 4, mid-epoch 1) ...
     {"name": "resume-first", "plan": "change", "precision": "32-true", "max_steps": 4, "every_n_train_steps": 2},
     # ... and resumed from that checkpoint by a new worker group.
@@ -72,9 +76,14 @@ def lightning_loop(config: dict) -> dict:
         strategy, module = _lightning_ddp(), _own_ddp_module()
     else:
         strategy = RayDDPStrategy()
+    precision, plugins = case["precision"], [RayLightningEnvironment()]
+    if case.get("scaler_on_rank_0") and hetero_ray.train.get_context().get_world_rank() == 0:
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        precision, plugins = None, [*plugins, MixedPrecision("16-mixed", "cpu")]
     trainer = lightning.Trainer(
         accelerator="cpu", devices="auto", max_epochs=EPOCHS, max_steps=case.get("max_steps", -1),
-        precision=case["precision"], strategy=strategy, plugins=[RayLightningEnvironment()],
+        precision=precision, strategy=strategy, plugins=plugins,
         callbacks=[RayTrainReportCallback(every_n_train_steps=case.get("every_n_train_steps"))],
         enable_checkpointing=False, logger=False, enable_model_summary=False)
     if not case.get("lightning_ddp"):
@@ -198,7 +207,7 @@ def test_three_uneven_ranks_are_one_trainer_on_one_device(per_rank, name):
     _every_sample_once(results)
 
 
-@pytest.mark.parametrize("name", ["change-bf16", "out_and_back-16"])
+@pytest.mark.parametrize("name", ["change-bf16", "out_and_back-16", "gpu_beside_cpu-16"])
 def test_mixed_precision_trains_to_the_loss_of_fp32(per_rank, name):
     results, one = _results(per_rank, name), reference()
     one_bf16 = reference("bf16-mixed")

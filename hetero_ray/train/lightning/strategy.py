@@ -54,10 +54,29 @@ class HeteroDDPStrategy(DDPStrategy):
     def setup(self, trainer) -> None:
         check_trainer(trainer)
         follow_the_plan(trainer)
+        self._one_precision_on_every_rank()
         # hetero_ray's BatchNorm (prepare_model) normalises over the global batch already;
         # torch's SyncBatchNorm (Trainer(sync_batchnorm=True)) would do it with equal weights.
         self._layer_sync = None
         super().setup(trainer)
+
+    def _one_precision_on_every_rank(self) -> None:
+        """Lightning runs ``precision="16-mixed"`` as fp16 with a GradScaler on a GPU but as
+        bf16 without one on a CPU: in a job of both, the GPU ranks' gradients would be scaled
+        and the CPU ranks' not, and every rank would step on their sum. The CPU ranks get
+        fp16 with a GradScaler too (torch has both on the CPU), so every rank scales alike."""
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        plugin = self.precision_plugin
+        mine = "16-mixed" if getattr(plugin, "scaler", None) is not None else getattr(plugin, "precision", None)
+        kinds = [None] * dist.get_world_size()
+        dist.all_gather_object(kinds, (mine, self.root_device.type))
+        if "16-mixed" not in {k for k, _ in kinds} or mine == "16-mixed":
+            return
+        if mine != "bf16-mixed" or self.root_device.type != "cpu":
+            raise UserError(f"Trainer(precision=...): the ranks run different precisions ({sorted(set(kinds))}); "
+                            "give every rank the same one, e.g. '16-mixed', 'bf16-mixed' or '32-true'")
+        self.precision_plugin = MixedPrecision("16-mixed", "cpu")
 
     def configure_ddp(self) -> None:
         from hetero_ray.train.worker import prepare_model
