@@ -239,8 +239,7 @@ class StepRunner:
         memory search: a host batch of tens of thousands of samples would cost seconds to
         make and copy; torch's factory functions inside ``with device`` make it there)."""
         try:
-            with self.device:
-                batch = self.recipe.make_batch(batch_size)
+            batch = batch_on_device(self.recipe.make_batch, batch_size, self.device)
             self._step(map_tensors(batch, lambda t: t.to(self.device)))
             self._sync()
         finally:
@@ -473,3 +472,16 @@ class _on_device:
         if self._context is not None:
             return self._context.__exit__(*exc)
         return False
+
+
+def batch_on_device(make_batch, batch_size: int, device: torch.device):
+    """``make_batch(batch_size)`` made on ``device`` by torch's factory functions, or on the
+    host where the recipe cannot be (a CPU ``torch.Generator`` of its own refuses another
+    device): the caller copies it."""
+    try:
+        with device:
+            return make_batch(batch_size)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except RuntimeError:
+        return make_batch(batch_size)
