@@ -227,6 +227,21 @@ def test_a_cold_start_on_the_quota_testbed_reaches_the_best_split_in_two_moves(s
     assert all(p.local_batch_sizes[0] < 96 for s, p in run["proposed_at"] if s > 40), run["proposed_at"]
 
 
+def test_a_move_that_held_goes_further_at_the_next_decision():
+    """Rank 0 takes 1 ms a sample, rank 1 2 ms, from 64/64 of 128: the best split is 85/43.
+    Rank 0 is busy half the step, so the first move may take it to 64 × 1.25 = 80; that
+    move holds (it is faster), 80 is then known, and the next decision reaches 85."""
+    def busy(step, sizes, noise_factors):
+        return [0.001 * sizes[0] * noise_factors[0], 0.002 * sizes[1] * noise_factors[1]]
+
+    run = _run(busy, (64, 64), steps=80, interval=20, noise=0.01)
+    moved = [(s, p.local_batch_sizes) for s, p in run["proposed_at"]]
+    assert [sizes for _, sizes in moved][:2] == [(80, 48), (85, 43)], moved
+    first = next(r for r in run["rows"] if r["adopted"])
+    assert "bounded move: rank 0 ≤ 80 (known at ≤ 64)" in first["reason"], first["reason"]
+    assert not [r for r in run["rows"] if r["reason"].startswith(("rollback", "revert"))], run["rows"]
+
+
 # Four devices at 1, 1, 2 and 4 ms a sample plus 5 ms a step, from equal shares of 96: the
 # best split is about 35/35/17/9 (the balancer benchmark's emulated 1/1/0.5/0.25).
 ALPHA_S, PER_SAMPLE_S = 0.005, (0.001, 0.001, 0.002, 0.004)
