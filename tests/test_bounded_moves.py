@@ -79,6 +79,18 @@ def test_a_share_the_curve_has_forgotten_is_not_known():
     assert measured.beyond((128, 128), est) == (0,)
 
 
+def test_a_rank_whose_curve_disputes_every_share_it_ran_may_not_grow():
+    """At 66 samples rank 0 sits on its quota's edge: every other step is throttled (95 ms
+    against 31 ms), which the curve, fitted to the fast mode, puts at 32 ms. No share is
+    known, so the cap is its share: no move may grow it."""
+    measured = MeasuredShares(2)
+    for step in range(8):
+        measured.add(_rows((66, 190), [0.031 if step % 2 else 0.095, 0.095], step))
+    est = _estimates_of([0.00048, 0.0005], (66, 190))
+    assert measured.known(est)[0] == 0
+    assert measured.caps((66, 190), est)[0] == 66
+
+
 def test_caps_never_ask_a_rank_to_shrink_and_unmeasured_ranks_get_none():
     measured = MeasuredShares(3)
     measured.add(_rows((40, 30, 0), [0.040, 0.030, 0.0]))  # rank 2: left out, no probe
