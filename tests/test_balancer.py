@@ -283,17 +283,18 @@ def test_a_move_fits_the_quota_at_the_step_time_it_predicts():
 
 
 def test_a_slope_that_was_only_wrong_is_trusted_half_the_way():
-    # 2 ms a sample beyond 24: the first move is slower than the plan before it, but within
-    # 1.5× its prediction. Later moves give rank 0 at most half the first increase.
-    _, rows, history = _run_burst(beyond_s=0.002)
+    # 5 ms a sample beyond 24: the first move (bounded to 30, planning/moves.py) is slower
+    # than the plan before it, but within 1.5× its prediction. Later proposals give rank 0
+    # at most half the first increase — and that much (a cliff would allow none).
+    _, rows, history = _run_burst(beyond_s=0.005)
     first_move, rollback = history[0], history[1]
     assert rollback[2].startswith("rollback: plan v1 made the step slower"), history
     worse = next(r for r in rows if r["adopted"] and r["local_batch_sizes"] == list(first_move[1]))
     assert worse["achieved_step_time_s"] < 1.5 * worse["predicted_step_time_s"]
     half_way = 24 + (first_move[1][0] - 24) // 2
-    later = [h for h in history[2:] if not h[2].startswith("rollback")]
-    assert all(h[1][0] <= half_way for h in later), history
-    assert any(h[1][0] > 24 for h in later), f"rank 0 was never given more again: {history}"
+    later = [r for r in rows if r["global_step"] > rollback[0] and not r["reason"].startswith(("rollback", "hold"))]
+    assert later and all(r["local_batch_sizes"][0] <= half_way for r in later), later
+    assert any(r["local_batch_sizes"][0] > 24 for r in later), f"rank 0 was never proposed more again: {later}"
 
 
 def test_a_plan_that_stalls_every_other_step_is_rolled_back():

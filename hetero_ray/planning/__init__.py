@@ -8,6 +8,7 @@ the best split, decide whether to switch.
 * :mod:`~hetero_ray.planning.solver` — the split minimising ``max_i t_i(b_i)``;
 * :mod:`~hetero_ray.planning.subset` — the group and split minimising ``max_{i∈G} t_i(b_i) + c(G)``;
 * :mod:`~hetero_ray.planning.policies` — static / proportional / dynamic / optimal decisions;
+* :mod:`~hetero_ray.planning.moves` — how far one move may take a rank beyond the shares it is known at;
 * :mod:`~hetero_ray.planning.balancer` — step records in, decisions at rebalance points out;
 * :mod:`~hetero_ray.planning.planner` — the one planning authority: first plan, versions, caps, end;
 * :mod:`~hetero_ray.planning.simulation` — a simulated cluster to drive policies without Ray.

@@ -67,6 +67,12 @@ measured before the change, and the policy re-plans for the new speeds instead. 
 given two samples more that then runs at half speed is a device that slowed down, not a
 worse plan; reverting to the shares measured before would move nothing off it.
 
+Before any of that, a move is bounded (:mod:`hetero_ray.planning.moves`): a rank may be
+given only so much beyond the largest share its curve knows that, if it runs there at a
+third of the speed it showed (a quota's burst), the step grows by at most a quarter. A move
+beyond the known shares is a trial, checked after ``TRIAL_CHECK_STEPS`` steps instead of
+``rollback_check_steps``.
+
 Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
 cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
 the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
@@ -84,7 +90,8 @@ from typing import Optional, Sequence
 
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
-from hetero_ray.planning.estimates import ClusterEstimates
+from hetero_ray.planning.estimates import ClusterEstimates, Estimates
+from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares
 from hetero_ray.planning.policies import Decision, Policy
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.quota import QuotaCaps
@@ -228,6 +235,8 @@ class Balancer:
         self._in_force: Optional[_InForce] = None  # the adopted plan judged again (module docstring)
         self._learned_caps: list[Optional[int]] = []  # per rank, from rollbacks (see module docstring)
         self._quota_caps = QuotaCaps(0)  # per rank, from CPU quotas and use (planning/quota.py)
+        self._measured = MeasuredShares(0)  # per rank, busy times at the shares it ran (planning/moves.py)
+        self._check_steps = self.rollback_check_steps  # of the adoption awaiting its check
         self._shape_seeds: Optional[list] = None  # per rank (α, β, τ) of the first plan's curves
 
     # ------------------------------------------------------------------ lifecycle
@@ -254,6 +263,8 @@ class Balancer:
         self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
         self._in_force = None
         self._quota_caps = QuotaCaps(num_workers)
+        self._measured = MeasuredShares(num_workers)
+        self._check_steps = self.rollback_check_steps
 
     def seed_shapes(self, shapes: Optional[Sequence[Optional[tuple[float, float, float]]]]) -> None:
         """The curves the group's first plan was made from, ``(α, β, τ)`` per rank (None:
@@ -277,6 +288,7 @@ class Balancer:
         current = [r for r in rows if r.get("attempt") == self.attempt]
         self.estimates.add(current)
         self._quota_caps.add(current)
+        self._measured.add(current)
         newest_complete = None
         for row in current:
             info = self._steps.get(row["global_step"])
@@ -337,7 +349,7 @@ class Balancer:
         if info.plan_version <= proposed_under_version:
             return  # the adopted plan is not in force yet
         self._achieved.append(info.cost_s)
-        if len(self._achieved) >= self.rollback_check_steps and self._rolled_back(global_step, info, out):
+        if len(self._achieved) >= self._check_steps and self._rolled_back(global_step, info, out):
             return
         if len(self._achieved) >= self.achieved_window_steps:
             row["achieved_step_time_s"] = kept_mean_s(self._achieved)
@@ -383,6 +395,10 @@ class Balancer:
             self._awaiting_outcome, self._achieved = (row, current.version), []
             self._predecessor = _Predecessor(sizes, current.version)
             self._in_force = None
+            # a trial (shares beyond those the curves know: planning/moves.py) is checked sooner
+            trial = self._measured.beyond(decision.plan.local_batch_sizes, decision.estimates)
+            self._check_steps = min(self.rollback_check_steps, TRIAL_CHECK_STEPS) if trial else \
+                self.rollback_check_steps
         else:
             out.decision_rows.append(row)
         return True
@@ -410,16 +426,18 @@ class Balancer:
         return sum(sizes) >= self._full_window and all(b > 0 for b in sizes)
 
     def _policy_decides(self, current: Plan, global_step: int) -> Decision:
-        """The policy's decision, within the memory caps, the caps rollbacks taught and the
-        CPU quotas' caps.
+        """The policy's decision, within the memory caps, the caps rollbacks taught, the
+        CPU quotas' caps and the bounds on a move beyond the known shares (planning/moves.py).
 
         A quota's room is reckoned at a step time: first the plan in force's; but a move
         that shortens the step leaves a quota-bound node less CPU per step, so a move is
         decided again with the caps reckoned at the step time it predicts — the plan's
         measured step time scaled by the predicted change (they only tighten)."""
         policy_state = self.policy.state_dict()
+        estimates = self.estimates.estimates(global_step)
+        move_caps = self._measured.caps(current.local_batch_sizes, estimates)
         quota_caps = self._quota_caps.caps(current.version, current.local_batch_sizes)
-        decision = self._decide_within(current, global_step, quota_caps)
+        decision = self._decide_within(current, global_step, estimates, quota_caps, move_caps)
         predicted, now = decision.predicted_step_time_s, decision.current_predicted_step_time_s
         if decision.adopt and all(math.isfinite(t) and t > 0 for t in (predicted, now)):
             at_predicted = self._quota_caps.caps(current.version, current.local_batch_sizes,
@@ -427,17 +445,23 @@ class Balancer:
             if any(c is not None and (q is None or c < q) for c, q in zip(at_predicted, quota_caps)):
                 self.policy.load_state_dict(policy_state)  # the first decision was not made
                 quota_caps = at_predicted
-                decision = self._decide_within(current, global_step, quota_caps)
-        met = self._quota_caps.describe(quota_caps, decision.proposed_local_batch_sizes or current.local_batch_sizes)
+                decision = self._decide_within(current, global_step, estimates, quota_caps, move_caps)
+        proposed = decision.proposed_local_batch_sizes or current.local_batch_sizes
+        met = "; ".join(m for m in (self._quota_caps.describe(quota_caps, proposed),
+                                    self._measured.describe(move_caps, proposed, estimates)) if m)
         return dataclasses.replace(decision, reason=f"{decision.reason} ({met})") if met else decision
 
-    def _decide_within(self, current: Plan, global_step: int, quota_caps: list[Optional[int]]) -> Decision:
+    def _decide_within(self, current: Plan, global_step: int, estimates: Estimates,
+                       *cap_lists: list[Optional[int]]) -> Decision:
         memory_caps = self.policy.caps
-        if any(c is not None for c in (*self._learned_caps, *quota_caps)):
-            self.policy.caps = [_tighter(_tighter(m, learned), quota) for m, learned, quota in
-                                zip(memory_caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
+        if any(c is not None for c in (*self._learned_caps, *(c for caps in cap_lists for c in caps))):
+            caps = [_tighter(m, learned) for m, learned in
+                    zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
+            for more in cap_lists:
+                caps = [_tighter(c, other) for c, other in zip(caps, more)]
+            self.policy.caps = caps
         try:
-            return self.policy.decide(current, self.estimates.estimates(global_step), global_step, self.comm.cost_s)
+            return self.policy.decide(current, estimates, global_step, self.comm.cost_s)
         finally:
             self.policy.caps = memory_caps
 
