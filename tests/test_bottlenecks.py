@@ -121,6 +121,19 @@ def test_a_rank_waiting_for_data_is_input_bound_before_it_is_a_straggler():
     assert verdicts[1].verdict == BALANCED
 
 
+@pytest.mark.parametrize("source, says, not_says", [
+    ("ray_data:train", ["Ray Data pipeline of dataset 'train'", "HeteroConfig.feed_trial"], ["data-loader workers"]),
+    ("data_loader", ["read by its DataLoader", "data-loader workers"], ["Ray Data"]),
+])
+def test_an_input_bound_verdict_names_the_source_its_step_rows_record(source, says, not_says):
+    frame = window([{"b": 32, "c": 0.001, "data": 0.03}, {"b": 32, "c": 0.001}])
+    frame["data_source"] = source
+    verdict = classify(frame)[0]
+    assert verdict.verdict == INPUT_BOUND and verdict.evidence["data_source"] == source
+    assert all(s in verdict.recommendation for s in says), verdict.recommendation
+    assert not any(s in verdict.recommendation for s in not_says), verdict.recommendation
+
+
 def test_a_small_data_wait_is_not_input_bound():
     assert INPUT_BOUND not in verdicts_of(window([{"b": 32, "c": 0.001, "data": 0.005}] * 2))
 
