@@ -82,6 +82,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("left_out_ranks", pa.list_(_i64)), ("all_ranks_predicted_step_time_s", _f64),
         # The step time beyond the prediction's max_i t_i + c, measured (planning/balancer.py).
         ("rest_of_step_s", _f64),
+        # A feeding trial's rows (planning/feed_trial.py): the ranks left out to feed the Ray
+        # Data pipeline for good, and the samples/s measured with them training and left out.
+        ("feeding_ranks", pa.list_(_i64)), ("samples_per_s_training", _f64), ("samples_per_s_feeding", _f64),
     ]),
     # global_step: the last step completed when the report was made (-1 before the first),
     # so a report that carried a checkpoint stays on the trajectory of a restarted run.
