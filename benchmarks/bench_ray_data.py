@@ -19,7 +19,10 @@
    machine, each held to ``--node-cores`` by a cgroup CPU quota; the same CPU-heavy
    pipeline with its ``map_batches`` on the CPU-only node (feeding), on the training node
    itself, and anywhere, and the CPU-only node as a second training rank instead. Prints
-   the samples/s of each and which is fastest.
+   the samples/s of each and which is fastest; then one more run with both nodes' ranks
+   in which the run decides itself (``HeteroConfig.feed_trial``: rank 1 measured training
+   and left out, the faster kept) and prints that decision from its decisions.parquet,
+   and whether it picked what the separate runs found faster.
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ def pipeline(num_rows: int, transform_ms: float, on: Optional[str] = None):
 
 
 def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=None, *, datasets=None,
-               workers: Optional[dict] = None) -> dict:
+               workers: Optional[dict] = None, **hetero) -> dict:
     from ray.train import RunConfig, ScalingConfig
 
     from hetero_ray import HeteroConfig, HeteroTrainer
@@ -154,12 +157,31 @@ def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=No
                             run_config=RunConfig(name=name, storage_path=storage),
                             hetero_config=HeteroConfig(global_batch_size=args.global_batch_size,
                                                        emulate_speeds=None if set(speeds) == {1.0} else speeds,
-                                                       policy="optimal"),
+                                                       policy="optimal", **hetero),
                             emit=lambda line: None)
     trainer.fit()
     run_dir = os.path.join(storage, name)
     reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet")).sort_values("global_step")
-    return {"samples_per_s": _samples_per_s(run_dir), "loss": json.loads(reports["metrics"].iloc[-1])["loss"]}
+    return {"samples_per_s": _samples_per_s(run_dir), "loss": json.loads(reports["metrics"].iloc[-1])["loss"],
+            "decision": _feeding_decision(run_dir)}
+
+
+def _feeding_decision(run_dir: str) -> Optional[dict]:
+    """The run's feeding trial, from its decisions.parquet: ``{"feeds", "reason"}`` of its
+    verdict, or ``{"feeds": None, "reason"}`` of the row that says why there was none; None
+    without a trial."""
+    path = os.path.join(run_dir, "decisions.parquet")
+    if not os.path.exists(path):
+        return None
+    decisions = pd.read_parquet(path).sort_values("global_step")
+    if "samples_per_s_feeding" not in decisions.columns:
+        return None
+    verdicts = decisions[decisions["samples_per_s_feeding"].notna()]
+    if len(verdicts):
+        row = verdicts.iloc[-1]
+        return {"feeds": len(row["feeding_ranks"]) > 0, "reason": row["reason"]}
+    trial = decisions[decisions["reason"].str.contains("feeding trial")]
+    return {"feeds": None, "reason": trial["reason"].iloc[-1]} if len(trial) else None
 
 
 def _samples_per_s(run_dir: str) -> float:
@@ -274,7 +296,17 @@ def two_nodes(args) -> None:
                                         workers={"CPU": 1, "slot": 1})["samples_per_s"]
             print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
             feeding = list(figures.values())[0]
-            print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: {max(figures, key=figures.get)}")
+            print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: {max(figures, key=figures.get)}",
+                  flush=True)
+            # The run decides itself: both nodes' ranks, the trial early enough for the run's steps.
+            decided = hetero_fit(args, storage, "node-decides", "ray_data", (1.0, 1.0), workers={"CPU": 1, "slot": 1},
+                                 rebalance_interval=8, feed_trial_steps=12)["decision"]
+            if decided is None or decided["feeds"] is None:
+                print(f"  the run's decision: none ({decided['reason'] if decided else 'no feeding trial ran'})")
+            else:
+                agrees = decided["feeds"] == (feeding > figures[label])
+                print(f"  the run's decision: {'feeding' if decided['feeds'] else 'training'} — {decided['reason']}; "
+                      f"{'the same as' if agrees else 'NOT'} the faster of the separate runs above")
         finally:
             ray.shutdown()
             for node in reversed(nodes):
