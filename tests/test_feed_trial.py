@@ -19,8 +19,10 @@ from hetero_ray.planning.feed_trial import (
 )
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.policies import PolicyConfig, make_policy
+from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.trainer import _feed_trial_mode
+from tests.test_balancing_policies import estimates_for
 
 # --- which ranks
 
@@ -128,6 +130,23 @@ def test_the_shares_without_the_candidates_keep_the_global_batch_in_proportion()
         assert all(shares[r] >= sizes[r] for r in range(len(sizes)) if r not in out)
     with pytest.raises(ValueError, match="no rank in"):
         shares_without((0, 8), (1,))
+
+
+# --- a rank that feeds stays out
+
+
+@pytest.mark.parametrize("policy", ["optimal", "dynamic"])
+def test_a_policy_keeps_a_held_out_rank_out_where_it_would_bring_it_back(policy):
+    plan = Plan(5, (48, 0, 16))
+    est = estimates_for([0.001] * 3, [1e-3, 1e-3, 2e-3], [48, 8, 16])  # rank 1 as fast as rank 0
+    free = make_policy(policy, PolicyConfig())
+    assert free.decide(plan, est, global_step=100).proposed_local_batch_sizes[1] > 0  # it would come back
+    held = make_policy(policy, PolicyConfig())
+    held.held_out = frozenset({1})
+    decision = held.decide(plan, est, global_step=100)
+    assert decision.proposed_local_batch_sizes[1] == 0 and sum(decision.proposed_local_batch_sizes) == 64
+    assert "ranks 1 kept out: they feed the pipeline" in decision.reason and "stale" not in decision.reason
+    assert held.probes_of((64, 0, 0), est, 0.05)[1] == 1  # its cores go to the pipeline: one sample a step
 
 
 # --- the balancer runs it
