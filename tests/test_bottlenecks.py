@@ -109,6 +109,14 @@ def test_busy_above_the_others_is_not_a_straggler_when_they_do_not_wait():
     assert STRAGGLER not in verdicts_of(frame)
 
 
+def test_a_rank_left_out_while_reading_ray_data_may_be_feeding_its_pipeline():
+    frame = window([{"b": 64, "c": 0.001}, {"b": 0, "c": 0.005, "probe": 1}])
+    frame["data_source"] = "ray_data:train"
+    out = classify(frame)[1]
+    assert out.verdict == LEFT_OUT and "feeding the Ray Data pipeline" in out.recommendation
+    assert "decisions.parquet says which" in out.recommendation
+
+
 # --- input-bound
 
 

@@ -277,6 +277,12 @@ def _recommend(rank: int, verdict: str, e: dict, t: BottleneckThresholds, stragg
     if verdict == LEFT_OUT:
         probe = (f"; its probes of {e['probe_batch_size']:.0f} samples ({ms(e['per_sample_s'])}/sample) keep its speed "
                  "known" if e["probe_batch_size"] > 0 else "")
+        source = e.get("data_source")
+        if isinstance(source, str) and source.startswith(RAY_DATA_SOURCE_PREFIX):
+            # on Ray Data a rank may also be out to feed the pipeline (planning/feed_trial.py)
+            return ("left out of the plan: either its all-reduce costs more than its compute adds, or it was "
+                    "measured faster feeding the Ray Data pipeline than training (decisions.parquet says which, "
+                    f"with the predictions or the two measured rates){probe}")
         return ("left out of the plan: the planner predicted the step faster without it, its all-reduce costing "
                 f"more than its compute adds (decisions.parquet has both predictions){probe}; it is brought back "
                 "when it pays")
