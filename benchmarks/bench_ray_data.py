@@ -223,6 +223,7 @@ def main(argv=None) -> None:
     p.add_argument("--skip-loss", action="store_true")
     p.add_argument("--two-nodes", action="store_true", help="only 3.: a CPU-only node feeding or training")
     p.add_argument("--node-cores", type=float, default=1.0, help="each node's CPU quota, in cores")
+    p.add_argument("--decide-epochs", type=int, default=6, help="--two-nodes: epochs of the run that decides itself")
     args = p.parse_args(argv)
     if args.two_nodes:
         return two_nodes(args)
@@ -298,9 +299,11 @@ def two_nodes(args) -> None:
             feeding = list(figures.values())[0]
             print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: {max(figures, key=figures.get)}",
                   flush=True)
-            # The run decides itself: both nodes' ranks, the trial early enough for the run's steps.
-            decided = hetero_fit(args, storage, "node-decides", "ray_data", (1.0, 1.0), workers={"CPU": 1, "slot": 1},
-                                 rebalance_interval=8, feed_trial_steps=12)["decision"]
+            # The run decides itself: both nodes' ranks; epochs enough for the policy to settle
+            # and for both of the trial's windows (periods are counted within an epoch).
+            longer = argparse.Namespace(**{**vars(args), "epochs": args.decide_epochs})
+            decided = hetero_fit(longer, storage, "node-decides", "ray_data", (1.0, 1.0),
+                                 workers={"CPU": 1, "slot": 1}, rebalance_interval=4, feed_trial_steps=8)["decision"]
             if decided is None or decided["feeds"] is None:
                 print(f"  the run's decision: none ({decided['reason'] if decided else 'no feeding trial ran'})")
             else:
