@@ -450,9 +450,9 @@ class Balancer:
             return True
         trial.start(training, current.local_batch_sizes, current.version)
         them = "them" if len(trial.candidates) > 1 else "it"
-        reason = (f"feeding trial: {trial.words} left out for {trial.window_steps} steps, the cores {them} trained "
-                  f"on left to the Ray Data pipeline, against {training.samples_per_s:,.0f} samples/s with {them} "
-                  f"training (the last {training.steps} steps)")
+        reason = (f"feeding trial: {trial.words} left out, the cores {them} trained on left to the Ray Data "
+                  f"pipeline, to be measured over {trial.window_steps} steps against {training.samples_per_s:,.0f} "
+                  f"samples/s with {them} training (the last {training.steps} steps)")
         row = self._trial_row(global_step, True, reason, current.version, sizes)
         row["plan_version"] = None  # the planner's to give (Proposal.numbered)
         row["samples_per_s_training"] = training.samples_per_s
