@@ -13,7 +13,7 @@ import pytest
 from hetero_ray.errors import ConfigError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
-from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.balancer import Balancer, DecisionState
 from hetero_ray.planning.feed_trial import (
     DONE, FEEDING, FeedTrial, TrialWindow, feed_candidates, judge, ranks_words, shares_without, step_periods,
 )
@@ -166,17 +166,18 @@ def _period_s(sizes, data_wait_in_s: float, beta0: float, rng) -> tuple[list[flo
     return busy, max(in_) + (0.001 if len(in_) > 1 else 0.0)
 
 
-def _drive(balancer: Balancer, steps: int, data_wait_in_s: float, beta0: float, lag_steps: int = 2):
-    rng = np.random.default_rng(0)
-    sizes, version, wall, pending, rows_out, plans = [32, 32], 0, 1000.0, [], [], []
-    for step in range(steps):
+def _drive(balancer: Balancer, steps: int, data_wait_in_s: float, beta0: float, lag_steps: int = 2,
+           first_step: int = 0, sizes=(32, 32), version: int = 0, attempt: int = 0):
+    rng = np.random.default_rng(first_step)
+    sizes, wall, pending, rows_out, plans = list(sizes), 1000.0 + first_step, [], [], []
+    for step in range(first_step, steps):
         while pending and pending[0][0] <= step:
             sizes, version = list(pending.pop(0)[1].local_batch_sizes), version + 1
         busy, period = _period_s(sizes, data_wait_in_s, beta0, rng)
         wall += period
         rows = [{"rank": r, "global_step": step, "epoch": step // 100, "local_batch_size": b, "busy_time_s": t,
                  "wait_time_s": 0.001, "step_time_s": period, "wall_time": wall, "plan_version": version,
-                 "attempt": 0, "probe_batch_size": 0 if b else 1} for r, (b, t) in enumerate(zip(sizes, busy))]
+                 "attempt": attempt, "probe_batch_size": 0 if b else 1} for r, (b, t) in enumerate(zip(sizes, busy))]
         out = balancer.add_steps(rows, now=wall)
         rows_out += out.decision_rows
         for proposal in out.new_plans:
@@ -236,6 +237,22 @@ def test_a_run_that_ends_during_the_trial_says_so():
     assert balancer.feed_trial.phase == FEEDING
     [row] = [r for r in balancer.flush() if r["reason"].startswith("feeding trial unfinished")]
     assert row["samples_per_s_training"] > 0 and balancer.feed_trial.phase == DONE
+
+
+def test_a_worker_group_restarted_during_the_trial_measures_the_feeding_window_from_its_own_steps():
+    balancer = _balancer()
+    _, plans, sizes = _drive(balancer, 45, data_wait_in_s=0.010, beta0=0.0001)
+    assert balancer.feed_trial.phase == FEEDING and sizes == [B, 0]
+    saved = balancer.decision_state()
+    restarted = _balancer()  # the planner restarted too: its state read back
+    restarted.begin_attempt(attempt=1, num_workers=2, start_global_step=40)
+    restarted.load_state_dict(balancer.state_dict())
+    restarted.load_decision_state(DecisionState.from_dict(saved, 2))
+    rows, _, _ = _drive(restarted, 120, data_wait_in_s=0.010, beta0=0.0001, first_step=40, sizes=sizes,
+                        version=len(plans), attempt=1)
+    verdict = next(r for r in rows if r.get("samples_per_s_feeding") is not None)
+    assert verdict["feeding_ranks"] == [1] and verdict["global_step"] > 40
+    assert restarted.feed_trial.held_out == frozenset({1})
 
 
 # --- the planner and the configuration

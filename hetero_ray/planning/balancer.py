@@ -260,8 +260,6 @@ class Balancer:
             self.comm = CommEstimates()
         if self.feed_trial is not None and max(self.feed_trial.candidates) >= num_workers:
             self.feed_trial = None  # its candidates were ranks of a larger group (a first plan sets a new one)
-        if self.feed_trial is not None:
-            self.feed_trial.restarted()
         if self._shape_seeds is not None and len(self._shape_seeds) == num_workers:
             self.estimates.seed_shapes(self._shape_seeds)
         self.num_workers = num_workers
@@ -738,7 +736,6 @@ class Balancer:
         self._learned_caps = list(state.learned_caps) or [None] * self.num_workers
         if state.feed_trial is not None:
             self.feed_trial = state.feed_trial
-            self.feed_trial.restarted()
 
     def load_state_dict(self, state: dict) -> None:
         self.num_workers = int(state.get("num_workers") or 0)

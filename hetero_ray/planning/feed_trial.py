@@ -183,9 +183,10 @@ class FeedTrial:
     """The trial's state, phase by phase (the balancer acts on it).
 
     ``waiting``: for a plan the policy kept once, with every candidate in, and
-    ``window_steps`` periods of it; ``feeding``: the plan with them out runs (proposed under
-    ``proposed_under_version``), measured once it has as many; ``done``: ``verdict`` says
-    which stayed (None: the trial was abandoned, the candidates train).
+    ``window_steps`` periods of it; ``feeding``: the plan with them out runs (in place of
+    ``training_from_version``), measured once it has as many — from the steps of the worker
+    group that runs it, after a restart too; ``done``: ``verdict`` says which stayed (None:
+    the trial was abandoned, the candidates train).
     """
 
     def __init__(self, candidates: Sequence[int], words: str, window_steps: int = DEFAULT_WINDOW_STEPS,
@@ -203,7 +204,7 @@ class FeedTrial:
         self.phase = WAITING
         self.training: Optional[TrialWindow] = None
         self.training_sizes: Optional[tuple[int, ...]] = None
-        self.proposed_under_version: Optional[int] = None
+        self.training_from_version: Optional[int] = None
         self.verdict: Optional[FeedVerdict] = None
 
     @property
@@ -225,7 +226,7 @@ class FeedTrial:
 
     def start(self, training: TrialWindow, local_batch_sizes: Sequence[int], version: int) -> None:
         self.training, self.training_sizes = training, tuple(int(b) for b in local_batch_sizes)
-        self.phase, self.proposed_under_version = FEEDING, int(version)
+        self.phase, self.training_from_version = FEEDING, int(version)
 
     def conclude(self, feeding: TrialWindow, threshold: float, noise_margin: float) -> FeedVerdict:
         self.verdict = judge(self.words, self.training, feeding, threshold, noise_margin, len(self.candidates) > 1)
@@ -235,11 +236,6 @@ class FeedTrial:
     def abandon(self) -> None:
         self.phase = DONE
 
-    def restarted(self) -> None:
-        """A new worker group of the same size: a feeding window is measured again from its steps."""
-        if self.phase == FEEDING:
-            self.proposed_under_version = -1  # the plan in force already is the trial's
-
     # -- state (the planner's restart keeps it: planning/planner.py)
     def state_dict(self) -> dict:
         v = self.verdict
@@ -248,7 +244,7 @@ class FeedTrial:
             "settle_steps": self.settle_steps, "phase": self.phase,
             "training": None if self.training is None else self.training.to_dict(),
             "training_sizes": None if self.training_sizes is None else list(self.training_sizes),
-            "proposed_under_version": self.proposed_under_version,
+            "training_from_version": self.training_from_version,
             "verdict": None if v is None else {"feed": v.feed, "training": v.training.to_dict(),
                                                "feeding": v.feeding.to_dict(), "gain": v.gain,
                                                "required_gain": v.required_gain, "reason": v.reason},
@@ -263,8 +259,8 @@ class FeedTrial:
         trial.training = None if state.get("training") is None else TrialWindow.from_dict(state["training"])
         sizes = state.get("training_sizes")
         trial.training_sizes = None if sizes is None else tuple(int(b) for b in sizes)
-        under = state.get("proposed_under_version")
-        trial.proposed_under_version = None if under is None else int(under)
+        version = state.get("training_from_version")
+        trial.training_from_version = None if version is None else int(version)
         v = state.get("verdict")
         trial.verdict = None if v is None else FeedVerdict(
             bool(v["feed"]), TrialWindow.from_dict(v["training"]), TrialWindow.from_dict(v["feeding"]),
