@@ -224,6 +224,7 @@ def main(argv=None) -> None:
     p.add_argument("--two-nodes", action="store_true", help="only 3.: a CPU-only node feeding or training")
     p.add_argument("--node-cores", type=float, default=1.0, help="each node's CPU quota, in cores")
     p.add_argument("--decide-epochs", type=int, default=6, help="--two-nodes: epochs of the run that decides itself")
+    p.add_argument("--decide-only", action="store_true", help="--two-nodes: only the run that decides itself")
     args = p.parse_args(argv)
     if args.two_nodes:
         return two_nodes(args)
@@ -289,16 +290,17 @@ def two_nodes(args) -> None:
                     datasets={"train": pipeline(args.num_rows, args.transform_ms)}, workers=train_node),
             }
             figures = {}
-            for i, (label, run) in enumerate(runs.items()):
+            for i, (label, run) in enumerate(runs.items() if not args.decide_only else ()):
                 figures[label] = hetero_fit(args, storage, f"node-{i}", "ray_data", (1.0,), **run)["samples_per_s"]
                 print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
             label = "CPU-only node as a second training rank (transform anywhere)"
-            figures[label] = hetero_fit(args, storage, "node-train", "ray_data", (1.0, 1.0),
-                                        workers={"CPU": 1, "slot": 1})["samples_per_s"]
-            print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
-            feeding = list(figures.values())[0]
-            print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: {max(figures, key=figures.get)}",
-                  flush=True)
+            if not args.decide_only:
+                figures[label] = hetero_fit(args, storage, "node-train", "ray_data", (1.0, 1.0),
+                                            workers={"CPU": 1, "slot": 1})["samples_per_s"]
+                print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
+                feeding = list(figures.values())[0]
+                print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: "
+                      f"{max(figures, key=figures.get)}", flush=True)
             # The run decides itself: both nodes' ranks; epochs enough for the policy to settle
             # and for both of the trial's windows (periods are counted within an epoch).
             longer = argparse.Namespace(**{**vars(args), "epochs": args.decide_epochs})
@@ -307,9 +309,11 @@ def two_nodes(args) -> None:
             if decided is None or decided["feeds"] is None:
                 print(f"  the run's decision: none ({decided['reason'] if decided else 'no feeding trial ran'})")
             else:
-                agrees = decided["feeds"] == (feeding > figures[label])
-                print(f"  the run's decision: {'feeding' if decided['feeds'] else 'training'} — {decided['reason']}; "
-                      f"{'the same as' if agrees else 'NOT'} the faster of the separate runs above")
+                agrees = "" if args.decide_only else (
+                    f"; {'the same as' if decided['feeds'] == (feeding > figures[label]) else 'NOT'} the faster of "
+                    "the separate runs above")
+                print(f"  the run's decision: {'feeding' if decided['feeds'] else 'training'} — "
+                      f"{decided['reason']}{agrees}")
         finally:
             ray.shutdown()
             for node in reversed(nodes):

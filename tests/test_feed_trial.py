@@ -56,9 +56,9 @@ def test_periods_are_consecutive_steps_of_one_epoch_after_the_plan_settles():
     assert step_periods(steps, settle_steps=0) == pytest.approx([0.1, 0.1, 0.15, 0.1])
 
 
-def test_a_window_rate_is_the_global_batch_over_the_kept_mean_period():
-    window = TrialWindow.of([0.1] * 9 + [0.5], global_batch_size=64)  # a checkpoint between two steps
-    assert window.samples_per_s == pytest.approx(640, rel=0.01) and window.steps == 10
+def test_a_window_rate_is_the_global_batch_over_the_mean_period_stalls_included():
+    window = TrialWindow.of([0.1] * 9 + [0.5], global_batch_size=64)  # a step that waited for the pipeline
+    assert window.samples_per_s == pytest.approx(64 / 0.14) and window.steps == 10
     periods = np.random.default_rng(0).normal(0.1, 0.01, 400)
     assert TrialWindow.of(periods, 64).rel_se == pytest.approx(0.1 / 20, rel=0.15)  # sd/mean/√N
 
@@ -110,6 +110,18 @@ def test_the_verdict_picks_the_faster_window_beyond_its_bar_over_seeded_windows(
         assert verdict.required_gain >= threshold
         if verdict.feed:
             assert feeding.samples_per_s > training.samples_per_s
+
+
+def test_a_window_reaches_back_at_most_four_windows_and_a_verdict_within_the_noise_waits_for_more_steps():
+    trial = FeedTrial((1,), "rank 1", window_steps=5)
+    assert trial.window([0.1] * 4, 64) is None
+    assert trial.window([1.0] * 30 + [0.1] * 20, 64).steps == 20  # the newest 4 × 5
+    trial.start(TrialWindow(1000, 20, 0.05), (32, 32), version=3)
+    noisy = dict(threshold=0.05, noise_margin=1.0)  # noise 2·√(0.05² + 0.05²) ≈ 14 %: required ≈ 19 %
+    assert not trial.clear(TrialWindow(1080, 5, 0.05), **noisy)  # +8 %: either way within the noise
+    assert trial.clear(TrialWindow(1080, 20, 0.05), **noisy)  # ... until the window is as long as it gets
+    assert trial.clear(TrialWindow(1300, 5, 0.05), **noisy)  # +30 %: feeding, clearly
+    assert trial.clear(TrialWindow(800, 5, 0.05), **noisy)  # −20 %: training, clearly
 
 
 # --- the shares with the candidates out

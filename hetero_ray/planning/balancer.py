@@ -74,8 +74,9 @@ the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
 A run that reads a Ray Data pipeline may also hold a *feeding trial*
 (:mod:`hetero_ray.planning.feed_trial`): once a decision has kept a plan with every
 candidate in, the next decision point instead leaves the candidates out for a window of
-steps, and the window after it keeps whichever of the two measured faster — the
-candidates out for good (the policy holds them out), or their old shares back. The policy
+steps (longer while the two are within their noise), and then keeps whichever of the two
+measured faster — the candidates out for good (the policy holds them out), or their old
+shares back. The policy
 decides nothing while the trial runs; no rollback judges the trial's plans (the trial's
 own measurement does, on rank 0's step periods: a plan that feeds the pipeline is judged
 by what the ranks in wait for, which curves of busy time do not see). Its two rows in the
@@ -472,9 +473,9 @@ class Balancer:
                 "before the trial measured them out", current.version, current.local_batch_sizes))
             return False
         feeding = trial.window(self._trial_periods(current.version), self._trial_batch())
-        if feeding is None:
-            return True  # this point passes: the trial's plan stays in force
         config = self.policy.config
+        if feeding is None or not trial.clear(feeding, config.rebalance_threshold, config.noise_margin):
+            return True  # this point passes: the trial's plan stays in force, measured longer
         verdict = trial.conclude(feeding, config.rebalance_threshold, config.noise_margin)
         if verdict.feed:
             row = self._trial_row(global_step, False, verdict.reason, current.version, current.local_batch_sizes)

@@ -8,11 +8,14 @@ weight 0: training/loader.py) it leaves them to the pipeline, which may then fee
 ranks in faster than the rank trained. Which is faster depends on the transform, the
 model and the machines, so it is measured, never assumed:
 
-1. a *training window*: the newest ``window_steps`` steps of a plan the policy has kept
-   once (settled), with every candidate in;
-2. a *feeding window*: the same number of steps of the plan with the candidates left out
-   (their shares go to the other ranks in proportion to their shares: the policy's split
-   of them, which it keeps once the trial is over);
+1. a *training window*: the steps of a plan a decision has kept (settled), with every
+   candidate in — at least ``window_steps``, and as many more as it ran, up to
+   ``MAX_WINDOWS`` times that;
+2. a *feeding window*: the plan with the candidates left out (their shares go to the
+   other ranks in proportion to their shares: the policy's split of them, which it keeps
+   once the trial is over), at least ``window_steps`` steps, and longer while the verdict
+   is within the windows' noise either way (up to ``MAX_WINDOWS`` times as many): a
+   pipeline delivers in bursts, and a short window can miss or catch one;
 3. the faster one stays. Feeding wins only when its rate beats training's by more than the
    policies' threshold plus the windows' noise (below); otherwise the candidates train
    again, with the shares they had.
@@ -23,9 +26,10 @@ whatever the step waits for: the pipeline, the slowest rank, the all-reduce), ov
 consecutive full steps of one plan and one epoch, after ``settle_steps`` steps of the plan
 (a switch copies rank 0's state to a rank brought back; the pipeline changes pace):
 
-    r = B / p̄                  p̄: the kept mean of the periods (cost_model.kept_mean_s:
-                                a checkpoint or an evaluation between two steps is an
-                                outlier, not a step)
+    r = B / p̄                  p̄: the mean of the periods — every wait counts: the steps
+                                that stall for the pipeline are what feeding changes, so
+                                no period is rejected as an outlier (an evaluation between
+                                epochs is not in a period: periods end at an epoch's end)
     se = sd(p) / (p̄ · √N)       the relative standard error of p̄ over N periods
 
     feed  ⇔  g = r_feed / r_train − 1  >  threshold + k · 2 · √(se_train² + se_feed²)
@@ -50,12 +54,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.solver import proportional_split
 
 DEFAULT_WINDOW_STEPS = 20  # steps each window measures: a few hundred ms on a fast step, noise within a few %
 SETTLE_STEPS = 2  # steps of a new plan not measured: the switch and the pipeline's change of pace
 NOISE_SIGMAS = 2.0  # standard errors of the windows' difference a gain must clear (times noise_margin)
+MAX_WINDOWS = 4  # a window measures at most this many times window_steps (a verdict within the noise waits)
 
 WAITING, FEEDING, DONE = "waiting", "feeding", "done"
 
@@ -95,7 +99,8 @@ def step_periods(steps: Sequence[tuple[int, int, float]], settle_steps: int = SE
 
 @dataclass(frozen=True)
 class TrialWindow:
-    """One window's measured rate: ``samples_per_s = B / p̄`` over ``steps`` periods."""
+    """One window's measured rate: ``samples_per_s = B / p̄`` over ``steps`` periods (the
+    plain mean: a step that waited for the pipeline counts in full)."""
 
     samples_per_s: float
     steps: int
@@ -103,7 +108,7 @@ class TrialWindow:
 
     @classmethod
     def of(cls, periods_s: Sequence[float], global_batch_size: int) -> "TrialWindow":
-        mean_s = kept_mean_s(periods_s)
+        mean_s = statistics.fmean(periods_s)
         n = len(periods_s)
         rel_se = statistics.stdev(periods_s) / (mean_s * math.sqrt(n)) if n > 1 and mean_s > 0 else 0.0
         return cls(global_batch_size / mean_s, n, rel_se)
@@ -218,11 +223,24 @@ class FeedTrial:
     def all_out(self, local_batch_sizes: Sequence[int]) -> bool:
         return all(local_batch_sizes[r] == 0 for r in self.candidates)
 
+    @property
+    def max_steps(self) -> int:
+        return MAX_WINDOWS * self.window_steps
+
     def window(self, periods_s: Sequence[float], global_batch_size: int) -> Optional[TrialWindow]:
-        """The newest ``window_steps`` periods as a window (None: fewer were measured)."""
+        """The newest periods, at most :attr:`max_steps`, as a window (None: fewer than
+        ``window_steps`` were measured)."""
         if len(periods_s) < self.window_steps:
             return None
-        return TrialWindow.of(list(periods_s)[-self.window_steps:], global_batch_size)
+        return TrialWindow.of(list(periods_s)[-self.max_steps:], global_batch_size)
+
+    def clear(self, feeding: TrialWindow, threshold: float, noise_margin: float) -> bool:
+        """Whether ``feeding`` settles the verdict against the training window: feeding
+        beats training beyond the bar, or falls short of the threshold even one noise
+        margin up, or the feeding window is as long as it gets."""
+        verdict = judge(self.words, self.training, feeding, threshold, noise_margin)
+        noise = verdict.required_gain - threshold
+        return verdict.feed or verdict.gain + noise <= threshold or feeding.steps >= self.max_steps
 
     def start(self, training: TrialWindow, local_batch_sizes: Sequence[int], version: int) -> None:
         self.training, self.training_sizes = training, tuple(int(b) for b in local_batch_sizes)
