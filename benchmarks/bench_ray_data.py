@@ -223,7 +223,7 @@ def main(argv=None) -> None:
     p.add_argument("--skip-loss", action="store_true")
     p.add_argument("--two-nodes", action="store_true", help="only 3.: a CPU-only node feeding or training")
     p.add_argument("--node-cores", type=float, default=1.0, help="each node's CPU quota, in cores")
-    p.add_argument("--decide-epochs", type=int, default=6, help="--two-nodes: epochs of the run that decides itself")
+    p.add_argument("--decide-epochs", type=int, default=8, help="--two-nodes: epochs of the run that decides itself")
     p.add_argument("--decide-only", action="store_true", help="--two-nodes: only the run that decides itself")
     args = p.parse_args(argv)
     if args.two_nodes:
@@ -305,7 +305,7 @@ def two_nodes(args) -> None:
             # and for both of the trial's windows (periods are counted within an epoch).
             longer = argparse.Namespace(**{**vars(args), "epochs": args.decide_epochs})
             decided = hetero_fit(longer, storage, "node-decides", "ray_data", (1.0, 1.0),
-                                 workers={"CPU": 1, "slot": 1}, rebalance_interval=4, feed_trial_steps=8)["decision"]
+                                 workers={"CPU": 1, "slot": 1}, rebalance_interval=4, feed_trial_steps=10)["decision"]
             if decided is None or decided["feeds"] is None:
                 print(f"  the run's decision: none ({decided['reason'] if decided else 'no feeding trial ran'})")
             else:
