@@ -124,6 +124,17 @@ def test_a_window_reaches_back_at_most_four_windows_and_a_verdict_within_the_noi
     assert trial.clear(TrialWindow(800, 5, 0.05), **noisy)  # −20 %: training, clearly
 
 
+@pytest.mark.parametrize("feeding_rate, feeds", [(1080, True), (1030, False), (900, False), (1300, True)])
+def test_after_the_longest_windows_the_measured_rates_decide_within_the_noise(feeding_rate, feeds):
+    trial = FeedTrial((1,), "CPU-only rank 1", window_steps=5)
+    trial.start(TrialWindow(1000, 20, 0.05), (32, 32), version=3)
+    verdict = trial.conclude(TrialWindow(feeding_rate, 20, 0.05), threshold=0.05, noise_margin=1.0)
+    assert verdict.feed is feeds and trial.held_out == (frozenset({1}) if feeds else frozenset())
+    gain, noise = feeding_rate / 1000 - 1, 2 * math.hypot(0.05, 0.05)
+    within = 0.05 - noise < gain <= 0.05 + noise  # neither clearly feeding nor clearly training
+    assert ("the measured rates decide" in verdict.reason) is within, verdict.reason
+
+
 # --- the shares with the candidates out
 
 

@@ -16,9 +16,12 @@ model and the machines, so it is measured, never assumed:
    once the trial is over), at least ``window_steps`` steps, and longer while the verdict
    is within the windows' noise either way (up to ``MAX_WINDOWS`` times as many): a
    pipeline delivers in bursts, and a short window can miss or catch one;
-3. the faster one stays. Feeding wins only when its rate beats training's by more than the
-   policies' threshold plus the windows' noise (below); otherwise the candidates train
-   again, with the shares they had.
+3. the faster one stays. Feeding wins when its rate beats training's by more than the
+   policies' threshold plus the windows' noise (below); training, when feeding falls
+   short of the threshold even one noise margin up. Where the longest windows still leave
+   the two within their noise, the measured rates decide against the threshold alone: no
+   more steps of the trial would tell them apart, and the one-time choice is the better
+   guess, said as such in its reason. Training keeps the shares it had.
 
 A window's rate is the global batch over rank 0's step period: ``p_k`` is the wall time
 between the ends of steps ``k−1`` and ``k`` on rank 0 (which is always in, so it waits for
@@ -32,11 +35,17 @@ consecutive full steps of one plan and one epoch, after ``settle_steps`` steps o
                                 epochs is not in a period: periods end at an epoch's end)
     se = sd(p) / (p̄ · √N)       the relative standard error of p̄ over N periods
 
-    feed  ⇔  g = r_feed / r_train − 1  >  threshold + k · 2 · √(se_train² + se_feed²)
+    g = r_feed / r_train − 1        noise = k · 2 · √(se_train² + se_feed²)
+
+    feeding, clearly:   g > threshold + noise        decided at once
+    training, clearly:  g + noise ≤ threshold        decided at once
+    neither:            the feeding window measures on; at its longest, g > threshold feeds
 
 ``threshold`` and ``k`` are the policies' (``rebalance_threshold`` and ``noise_margin``,
 planning/policies.py): leaving ranks out must clear the bar any plan change clears, and two
-standard errors of the difference of the two means keep equal rates from passing as a gain.
+standard errors of the difference of the two means say when the windows already tell the
+two apart. So the verdict is always "feeding is faster by more than the threshold", on the
+longest windows the noise asks for.
 
 Candidates (:func:`feed_candidates`): beside GPU ranks, every CPU rank; on a cluster of CPU
 ranks alone, the ranks on nodes where rank 0 is not (a node of their own to give to the
@@ -134,17 +143,21 @@ class FeedVerdict:
 
 
 def judge(ranks_words: str, training: TrialWindow, feeding: TrialWindow, threshold: float,
-          noise_margin: float = 1.0, plural: bool = False) -> FeedVerdict:
+          noise_margin: float = 1.0, plural: bool = False, final: bool = False) -> FeedVerdict:
     """Feeding or training, from the two windows (the rule in the module docstring).
     ``ranks_words``: how the reason names the candidates ("CPU-only rank 1"); ``plural``:
-    several of them."""
+    several of them; ``final``: the windows are as long as they get and the two are within
+    their noise, so the measured rates decide against the threshold alone."""
     gain = feeding.samples_per_s / training.samples_per_s - 1.0
     noise = noise_margin * NOISE_SIGMAS * math.hypot(training.rel_se, feeding.rel_se)
-    required = threshold + noise
+    required = threshold if final else threshold + noise
     feed = gain > required
     steps = (f"{training.steps} steps each" if training.steps == feeding.steps
              else f"{training.steps} and {feeding.steps} steps")
     bar = f"feeding {gain:+.1%}; required {required:.1%} = threshold {threshold:.1%} + noise {noise:.1%}"
+    if final:
+        bar = (f"feeding {gain:+.1%}, within the windows' noise of {noise:.1%} after the longest windows: the "
+               f"measured rates decide, against the threshold {threshold:.1%}")
     it = "them" if plural else "it"
     if feed:
         reason = (f"{ranks_words} {'feed' if plural else 'feeds'} the pipeline: {_rate(feeding)} samples/s with "
@@ -247,9 +260,15 @@ class FeedTrial:
         self.phase, self.training_from_version = FEEDING, int(version)
 
     def conclude(self, feeding: TrialWindow, threshold: float, noise_margin: float) -> FeedVerdict:
-        self.verdict = judge(self.words, self.training, feeding, threshold, noise_margin, len(self.candidates) > 1)
-        self.phase = DONE
-        return self.verdict
+        """The verdict on a feeding window :meth:`clear` settled: by the noise rule, or, at
+        the longest windows with the two still within their noise, by the measured rates."""
+        plural = len(self.candidates) > 1
+        verdict = judge(self.words, self.training, feeding, threshold, noise_margin, plural)
+        noise = verdict.required_gain - threshold
+        if not verdict.feed and verdict.gain + noise > threshold:  # neither clear: the windows are all there is
+            verdict = judge(self.words, self.training, feeding, threshold, noise_margin, plural, final=True)
+        self.verdict, self.phase = verdict, DONE
+        return verdict
 
     def abandon(self) -> None:
         self.phase = DONE
