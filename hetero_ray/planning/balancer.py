@@ -689,9 +689,13 @@ class Balancer:
             trial.abandon()  # the run ended before its feeding window was measured: said once, at the end
             info = self._steps.get(self._newest_complete)
             sizes = [] if info is None else [info.local_batch_sizes.get(r, 0) for r in range(self.num_workers)]
-            row = self._trial_row(self._newest_complete, False, f"feeding trial unfinished: the run ended before "
-                                  f"{trial.window_steps} steps with {trial.words} out were measured",
-                                  -1 if info is None else info.plan_version, sizes)
+            periods = [] if info is None else self._trial_periods(info.plan_version)
+            so_far = trial.window(periods, self._trial_batch()) if periods else None
+            measured = (f"{len(periods)} steps with {trial.words} out measured ({so_far.samples_per_s:,.0f} samples/s "
+                        f"so far), the windows still within their noise" if so_far is not None else
+                        f"{len(periods)} of the {trial.window_steps} steps with {trial.words} out measured")
+            row = self._trial_row(self._newest_complete, False, f"feeding trial unfinished: the run ended with "
+                                  f"{measured}", -1 if info is None else info.plan_version, sizes)
             row["plan_version"] = None if info is None else info.plan_version
             if trial.training is not None:
                 row["samples_per_s_training"] = trial.training.samples_per_s
