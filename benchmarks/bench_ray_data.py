@@ -20,7 +20,10 @@
    machine, each held to ``--node-cores`` by a cgroup CPU quota; the same CPU-heavy
    pipeline with its ``map_batches`` on the CPU-only node (feeding), on the training node
    itself, and anywhere, and the CPU-only node as a second training rank instead. Prints
-   the samples/s of each and which is fastest.
+   the samples/s of each and which is fastest; then one more run with both nodes' ranks
+   in which the run decides itself (``HeteroConfig.feed_trial``: rank 1 measured training
+   and left out, the faster kept) and prints that decision from its decisions.parquet,
+   and whether it picked what the separate runs found faster.
 
 4. A GPU rank fed by the cluster's CPUs (``--gpu``, on a cluster with nodes labelled
    ``hetero-ray.io/device=gpu|cpu``): the same transform in the GPU rank's own DataLoader
@@ -153,7 +156,7 @@ def pipeline(num_rows: int, transform_ms: float, on: Optional[str] = None, label
 
 
 def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=None, *, datasets=None,
-               workers: Optional[dict] = None, devices: Optional[tuple] = None) -> dict:
+               workers: Optional[dict] = None, **hetero) -> dict:
     from ray.train import RunConfig, ScalingConfig
 
     from hetero_ray import HeteroConfig, HeteroTrainer
@@ -167,12 +170,31 @@ def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=No
                             run_config=RunConfig(name=name, storage_path=storage),
                             hetero_config=HeteroConfig(global_batch_size=args.global_batch_size,
                                                        emulate_speeds=None if set(speeds) == {1.0} else speeds,
-                                                       policy="optimal", worker_devices=devices),
+                                                       policy="optimal", **hetero),
                             emit=lambda line: None)
     trainer.fit()
     run_dir = os.path.join(storage, name)
     reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet")).sort_values("global_step")
-    return {"samples_per_s": _samples_per_s(run_dir), "loss": json.loads(reports["metrics"].iloc[-1])["loss"]}
+    return {"samples_per_s": _samples_per_s(run_dir), "loss": json.loads(reports["metrics"].iloc[-1])["loss"],
+            "decision": _feeding_decision(run_dir)}
+
+
+def _feeding_decision(run_dir: str) -> Optional[dict]:
+    """The run's feeding trial, from its decisions.parquet: ``{"feeds", "reason"}`` of its
+    verdict, or ``{"feeds": None, "reason"}`` of the row that says why there was none; None
+    without a trial."""
+    path = os.path.join(run_dir, "decisions.parquet")
+    if not os.path.exists(path):
+        return None
+    decisions = pd.read_parquet(path).sort_values("global_step")
+    if "samples_per_s_feeding" not in decisions.columns:
+        return None
+    verdicts = decisions[decisions["samples_per_s_feeding"].notna()]
+    if len(verdicts):
+        row = verdicts.iloc[-1]
+        return {"feeds": len(row["feeding_ranks"]) > 0, "reason": row["reason"]}
+    trial = decisions[decisions["reason"].str.contains("feeding trial")]
+    return {"feeds": None, "reason": trial["reason"].iloc[-1]} if len(trial) else None
 
 
 def _samples_per_s(run_dir: str) -> float:
@@ -218,6 +240,8 @@ def main(argv=None) -> None:
                    help="only 4.: on the Ray cluster at RAY_ADDRESS (nodes labelled hetero-ray.io/device=gpu|cpu, "
                         "as benchmarks/gpu_check.py starts them), a GPU rank fed by Ray Data against its own DataLoader")
     p.add_argument("--json", help="with --gpu: also write the figures to this JSON file")
+    p.add_argument("--decide-epochs", type=int, default=8, help="--two-nodes: epochs of the run that decides itself")
+    p.add_argument("--decide-only", action="store_true", help="--two-nodes: only the run that decides itself")
     args = p.parse_args(argv)
     if args.two_nodes:
         return two_nodes(args)
@@ -285,15 +309,30 @@ def two_nodes(args) -> None:
                     datasets={"train": pipeline(args.num_rows, args.transform_ms)}, workers=train_node),
             }
             figures = {}
-            for i, (label, run) in enumerate(runs.items()):
+            for i, (label, run) in enumerate(runs.items() if not args.decide_only else ()):
                 figures[label] = hetero_fit(args, storage, f"node-{i}", "ray_data", (1.0,), **run)["samples_per_s"]
                 print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
             label = "CPU-only node as a second training rank (transform anywhere)"
-            figures[label] = hetero_fit(args, storage, "node-train", "ray_data", (1.0, 1.0),
-                                        workers={"CPU": 1, "slot": 1})["samples_per_s"]
-            print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
-            feeding = list(figures.values())[0]
-            print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: {max(figures, key=figures.get)}")
+            if not args.decide_only:
+                figures[label] = hetero_fit(args, storage, "node-train", "ray_data", (1.0, 1.0),
+                                            workers={"CPU": 1, "slot": 1})["samples_per_s"]
+                print(f"  {label}: {figures[label]:.0f} samples/s", flush=True)
+                feeding = list(figures.values())[0]
+                print(f"  feeding ÷ training: {feeding / figures[label]:.2f}; fastest: "
+                      f"{max(figures, key=figures.get)}", flush=True)
+            # The run decides itself: both nodes' ranks; epochs enough for the policy to settle
+            # and for both of the trial's windows (periods are counted within an epoch).
+            longer = argparse.Namespace(**{**vars(args), "epochs": args.decide_epochs})
+            decided = hetero_fit(longer, storage, "node-decides", "ray_data", (1.0, 1.0),
+                                 workers={"CPU": 1, "slot": 1}, rebalance_interval=4, feed_trial_steps=10)["decision"]
+            if decided is None or decided["feeds"] is None:
+                print(f"  the run's decision: none ({decided['reason'] if decided else 'no feeding trial ran'})")
+            else:
+                agrees = "" if args.decide_only else (
+                    f"; {'the same as' if decided['feeds'] == (feeding > figures[label]) else 'NOT'} the faster of "
+                    "the separate runs above")
+                print(f"  the run's decision: {'feeding' if decided['feeds'] else 'training'} — "
+                      f"{decided['reason']}{agrees}")
         finally:
             ray.shutdown()
             for node in reversed(nodes):
@@ -332,7 +371,7 @@ def gpu_fed(args) -> None:
     with tempfile.TemporaryDirectory() as storage:
         for i, (label, run) in enumerate(runs.items()):
             figures[label] = hetero_fit(args, storage, f"gpu-{i}", run["source"], (1.0,), datasets=run.get("datasets"),
-                                        workers=gpu_rank, devices=("gpu",))["samples_per_s"]
+                                        workers=gpu_rank, worker_devices=("gpu",))["samples_per_s"]
             print(f"  {label}: {figures[label]:,.0f} samples/s", flush=True)
     own = next(iter(figures.values()))
     for label, value in list(figures.items())[1:]:

@@ -74,6 +74,14 @@ class HeteroConfig:
         emulate_devices_factor: that common factor, pinned instead of measured (as
             ``--emulate-devices-factor``): runs of different worker groups then emulate the
             same devices. Each run records the factor it used (``attempts.json``).
+        feed_trial: whether the run measures, once its plan settles, if its CPU-only ranks
+            are faster feeding the Ray Data pipeline (left out: their node's cores run its
+            ``map_batches``) than training, and keeps the faster, with the reason in
+            decisions.parquet. None (default): where it applies — a ``"train"`` Ray Data
+            dataset, an adaptive policy (``dynamic``, ``optimal``), and CPU ranks beside GPU
+            ranks or on nodes of their own; True: also for ranks on rank 0's node (needs a
+            ``"train"`` dataset and an adaptive policy); False: never.
+        feed_trial_steps: the steps each of the trial's two windows measures (≥ 2).
     """
 
     global_batch_size: int
@@ -97,6 +105,8 @@ class HeteroConfig:
     allow_non_finite_loss: bool = default_of(FaultToleranceConfig, "allow_non_finite_loss")
     emulate_devices: Optional[tuple[str, ...]] = None
     emulate_devices_factor: Optional[float] = None
+    feed_trial: Optional[bool] = None  # None: where it applies (see above)
+    feed_trial_steps: int = 20  # each window: enough periods for a noise estimate, a few seconds of a run
 
     def __post_init__(self):
         with in_api_words():
@@ -125,6 +135,13 @@ class HeteroConfig:
             self._store(**{name: getattr(part, name) for name in names if getattr(part, name) is not None})
         object.__setattr__(self, "emulate_devices_factor", emulation.emulate_devices_factor)  # a number, checked
         object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
+        if self.feed_trial not in (None, True, False):
+            raise ConfigError(f"HeteroConfig.feed_trial must be None (where it applies), True or False, got "
+                              f"{self.feed_trial!r}")
+        steps = self.feed_trial_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+            raise ConfigError(f"HeteroConfig.feed_trial_steps must be an integer ≥ 2 (each window compares step "
+                              f"periods), got {steps!r}")
         if self.profile_model is not None and not isinstance(self.profile_model, ProfileModel):
             raise ConfigError(f"HeteroConfig.profile_model must be a hetero_ray.ProfileModel(build=..., "
                               f"make_batch=...), got {type(self.profile_model).__name__}")

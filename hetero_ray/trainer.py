@@ -48,6 +48,7 @@ from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.job import API_JOB, JobFacts
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.runtime.ray_data import RunDatasets
+from hetero_ray.training.dataset_shard import TRAIN_DATASET
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
 
@@ -112,6 +113,7 @@ class HeteroTrainer:
             self._emulate_devices = [c.to_dict() for c in device_curves("HeteroConfig.emulate_devices",
                                                                         hetero_config.emulate_devices)]
         _check_worker_devices(hetero_config, scaling_config)
+        self._feed_trial = _feed_trial_mode(hetero_config, self._datasets)
         name = run_config.name or default_experiment_name()
         if not _EXPERIMENT_NAME.match(name):
             raise ConfigError(f"RunConfig(name={name!r}) must be 1-100 characters of letters, digits, '.', '_' "
@@ -247,7 +249,8 @@ class HeteroTrainer:
             run_dir=run.run_dir,
             planner_settings=dict(global_batch_size=hetero.global_batch_size, policy=hetero.policy,
                                   rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
-                                  plan_changes=hetero.plan_changes, policy_config=hetero.policy_config()),
+                                  plan_changes=hetero.plan_changes, policy_config=hetero.policy_config(),
+                                  feed_trial=self._feed_trial, feed_trial_steps=hetero.feed_trial_steps),
             summary_base={
                 "experiment_name": self._name,
                 "model": hetero.profile_model.name if hetero.profile_model is not None else None,
@@ -309,6 +312,23 @@ def _check_worker_devices(hetero_config: HeteroConfig, scaling_config: ScalingCo
     if isinstance(scaling_config.num_workers, (tuple, list)):
         raise ConfigError("HeteroConfig.worker_devices names one device per worker, so ScalingConfig.num_workers "
                           "must be a number, not a (min, max) range")
+
+
+def _feed_trial_mode(hetero_config: HeteroConfig, datasets: RunDatasets) -> str:
+    """The planner's ``feed_trial``: "auto" where it applies, "on" when asked for, else "off"."""
+    asked = hetero_config.feed_trial
+    reads_ray_data = TRAIN_DATASET in datasets.feeds
+    adaptive = hetero_config.policy in ("dynamic", "optimal")
+    if asked is True:
+        if not reads_ray_data:
+            raise ConfigError("HeteroConfig(feed_trial=True) measures ranks feeding a Ray Data pipeline, but "
+                              "datasets= has no 'train' dataset; pass datasets={'train': ...} or leave feed_trial "
+                              "unset")
+        if not adaptive:
+            raise ConfigError(f"HeteroConfig(feed_trial=True) changes the plan, which policy={hetero_config.policy!r} "
+                              "never does; use policy='optimal' or 'dynamic', or leave feed_trial unset")
+        return "on"
+    return "auto" if asked is None and reads_ray_data and adaptive else "off"
 
 
 def _worker_range(num_workers) -> tuple[int, int]:

@@ -343,8 +343,9 @@ def test_decision_record_fits_the_decisions_table():
     adopted = OptimalPolicy().decide(plan, est, global_step=100)
     kept = StaticPolicy().decide(plan, est, global_step=100)
     assert isinstance(adopted, Decision) and adopted.adopt and not kept.adopt
-    # the balancer adds the outcome, the clock and the rest of the step
-    expected = set(SCHEMAS[DECISIONS].names) - {"achieved_step_time_s", "wall_time", "rest_of_step_s"}
+    # the balancer adds the outcome, the clock and the rest of the step; a feeding trial's rows, its rates
+    expected = set(SCHEMAS[DECISIONS].names) - {"achieved_step_time_s", "wall_time", "rest_of_step_s",
+                                                "feeding_ranks", "samples_per_s_training", "samples_per_s_feeding"}
     for d in (adopted, kept):
         record = d.to_record()
         assert set(record) == expected

@@ -109,6 +109,14 @@ def test_busy_above_the_others_is_not_a_straggler_when_they_do_not_wait():
     assert STRAGGLER not in verdicts_of(frame)
 
 
+def test_a_rank_left_out_while_reading_ray_data_may_be_feeding_its_pipeline():
+    frame = window([{"b": 64, "c": 0.001}, {"b": 0, "c": 0.005, "probe": 1}])
+    frame["data_source"] = "ray_data:train"
+    out = classify(frame)[1]
+    assert out.verdict == LEFT_OUT and "feeding the Ray Data pipeline" in out.recommendation
+    assert "decisions.parquet says which" in out.recommendation
+
+
 # --- input-bound
 
 
@@ -119,6 +127,19 @@ def test_a_rank_waiting_for_data_is_input_bound_before_it_is_a_straggler():
     assert verdicts[0].evidence["data_share"] == pytest.approx(0.03 / 0.062, rel=0.1)
     assert "data-loader workers" in verdicts[0].recommendation
     assert verdicts[1].verdict == BALANCED
+
+
+@pytest.mark.parametrize("source, says, not_says", [
+    ("ray_data:train", ["Ray Data pipeline of dataset 'train'", "HeteroConfig.feed_trial"], ["data-loader workers"]),
+    ("data_loader", ["read by its DataLoader", "data-loader workers"], ["Ray Data"]),
+])
+def test_an_input_bound_verdict_names_the_source_its_step_rows_record(source, says, not_says):
+    frame = window([{"b": 32, "c": 0.001, "data": 0.03}, {"b": 32, "c": 0.001}])
+    frame["data_source"] = source
+    verdict = classify(frame)[0]
+    assert verdict.verdict == INPUT_BOUND and verdict.evidence["data_source"] == source
+    assert all(s in verdict.recommendation for s in says), verdict.recommendation
+    assert not any(s in verdict.recommendation for s in not_says), verdict.recommendation
 
 
 def test_a_small_data_wait_is_not_input_bound():

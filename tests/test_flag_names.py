@@ -21,6 +21,8 @@ API_ONLY = {
     "profile_model": "a Python object (how to build the model and a batch); the CLI's --model names a built-in one",
     "output_dir": "where the tables go when RunConfig.storage_path is a URI; the CLI writes to a local or "
                   "shared --storage-path itself",
+    "feed_trial": "the Ray Data path's (HeteroTrainer(datasets=...)); the CLI's built-in jobs read map-style datasets",
+    "feed_trial_steps": "the Ray Data path's feeding trial, as feed_trial",
 }
 # The switch that is on by default is written --no-<name> (argparse's one way to turn it off).
 SWITCHES_ON_BY_DEFAULT = {"profile"}

@@ -65,12 +65,14 @@ def _finished_step(local_batch_size=5) -> HandedOutStep:
 
 
 def test_a_finished_step_gives_the_row_the_steps_table_expects():
-    row = step_row(_identity(), _finished_step(), StepNotes(loss=0.5, lr=0.01), pad_time_s=0.0)
+    row = step_row(_identity(), _finished_step(), StepNotes(loss=0.5, lr=0.01), pad_time_s=0.0,
+                   data_source="ray_data:train")
     assert set(row) == set(STEP_COLUMNS) - RESOURCE_COLUMNS
     assert {k: row[k] for k in ("epoch", "step", "global_step", "rank", "node_id", "attempt", "local_batch_size",
-                                "global_batch_size", "plan_version", "loss", "lr")} == {
+                                "global_batch_size", "plan_version", "loss", "lr", "data_source")} == {
         "epoch": 1, "step": 2, "global_step": 12, "rank": 1, "node_id": "node-a", "attempt": 3,
-        "local_batch_size": 5, "global_batch_size": 8, "plan_version": 4, "loss": 0.5, "lr": 0.01}
+        "local_batch_size": 5, "global_batch_size": 8, "plan_version": 4, "loss": 0.5, "lr": 0.01,
+        "data_source": "ray_data:train"}
     assert row["pad_time_s"] == 0.0 and row["wait_time_s"] >= 0.0
 
 

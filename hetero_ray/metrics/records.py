@@ -22,6 +22,10 @@ TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, DECISIONS, REPORTS)
 TRAJECTORY_TABLES = (STEPS, PLANS, EPOCHS, SAMPLE_IDS, REPORTS)
 STEP_COLUMN = {PLANS: "first_global_step"}
 
+# The steps table's data_source: where a rank's batches came from.
+DATA_LOADER_SOURCE = "data_loader"  # a map-style dataset, through prepare_data_loader
+RAY_DATA_SOURCE_PREFIX = "ray_data:"  # + the dataset's name: a Ray Data dataset's feed (get_dataset_shard)
+
 # What identifies a row: a row received twice (a retried call, a replayed log) is one row.
 KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     STEPS: ("attempt", "global_step", "rank"),
@@ -52,6 +56,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("gpu_mem_peak_bytes", _f64), ("gpu_mem_total_bytes", _f64), ("gpu_temp_c", _f64),
         ("gpu_power_w", _f64), ("cpu_util", _f64), ("rss_bytes", _f64),
         ("cpu_util_from_step", _f64), ("cpu_quota_cores", _f64),  # float, like every profiler column: null or NaN where not read
+        # Where the rank's batch came from (DATA_LOADER_SOURCE, RAY_DATA_SOURCE_PREFIX + name).
+        ("data_source", pa.string()),
     ]),
     PLANS: pa.schema([
         ("plan_version", _i64), ("first_global_step", _i64), ("epoch", _i64), ("step", _i64),
@@ -76,6 +82,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("left_out_ranks", pa.list_(_i64)), ("all_ranks_predicted_step_time_s", _f64),
         # The step time beyond the prediction's max_i t_i + c, measured (planning/balancer.py).
         ("rest_of_step_s", _f64),
+        # A feeding trial's rows (planning/feed_trial.py): the ranks left out to feed the Ray
+        # Data pipeline for good, and the samples/s measured with them training and left out.
+        ("feeding_ranks", pa.list_(_i64)), ("samples_per_s_training", _f64), ("samples_per_s_feeding", _f64),
     ]),
     # global_step: the last step completed when the report was made (-1 before the first),
     # so a report that carried a checkpoint stays on the trajectory of a restarted run.

@@ -76,6 +76,17 @@ beyond the known shares is a trial, checked after ``TRIAL_CHECK_STEPS`` steps in
 Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
 cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
 the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
+
+A run that reads a Ray Data pipeline may also hold a *feeding trial*
+(:mod:`hetero_ray.planning.feed_trial`): once a decision has kept a plan with every
+candidate in, the next decision point instead leaves the candidates out for a window of
+steps (longer while the two are within their noise), and then keeps whichever of the two
+measured faster — the candidates out for good (the policy holds them out), or their old
+shares back. The policy
+decides nothing while the trial runs; no rollback judges the trial's plans (the trial's
+own measurement does, on rank 0's step periods: a plan that feeds the pipeline is judged
+by what the ranks in wait for, which curves of busy time do not see). Its two rows in the
+decisions table carry both measured rates.
 """
 
 from __future__ import annotations
@@ -91,6 +102,7 @@ from typing import Optional, Sequence
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates
+from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial, shares_without, step_periods
 from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares
 from hetero_ray.planning.policies import Decision, Policy
 from hetero_ray.planning.plan import Plan
@@ -143,6 +155,7 @@ class DecisionState:
     predecessor: Optional[_Predecessor]
     holds_left: int
     learned_caps: tuple[Optional[int], ...]
+    feed_trial: Optional[FeedTrial] = None
 
     @classmethod
     def from_dict(cls, state: dict, num_workers: int) -> "DecisionState":
@@ -161,6 +174,7 @@ class DecisionState:
                 tuple(int(b) for b in predecessor["local_batch_sizes"]), int(predecessor["version"])),
             holds_left=int(state.get("holds_left") or 0),
             learned_caps=learned,
+            feed_trial=None if not state.get("feed_trial") else FeedTrial.from_dict(state["feed_trial"]),
         )
 
 
@@ -195,6 +209,8 @@ class _StepInfo:
     comm_time_s: float = math.inf  # the all-reduce: the least wait of the ranks in (planning/comm.py)
     step_time_s: float = -math.inf  # the step's (the slowest rank's); -inf: not reported
     wall_time: float = -math.inf  # when the step ended (the latest rank's clock)
+    rank0_wall_time: float = math.nan  # … on rank 0's clock (a feeding trial's step periods)
+    epoch: int = -1
     plan_version: int = -1
     local_batch_sizes: dict = field(default_factory=dict)
     busy_time_s: dict = field(default_factory=dict)  # per rank
@@ -238,6 +254,8 @@ class Balancer:
         self._measured = MeasuredShares(0)  # per rank, busy times at the shares it ran (planning/moves.py)
         self._check_steps = self.rollback_check_steps  # of the adoption awaiting its check
         self._shape_seeds: Optional[list] = None  # per rank (α, β, τ) of the first plan's curves
+        self.feed_trial: Optional[FeedTrial] = None  # feeding or training (planning/feed_trial.py)
+        self._settled_version: Optional[int] = None  # the plan a decision last kept (a trial starts from it)
 
     # ------------------------------------------------------------------ lifecycle
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
@@ -250,6 +268,8 @@ class Balancer:
         if self.estimates is None or num_workers != self.num_workers:
             self.estimates = ClusterEstimates(num_workers, window_steps=self.window_steps)
             self.comm = CommEstimates()
+        if self.feed_trial is not None and max(self.feed_trial.candidates) >= num_workers:
+            self.feed_trial = None  # its candidates were ranks of a larger group (a first plan sets a new one)
         if self._shape_seeds is not None and len(self._shape_seeds) == num_workers:
             self.estimates.seed_shapes(self._shape_seeds)
         self.num_workers = num_workers
@@ -262,6 +282,7 @@ class Balancer:
         self._gap_steps.clear()
         self._predecessor, self._holds_left, self._learned_caps = None, 0, [None] * num_workers
         self._in_force = None
+        self._settled_version = None
         self._quota_caps = QuotaCaps(num_workers)
         self._measured = MeasuredShares(num_workers)
         self._check_steps = self.rollback_check_steps
@@ -298,6 +319,9 @@ class Balancer:
                     self._steps.popitem(last=False)
             info.ranks.add(row["rank"])
             info.plan_version = row["plan_version"]
+            info.epoch = int(row.get("epoch", -1))
+            if row["rank"] == 0 and row.get("wall_time") is not None:
+                info.rank0_wall_time = float(row["wall_time"])
             info.local_batch_sizes[row["rank"]] = row["local_batch_size"]
             busy, wait = row.get("busy_time_s"), row.get("wait_time_s")
             if row["local_batch_size"] > 0 and busy is not None and busy == busy:  # in, not NaN
@@ -368,6 +392,9 @@ class Balancer:
         self._waiting_since_version = None
         sizes = tuple(info.local_batch_sizes[r] for r in range(self.num_workers))
         current = Plan(info.plan_version, sizes)
+        trial = self.feed_trial
+        if trial is not None and trial.phase == FEEDING and self._trial_measures(global_step, current, out):
+            return True
         # A decision can come before the check's half interval (records arrive late, the
         # next point is near): the outcome is judged first, on the steps there are, so that
         # going back is a rollback (with what it teaches), not just another move.
@@ -382,8 +409,12 @@ class Balancer:
             self._holds_left -= 1
             decision = Decision(False, current, "hold: the shares were just restored by a rollback; measuring "
                                 "them before moving again", self.policy.name, global_step)
+        elif trial is not None and trial.phase == WAITING and self._trial_starts(global_step, current, out):
+            return True
         else:
             decision = self._policy_decides(current, global_step)
+            if not decision.adopt:
+                self._settled_version = current.version
         row = {**decision.to_record(), "achieved_step_time_s": None, "wall_time": time.time(),
                "rest_of_step_s": self._rest_of_step_s(info.plan_version)}
         if decision.adopt:
@@ -402,6 +433,91 @@ class Balancer:
         else:
             out.decision_rows.append(row)
         return True
+
+    # ------------------------------------------------------------------ the feeding trial
+    def _trial_periods(self, version: int) -> list[float]:
+        """Rank 0's step periods over ``version``'s complete full steps (feed_trial.step_periods)."""
+        steps = [(step, info.epoch, info.rank0_wall_time) for step, info in self._steps.items()
+                 if info.plan_version == version and len(info.ranks) == self.num_workers
+                 and math.isfinite(info.rank0_wall_time) and self._is_full(info.local_batch_sizes.values())]
+        return step_periods(steps, self.feed_trial.settle_steps)
+
+    def _trial_batch(self) -> int:
+        return self.global_batch_size or self._full_window
+
+    def _trial_starts(self, global_step: int, current: Plan, out: BalancerOutput) -> bool:
+        """Leaves the candidates out from the next point, when the plan in force was kept by
+        a decision, has every candidate in and a training window measured; False: not yet."""
+        trial = self.feed_trial
+        if (self._settled_version != current.version or self._awaiting_outcome is not None
+                or self._predecessor is not None or not trial.all_in(current.local_batch_sizes)):
+            return False
+        training = trial.window(self._trial_periods(current.version), self._trial_batch())
+        if training is None:
+            return False
+        try:
+            sizes = shares_without(current.local_batch_sizes, trial.candidates,
+                                   self.policy.config.min_local_batch_size, self.policy.caps)
+        except ValueError as e:
+            trial.abandon()
+            out.decision_rows.append(self._trial_row(global_step, False, f"feeding trial not run: {e}", current.version,
+                                                     current.local_batch_sizes))
+            return True
+        trial.start(training, current.local_batch_sizes, current.version)
+        them = "them" if len(trial.candidates) > 1 else "it"
+        reason = (f"feeding trial: {trial.words} left out, the cores {them} trained on left to the Ray Data "
+                  f"pipeline, to be measured over {trial.window_steps} steps against {training.samples_per_s:,.0f} "
+                  f"samples/s with {them} training (the last {training.steps} steps)")
+        row = self._trial_row(global_step, True, reason, current.version, sizes)
+        row["plan_version"] = None  # the planner's to give (Proposal.numbered)
+        row["samples_per_s_training"] = training.samples_per_s
+        probes = tuple(1 if b == 0 else 0 for b in sizes)  # one sample a step: the cores go to the pipeline
+        out.new_plans.append(Proposal(sizes, reason, row, probes))
+        out.decision_rows.append(row)
+        self._waiting_since_version, self._in_force = current.version, None
+        return True
+
+    def _trial_measures(self, global_step: int, current: Plan, out: BalancerOutput) -> bool:
+        """While the candidates are out: nothing changes until the feeding window is
+        measured, then the faster stays. False: the trial was abandoned (another plan is in
+        force: a scripted change), and the policy decides."""
+        trial = self.feed_trial
+        if not trial.all_out(current.local_batch_sizes):
+            trial.abandon()
+            out.decision_rows.append(self._trial_row(
+                global_step, False, f"feeding trial abandoned: plan v{current.version} has {trial.words} in "
+                "before the trial measured them out", current.version, current.local_batch_sizes))
+            return False
+        feeding = trial.window(self._trial_periods(current.version), self._trial_batch())
+        config = self.policy.config
+        if feeding is None or not trial.clear(feeding, config.rebalance_threshold, config.noise_margin):
+            return True  # this point passes: the trial's plan stays in force, measured longer
+        verdict = trial.conclude(feeding, config.rebalance_threshold, config.noise_margin)
+        if verdict.feed:
+            row = self._trial_row(global_step, False, verdict.reason, current.version, current.local_batch_sizes)
+            row["feeding_ranks"] = list(trial.candidates)
+        else:
+            restored = trial.training_sizes
+            row = self._trial_row(global_step, True, verdict.reason, current.version, restored)
+            row["plan_version"] = None  # the planner's to give (Proposal.numbered)
+            out.new_plans.append(Proposal(restored, verdict.reason, row,
+                                          tuple(1 if b == 0 else 0 for b in restored) if 0 in restored else ()))
+            self._waiting_since_version = current.version
+        row["samples_per_s_training"] = verdict.training.samples_per_s
+        row["samples_per_s_feeding"] = verdict.feeding.samples_per_s
+        out.decision_rows.append(row)
+        return True
+
+    def _trial_row(self, global_step: int, adopted: bool, reason: str, version: int, sizes) -> dict:
+        """A decision row of the trial (``sizes``: the plan it proposes or keeps): measured
+        rates, no prediction."""
+        return {"global_step": int(global_step), "policy": self.policy.name, "adopted": adopted, "reason": reason,
+                "plan_version": int(version), "local_batch_sizes": [int(b) for b in sizes],
+                "predicted_step_time_s": None, "current_predicted_step_time_s": None, "predicted_gain": None,
+                "achieved_step_time_s": None, "wall_time": time.time(),
+                "left_out_ranks": [r for r, b in enumerate(sizes) if b == 0], "all_ranks_predicted_step_time_s": None,
+                "rest_of_step_s": self._rest_of_step_s(version),
+                "feeding_ranks": [], "samples_per_s_training": None, "samples_per_s_feeding": None}
 
     def _newest_full_step(self, newest_complete: int) -> Optional[int]:
         """The newest complete step up to ``newest_complete`` that ran the whole plan. An
@@ -460,6 +576,7 @@ class Balancer:
             for more in cap_lists:
                 caps = [_tighter(c, other) for c, other in zip(caps, more)]
             self.policy.caps = caps
+        self.policy.held_out = self.feed_trial.held_out if self.feed_trial is not None else frozenset()
         try:
             return self.policy.decide(current, estimates, global_step, self.comm.cost_s)
         finally:
@@ -591,6 +708,22 @@ class Balancer:
 
     def flush(self) -> list[dict]:
         """Rows still waiting for their outcome (at the end of a run)."""
+        trial = self.feed_trial
+        if trial is not None and trial.phase == FEEDING and self._newest_complete >= 0:
+            trial.abandon()  # the run ended before its feeding window was measured: said once, at the end
+            info = self._steps.get(self._newest_complete)
+            sizes = [] if info is None else [info.local_batch_sizes.get(r, 0) for r in range(self.num_workers)]
+            periods = [] if info is None else self._trial_periods(info.plan_version)
+            so_far = trial.window(periods, self._trial_batch()) if periods else None
+            measured = (f"{len(periods)} steps with {trial.words} out measured ({so_far.samples_per_s:,.0f} samples/s "
+                        f"so far), the windows still within their noise" if so_far is not None else
+                        f"{len(periods)} of the {trial.window_steps} steps with {trial.words} out measured")
+            row = self._trial_row(self._newest_complete, False, f"feeding trial unfinished: the run ended with "
+                                  f"{measured}", -1 if info is None else info.plan_version, sizes)
+            row["plan_version"] = None if info is None else info.plan_version
+            if trial.training is not None:
+                row["samples_per_s_training"] = trial.training.samples_per_s
+            return [row, *self.flush()]
         if self._awaiting_outcome is None:
             return []
         row = self._awaiting_outcome[0]
@@ -620,6 +753,7 @@ class Balancer:
             "predecessor": None if self._predecessor is None else dataclasses.asdict(self._predecessor),
             "holds_left": self._holds_left,
             "learned_caps": list(self._learned_caps),
+            "feed_trial": None if self.feed_trial is None else self.feed_trial.state_dict(),
         }
 
     def load_decision_state(self, state: "DecisionState") -> None:
@@ -629,6 +763,8 @@ class Balancer:
         self._waiting_since_version, self._predecessor = state.waiting_since_version, state.predecessor
         self._holds_left = state.holds_left
         self._learned_caps = list(state.learned_caps) or [None] * self.num_workers
+        if state.feed_trial is not None:
+            self.feed_trial = state.feed_trial
 
     def load_state_dict(self, state: dict) -> None:
         self.num_workers = int(state.get("num_workers") or 0)

@@ -38,6 +38,11 @@ shares, not versions), so a decision row names the version its plan was given ev
 scripted change or a resume came in between. Plan versions only ever increase, also across
 a restart of the planner (:meth:`Planner.load_state_dict`) and a ``--resume``
 (:meth:`Planner.resume_from`).
+
+A run that reads a Ray Data pipeline (``feed_trial``) also gets, with each worker group's
+first plan, a feeding trial of the ranks :func:`~hetero_ray.planning.feed_trial.feed_candidates`
+picks from where the ranks run: the balancer measures them training and left out, and
+keeps the faster (planning/feed_trial.py).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import Optional, Sequence
 
 from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
 from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities, rank_memory_caps
+from hetero_ray.planning.feed_trial import DEFAULT_WINDOW_STEPS, FeedTrial, feed_candidates, ranks_words
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
@@ -63,11 +69,19 @@ class Planner:
         plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied at
             the first rebalance point at or after their step (tests and demos).
         policy_config: keyword arguments of :class:`PolicyConfig`.
+        feed_trial: ``"off"``; ``"auto"``: a feeding trial of the ranks on nodes apart from
+            rank 0's (the CPU ranks, beside GPU ranks); ``"on"``: also of the ranks on rank
+            0's node (planning/feed_trial.py).
+        feed_trial_steps: the steps each of the trial's two windows measures.
     """
 
     def __init__(self, global_batch_size: int, policy: str, rebalance_interval: int,
                  batch_split: Optional[Sequence[int]] = None, plan_changes: Optional[Sequence[dict]] = None,
-                 policy_config: Optional[dict] = None):
+                 policy_config: Optional[dict] = None, feed_trial: str = "off",
+                 feed_trial_steps: int = DEFAULT_WINDOW_STEPS):
+        if feed_trial not in ("off", "auto", "on"):
+            raise ValueError(f"feed_trial must be 'off', 'auto' or 'on', got {feed_trial!r}")
+        self._feed_trial, self._feed_trial_steps = feed_trial, int(feed_trial_steps)
         self.global_batch_size = global_batch_size
         self.batch_split = list(batch_split) if batch_split else None
         self.policy = make_policy(policy, PolicyConfig(**(policy_config or {})))
@@ -153,11 +167,25 @@ class Planner:
                                (list(ranks.node_ids), None if ranks.device_kinds is None else list(ranks.device_kinds)))
             self._plan = self._first_plan(num_workers, ranks)
             self._next_version = self._plan.version + 1
+            self._start_feed_trial(num_workers, ranks)
             logger.info("first plan for %d workers: %s (%s)", num_workers, self._plan, self._plan.reason)
         reply = self._plan.to_dict()
         if self._memory_caps is not None and len(self._memory_caps) == self._plan.num_workers:
             reply["memory_caps"] = list(self._memory_caps)
         return reply
+
+    def _start_feed_trial(self, num_workers: int, ranks: RankFacts) -> None:
+        """The group's feeding trial, when the run has one and its ranks give candidates."""
+        if self._feed_trial == "off" or not ranks.placed(num_workers):
+            return
+        candidates = feed_candidates(ranks.node_ids, ranks.device_kinds, same_node=self._feed_trial == "on")
+        if not candidates:
+            logger.info("no feeding trial: no rank beside rank 0 has CPUs of its own to give the pipeline")
+            return
+        words = ranks_words(candidates, ranks.device_kinds)
+        self.balancer.feed_trial = FeedTrial(candidates, words, self._feed_trial_steps)
+        logger.info("feeding trial of %s once the plan settles (%d steps training, %d left out)", words,
+                    self._feed_trial_steps, self._feed_trial_steps)
 
     def resume_from(self, plan: dict) -> None:
         """A worker group restored a checkpoint holding ``plan``.

@@ -174,11 +174,14 @@ Capacities = Optional[Sequence[RankCapacity]]
 class Policy(Protocol):
     """The interface every policy implements (plain classes; state: last adoption only).
 
-    ``caps`` (per-rank memory caps, None entries or None: no cap) bound every plan it makes.
+    ``caps`` (per-rank memory caps, None entries or None: no cap) bound every plan it makes;
+    ``held_out`` (ranks) stay out of every later plan: they feed the Ray Data pipeline
+    (planning/feed_trial.py).
     """
 
     name: str
     caps: Optional[list[Optional[int]]]
+    held_out: frozenset
 
     def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan: ...
 
@@ -195,6 +198,7 @@ class _BasePolicy:
     def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
         self.config = config or PolicyConfig()
         self.caps = None if caps is None else list(caps)
+        self.held_out: frozenset = frozenset()  # ranks kept out: they feed the pipeline (the Policy protocol)
         self._last_adopted_step: Optional[int] = None
 
     # -- plans
@@ -329,7 +333,9 @@ class _AdaptivePolicy(_BasePolicy):
         if 0 not in local_batch_sizes:
             return ()
         alphas, betas, floors = self._cost_model(estimates)
-        return probe_sizes(local_batch_sizes, alphas, betas, floors, step_time_s)
+        sizes = probe_sizes(local_batch_sizes, alphas, betas, floors, step_time_s)
+        # a rank that feeds the pipeline leaves it its cores: one sample a step
+        return tuple(1 if r in self.held_out and p else p for r, p in enumerate(sizes))
 
     def _propose(self, current: Plan, alphas: np.ndarray, betas: np.ndarray, floors: np.ndarray,
                  usable: np.ndarray, lo: np.ndarray, hi: list, comm_cost_s: Optional[CommCost]):
@@ -360,6 +366,9 @@ class _AdaptivePolicy(_BasePolicy):
         alphas, betas, floors = self._cost_model(est)
         usable = (est.fresh & np.isfinite(alphas) & np.isfinite(betas) & np.isfinite(floors) & (betas >= 0)
                   & (curve_busy_time_s(alphas, betas, floors, 1.0) > 0))
+        # Ranks held out to feed the pipeline keep their size, 0, as a stale rank out would.
+        held = np.isin(np.arange(n), sorted(self.held_out))
+        usable &= ~held
         if not usable.any():
             return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
         b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
@@ -425,8 +434,10 @@ class _AdaptivePolicy(_BasePolicy):
             proposed_pred = predicted(proposal_arr)
         gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
 
-        stale = np.flatnonzero(~usable)
+        stale = np.flatnonzero(~usable & ~held)
         stale_note = f"; ranks {_short_list(stale)} stale, kept at their size" if stale.size else ""
+        if held.any():
+            stale_note += f"; ranks {_short_list(np.flatnonzero(held))} kept out: they feed the pipeline"
         predictions = dict(
             proposed_local_batch_sizes=tuple(proposal),
             predicted_step_time_s=proposed_pred,

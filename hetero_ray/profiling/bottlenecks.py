@@ -16,7 +16,9 @@ Verdicts (first match wins; the others it also matched are listed in ``evidence[
 
 0. **left-out**: the plan gave the rank no share (median ``b_i = 0``): it ran probes only.
    It is left out of the others' comparisons and of the equal-finish shares below.
-1. **input-bound**: ``data_i / busy_i ≥ input_share`` — the rank waits for its data.
+1. **input-bound**: ``data_i / busy_i ≥ input_share`` — the rank waits for its data; the
+   recommendation names what it read, by its step rows' ``data_source``: a Ray Data
+   dataset's pipeline, or the map-style DataLoader.
 2. **straggler**: ``busy_i ≥ straggler_ratio · median_{j≠i} busy_j`` *and* the others wait
    for it (``median_{j≠i} wait_j / step_j ≥ wait_share``). Busy time is compared, not
    per-sample cost: a slow device that was given a smaller share and finishes with the
@@ -38,6 +40,8 @@ from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
+
+from hetero_ray.metrics.records import DATA_LOADER_SOURCE, RAY_DATA_SOURCE_PREFIX
 
 INPUT_BOUND = "input-bound"
 STRAGGLER = "straggler"
@@ -148,6 +152,7 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
             "memory_fraction": memory_used,
             "memory_cap": cap,
             "probe_batch_size": float(row["probe_batch_size"]),
+            "data_source": row["data_source"],
         }
         hits = [LEFT_OUT] if out.loc[rank] else []
         if row["steps"] >= thresholds.min_steps and not out.loc[rank]:
@@ -255,7 +260,15 @@ def _rank_stats(window: pd.DataFrame) -> pd.DataFrame:
                      "gpu_util", "gpu_mem_peak_fraction", "probe_batch_size"]].median()
     stats["steps"] = grouped.size()
     stats["node_id"] = grouped["node_id"].last()
+    if "data_source" not in frame.columns:  # runs before the column
+        frame["data_source"] = None
+    stats["data_source"] = grouped["data_source"].agg(_last_given)
     return stats
+
+
+def _last_given(values: pd.Series) -> Optional[str]:
+    given = values[values.map(lambda v: isinstance(v, str))]
+    return str(given.iloc[-1]) if len(given) else None
 
 
 def _recommend(rank: int, verdict: str, e: dict, t: BottleneckThresholds, stragglers: list[int]) -> str:
@@ -264,17 +277,32 @@ def _recommend(rank: int, verdict: str, e: dict, t: BottleneckThresholds, stragg
     if verdict == LEFT_OUT:
         probe = (f"; its probes of {e['probe_batch_size']:.0f} samples ({ms(e['per_sample_s'])}/sample) keep its speed "
                  "known" if e["probe_batch_size"] > 0 else "")
+        source = e.get("data_source")
+        if isinstance(source, str) and source.startswith(RAY_DATA_SOURCE_PREFIX):
+            # on Ray Data a rank may also be out to feed the pipeline (planning/feed_trial.py)
+            return ("left out of the plan: either its all-reduce costs more than its compute adds, or it was "
+                    "measured faster feeding the Ray Data pipeline than training (decisions.parquet says which, "
+                    f"with the predictions or the two measured rates){probe}")
         return ("left out of the plan: the planner predicted the step faster without it, its all-reduce costing "
                 f"more than its compute adds (decisions.parquet has both predictions){probe}; it is brought back "
                 "when it pays")
     if e["steps"] < t.min_steps:
         return f"only {e['steps']} step(s) in the window (fewer than {t.min_steps}): too few to judge"
     if verdict == INPUT_BOUND:
-        return (f"waits for its data {pct(e['data_share'])} of its busy time ({ms(e['data_share'] * e['busy_time_s'])}"
-                " per step): add data-loader workers or prefetching, or give the worker more CPUs "
-                "(--cpus-per-worker); reading Ray Data, give its pipeline more CPUs (its map_batches run on the "
-                "cluster's free CPUs: add CPU-only nodes, or raise the transform's concurrency); moving share away "
-                "would only hide it")
+        waits = f"waits for its data {pct(e['data_share'])} of its busy time ({ms(e['data_share'] * e['busy_time_s'])}"
+        source = e.get("data_source")
+        if isinstance(source, str) and source.startswith(RAY_DATA_SOURCE_PREFIX):
+            return (f"{waits} per step), read from the Ray Data pipeline of dataset "
+                    f"{source[len(RAY_DATA_SOURCE_PREFIX):]!r}, which does not keep up: give it more CPUs (its "
+                    "map_batches run on the cluster's free CPUs: add CPU-only nodes, let a CPU-only rank feed it "
+                    "instead of training — HeteroConfig.feed_trial measures which is faster — or raise the "
+                    "transform's concurrency); moving share away would only hide it")
+        loader = "add data-loader workers or prefetching, or give the worker more CPUs (--cpus-per-worker)"
+        if source == DATA_LOADER_SOURCE:
+            return f"{waits} per step), read by its DataLoader: {loader}; moving share away would only hide it"
+        return (f"{waits} per step): {loader}; reading Ray Data, give its pipeline more CPUs (its map_batches run "
+                "on the cluster's free CPUs: add CPU-only nodes, or raise the transform's concurrency); moving share "
+                "away would only hide it")
     if verdict == STRAGGLER:
         move = e["local_batch_size"] - e["fair_local_batch_size"]
         why = (f"its per-sample cost is {e['per_sample_ratio']:.2f}× the others' ({ms(e['per_sample_s'])}/sample)"

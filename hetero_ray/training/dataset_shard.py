@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hetero_ray.errors import UserError
+from hetero_ray.metrics.records import RAY_DATA_SOURCE_PREFIX
 from hetero_ray.training.answers import answer
 from hetero_ray.training.loader_door import say_batch_size
 from hetero_ray.training.session import WorkerSession
@@ -120,7 +121,8 @@ class PlanFollowingShard:
             self._loader = make_loader(session, rows, num_workers=0, prefetch_factor=None, shuffle=False,
                                        drop_last=drop_last, collate_fn=self._collate, move_to_device=True,
                                        order_facts={"dataset": self._name, "local_shuffle_buffer_size": shuffle_block,
-                                                    "local_shuffle_seed": seed})
+                                                    "local_shuffle_seed": seed},
+                                       data_source=RAY_DATA_SOURCE_PREFIX + self._name)
             rows.epoch_of = lambda: self._loader.epoch
             self._order = order
         elif order != self._order:

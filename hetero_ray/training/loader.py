@@ -52,6 +52,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from hetero_ray.errors import UserError
+from hetero_ray.metrics.records import DATA_LOADER_SOURCE
 from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
@@ -86,10 +87,12 @@ class PlanFollowingLoader:
     def __init__(self, session: WorkerSession, dataset, *, collate_fn=None, num_workers: int = 0,
                  pin_memory: bool = False, prefetch_factor: Optional[int] = None, shuffle: bool = True,
                  drop_last: bool = False, move_to_device: bool = True, worker_init_fn=None,
-                 plan_lookahead_steps: Optional[int] = None, order_facts: Optional[dict] = None):
+                 plan_lookahead_steps: Optional[int] = None, order_facts: Optional[dict] = None,
+                 data_source: str = DATA_LOADER_SOURCE):
         settings = session.settings
         self._session = session
         self._order_facts = order_facts or {}  # what else the order depends on (a Ray Data feed's settings)
+        self.data_source = data_source  # each step row's data_source (metrics/records.py)
         self.sampler = _LoaderSampler(self, len(dataset), settings.global_batch_size, settings.seed, drop_last,
                                       shuffle)
         check_data_matches(session.restored, self.data_order())
@@ -223,7 +226,8 @@ class PlanFollowingLoader:
         session = self._session
         step.timeline.end()
         notes = session.current_step.end()
-        row = step_row(session.identity, step, notes, session.emulator.padded_s if session.emulator else 0.0)
+        row = step_row(session.identity, step, notes, session.emulator.padded_s if session.emulator else 0.0,
+                       self.data_source)
         row.update(self._resources.maybe_sample(step.position.global_step))
         self._gauges.update(row)
         session.recorder.record(row, self._sample_ids(step) if session.settings.record_sample_ids else None)

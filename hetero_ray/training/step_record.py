@@ -25,8 +25,10 @@ class HandedOutStep:
     probe_batch_size: int = 0  # a rank left out by the plan: the samples it timed (weight 0, no all-reduce)
 
 
-def step_row(identity: WorkerIdentity, step: HandedOutStep, notes: StepNotes, pad_time_s: float) -> dict:
-    """The step's row of the steps table; its timeline has ended (:meth:`StepTimeline.end`)."""
+def step_row(identity: WorkerIdentity, step: HandedOutStep, notes: StepNotes, pad_time_s: float,
+             data_source: str) -> dict:
+    """The step's row of the steps table; its timeline has ended (:meth:`StepTimeline.end`).
+    ``data_source``: where the rank's batches came from (the ``data_source`` column)."""
     position = step.position
     return {
         "epoch": position.epoch, "step": position.step, "global_step": position.global_step,
@@ -34,6 +36,7 @@ def step_row(identity: WorkerIdentity, step: HandedOutStep, notes: StepNotes, pa
         "local_batch_size": step.local_batch_size, "probe_batch_size": step.probe_batch_size,
         "global_batch_size": step.window_size,
         "plan_version": step.plan.version, "loss": notes.loss, "lr": notes.lr, "wall_time": time.time(),
+        "data_source": data_source,
         **step_durations(step.timeline, pad_time_s),
     }
 

@@ -1,0 +1,309 @@
+"""Feeding or training: whether a CPU-only rank helps more by leaving its node's CPUs to
+the Ray Data pipeline than by training, measured in the run itself.
+
+A run that reads a Ray Data ``"train"`` dataset runs its ``map_batches`` on the cluster's
+CPUs, the training ranks' nodes included. A CPU rank that trains uses its node's cores for
+its forward and backward passes; left out (``b_i = 0``, a one-sample probe a step with
+weight 0: training/loader.py) it leaves them to the pipeline, which may then feed the
+ranks in faster than the rank trained. Which is faster depends on the transform, the
+model and the machines, so it is measured, never assumed:
+
+1. a *training window*: the steps of a plan a decision has kept (settled), with every
+   candidate in — at least ``window_steps``, and as many more as it ran, up to
+   ``MAX_WINDOWS`` times that;
+2. a *feeding window*: the plan with the candidates left out (their shares go to the
+   other ranks in proportion to their shares: the policy's split of them, which it keeps
+   once the trial is over), at least ``window_steps`` steps, and longer while the verdict
+   is within the windows' noise either way (up to ``MAX_WINDOWS`` times as many): a
+   pipeline delivers in bursts, and a short window can miss or catch one;
+3. the faster one stays. Feeding wins when its rate beats training's by more than the
+   policies' threshold plus the windows' noise (below); training, when feeding falls
+   short of the threshold even one noise margin up. Where the longest windows still leave
+   the two within their noise, the measured rates decide against the threshold alone: no
+   more steps of the trial would tell them apart, and the one-time choice is the better
+   guess, said as such in its reason. Training keeps the shares it had.
+
+A window's rate is the global batch over rank 0's step period: ``p_k`` is the wall time
+between the ends of steps ``k−1`` and ``k`` on rank 0 (which is always in, so it waits for
+whatever the step waits for: the pipeline, the slowest rank, the all-reduce), over
+consecutive full steps of one plan and one epoch, after ``settle_steps`` steps of the plan
+(a switch copies rank 0's state to a rank brought back; the pipeline changes pace):
+
+    r = B / p̄                  p̄: the mean of the periods — every wait counts: the steps
+                                that stall for the pipeline are what feeding changes, so
+                                no period is rejected as an outlier (an evaluation between
+                                epochs is not in a period: periods end at an epoch's end)
+    se = sd(p) / (p̄ · √N)       the relative standard error of p̄ over N periods
+
+    g = r_feed / r_train − 1        noise = k · 2 · √(se_train² + se_feed²)
+
+    feeding, clearly:   g > threshold + noise        decided at once
+    training, clearly:  g + noise ≤ threshold        decided at once
+    neither:            the feeding window measures on; at its longest, g > threshold feeds
+
+``threshold`` and ``k`` are the policies' (``rebalance_threshold`` and ``noise_margin``,
+planning/policies.py): leaving ranks out must clear the bar any plan change clears, and two
+standard errors of the difference of the two means say when the windows already tell the
+two apart. So the verdict is always "feeding is faster by more than the threshold", on the
+longest windows the noise asks for.
+
+Candidates (:func:`feed_candidates`): beside GPU ranks, every CPU rank; on a cluster of CPU
+ranks alone, the ranks on nodes where rank 0 is not (a node of their own to give to the
+pipeline), or with ``same_node`` every rank but 0. Rank 0 is never one: it holds the run's
+state. The candidates are tried together, once per run; a decision to feed keeps them out
+for the rest of the run (the policy treats them as out: ``Policy.held_out``).
+
+Plain Python: the balancer (planning/balancer.py) runs the trial; nothing here knows Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from hetero_ray.planning.solver import proportional_split
+
+DEFAULT_WINDOW_STEPS = 20  # steps each window measures: a few hundred ms on a fast step, noise within a few %
+SETTLE_STEPS = 2  # steps of a new plan not measured: the switch and the pipeline's change of pace
+NOISE_SIGMAS = 2.0  # standard errors of the windows' difference a gain must clear (times noise_margin)
+MAX_WINDOWS = 4  # a window measures at most this many times window_steps (a verdict within the noise waits)
+
+WAITING, FEEDING, DONE = "waiting", "feeding", "done"
+
+
+def feed_candidates(node_ids: Sequence[str], device_kinds: Optional[Sequence[str]],
+                    same_node: bool = False) -> tuple[int, ...]:
+    """The ranks a feeding trial leaves out together (see the module); () when none.
+
+    Args:
+        node_ids: each rank's Ray node.
+        device_kinds: each rank's ``"gpu"`` or ``"cpu"`` (None: unknown, taken as CPUs).
+        same_node: on a cluster of CPU ranks alone, every rank but 0 (also on rank 0's node).
+    """
+    n = len(node_ids)
+    kinds = list(device_kinds) if device_kinds is not None and len(device_kinds) == n else ["cpu"] * n
+    if "gpu" in kinds:
+        return tuple(r for r in range(1, n) if kinds[r] == "cpu")
+    if same_node:
+        return tuple(range(1, n))
+    return tuple(r for r in range(1, n) if node_ids[r] != node_ids[0])
+
+
+def step_periods(steps: Sequence[tuple[int, int, float]], settle_steps: int = SETTLE_STEPS) -> list[float]:
+    """Rank 0's periods ``p_k`` over ``(global_step, epoch, wall_time)`` of one plan's full
+    steps: consecutive steps of one epoch, after the plan's first ``settle_steps`` steps."""
+    steps = sorted(steps)
+    if not steps:
+        return []
+    first = steps[0][0]
+    periods = []
+    for (step_a, epoch_a, wall_a), (step_b, epoch_b, wall_b) in zip(steps, steps[1:]):
+        if step_b == step_a + 1 and epoch_b == epoch_a and step_a >= first + settle_steps - 1 \
+                and math.isfinite(wall_b - wall_a) and wall_b > wall_a:
+            periods.append(wall_b - wall_a)
+    return periods
+
+
+@dataclass(frozen=True)
+class TrialWindow:
+    """One window's measured rate: ``samples_per_s = B / p̄`` over ``steps`` periods (the
+    plain mean: a step that waited for the pipeline counts in full)."""
+
+    samples_per_s: float
+    steps: int
+    rel_se: float  # of the mean period (0 with a single period: its noise is unknown)
+
+    @classmethod
+    def of(cls, periods_s: Sequence[float], global_batch_size: int) -> "TrialWindow":
+        mean_s = statistics.fmean(periods_s)
+        n = len(periods_s)
+        rel_se = statistics.stdev(periods_s) / (mean_s * math.sqrt(n)) if n > 1 and mean_s > 0 else 0.0
+        return cls(global_batch_size / mean_s, n, rel_se)
+
+    def to_dict(self) -> dict:
+        return {"samples_per_s": self.samples_per_s, "steps": self.steps, "rel_se": self.rel_se}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "TrialWindow":
+        return cls(float(state["samples_per_s"]), int(state["steps"]), float(state["rel_se"]))
+
+
+@dataclass(frozen=True)
+class FeedVerdict:
+    """The trial's outcome: ``feed`` when the candidates stay out for the pipeline."""
+
+    feed: bool
+    training: TrialWindow
+    feeding: TrialWindow
+    gain: float  # r_feed / r_train − 1
+    required_gain: float  # threshold + noise
+    reason: str
+
+
+def judge(ranks_words: str, training: TrialWindow, feeding: TrialWindow, threshold: float,
+          noise_margin: float = 1.0, plural: bool = False, final: bool = False) -> FeedVerdict:
+    """Feeding or training, from the two windows (the rule in the module docstring).
+    ``ranks_words``: how the reason names the candidates ("CPU-only rank 1"); ``plural``:
+    several of them; ``final``: the windows are as long as they get and the two are within
+    their noise, so the measured rates decide against the threshold alone."""
+    gain = feeding.samples_per_s / training.samples_per_s - 1.0
+    noise = noise_margin * NOISE_SIGMAS * math.hypot(training.rel_se, feeding.rel_se)
+    required = threshold if final else threshold + noise
+    feed = gain > required
+    steps = (f"{training.steps} steps each" if training.steps == feeding.steps
+             else f"{training.steps} and {feeding.steps} steps")
+    bar = f"feeding {gain:+.1%}; required {required:.1%} = threshold {threshold:.1%} + noise {noise:.1%}"
+    if final:
+        bar = (f"feeding {gain:+.1%}, within the windows' noise of {noise:.1%} after the longest windows: the "
+               f"measured rates decide, against the threshold {threshold:.1%}")
+    it = "them" if plural else "it"
+    if feed:
+        reason = (f"{ranks_words} {'feed' if plural else 'feeds'} the pipeline: {_rate(feeding)} samples/s with "
+                  f"{it} out vs {_rate(training)} with {it} training ({steps}; {bar})")
+    else:
+        reason = (f"{ranks_words} {'train' if plural else 'trains'}: {_rate(training)} samples/s with {it} "
+                  f"training vs {_rate(feeding)} with {it} out feeding the pipeline ({steps}; {bar})")
+    return FeedVerdict(feed, training, feeding, gain, required, reason)
+
+
+def shares_without(local_batch_sizes: Sequence[int], left_out: Sequence[int], min_local_batch_size: int = 1,
+                   caps: Optional[Sequence[Optional[int]]] = None) -> tuple[int, ...]:
+    """The shares with ``left_out`` at 0: their samples go to the other ranks in, in
+    proportion to the shares those have (the policy's split of them), within ``caps``.
+
+    Raises:
+        ValueError: no rank would be left in, or the caps cannot hold the global batch.
+    """
+    n = len(local_batch_sizes)
+    keep = [r for r in range(n) if r not in set(left_out) and local_batch_sizes[r] > 0]
+    if not keep:
+        raise ValueError("leaving them out leaves no rank in")
+    sizes = [0] * n
+    kept_caps = None if caps is None else [caps[r] for r in keep]
+    split = proportional_split(sum(local_batch_sizes), [local_batch_sizes[r] for r in keep], min_local_batch_size,
+                               kept_caps)
+    for r, b in zip(keep, split):
+        sizes[r] = int(b)
+    return tuple(sizes)
+
+
+def ranks_words(ranks: Sequence[int], device_kinds: Optional[Sequence[str]]) -> str:
+    """How a reason names the candidates: "CPU-only rank 1", "ranks 2, 3"."""
+    cpu = device_kinds is not None and all(device_kinds[r] == "cpu" for r in ranks)
+    ranks = list(ranks)
+    words = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(str(r) for r in ranks)}"
+    return ("CPU-only " if cpu else "") + words
+
+
+class FeedTrial:
+    """The trial's state, phase by phase (the balancer acts on it).
+
+    ``waiting``: for a plan the policy kept once, with every candidate in, and
+    ``window_steps`` periods of it; ``feeding``: the plan with them out runs (in place of
+    ``training_from_version``), measured once it has as many — from the steps of the worker
+    group that runs it, after a restart too; ``done``: ``verdict`` says which stayed (None:
+    the trial was abandoned, the candidates train).
+    """
+
+    def __init__(self, candidates: Sequence[int], words: str, window_steps: int = DEFAULT_WINDOW_STEPS,
+                 settle_steps: int = SETTLE_STEPS):
+        if not candidates:
+            raise ValueError("a feeding trial needs at least one candidate rank")
+        if 0 in candidates:
+            raise ValueError("rank 0 holds the run's state: it is never left out to feed")
+        if window_steps < 2:
+            raise ValueError(f"feed_trial_steps must be at least 2 (periods to compare), got {window_steps}")
+        self.candidates = tuple(int(r) for r in candidates)
+        self.words = words
+        self.window_steps = int(window_steps)
+        self.settle_steps = int(settle_steps)
+        self.phase = WAITING
+        self.training: Optional[TrialWindow] = None
+        self.training_sizes: Optional[tuple[int, ...]] = None
+        self.training_from_version: Optional[int] = None
+        self.verdict: Optional[FeedVerdict] = None
+
+    @property
+    def held_out(self) -> frozenset:
+        """The ranks the policy must keep out: the candidates once the trial chose feeding."""
+        return frozenset(self.candidates) if self.verdict is not None and self.verdict.feed else frozenset()
+
+    def all_in(self, local_batch_sizes: Sequence[int]) -> bool:
+        return all(local_batch_sizes[r] > 0 for r in self.candidates)
+
+    def all_out(self, local_batch_sizes: Sequence[int]) -> bool:
+        return all(local_batch_sizes[r] == 0 for r in self.candidates)
+
+    @property
+    def max_steps(self) -> int:
+        return MAX_WINDOWS * self.window_steps
+
+    def window(self, periods_s: Sequence[float], global_batch_size: int) -> Optional[TrialWindow]:
+        """The newest periods, at most :attr:`max_steps`, as a window (None: fewer than
+        ``window_steps`` were measured)."""
+        if len(periods_s) < self.window_steps:
+            return None
+        return TrialWindow.of(list(periods_s)[-self.max_steps:], global_batch_size)
+
+    def clear(self, feeding: TrialWindow, threshold: float, noise_margin: float) -> bool:
+        """Whether ``feeding`` settles the verdict against the training window: feeding
+        beats training beyond the bar, or falls short of the threshold even one noise
+        margin up, or the feeding window is as long as it gets."""
+        verdict = judge(self.words, self.training, feeding, threshold, noise_margin)
+        noise = verdict.required_gain - threshold
+        return verdict.feed or verdict.gain + noise <= threshold or feeding.steps >= self.max_steps
+
+    def start(self, training: TrialWindow, local_batch_sizes: Sequence[int], version: int) -> None:
+        self.training, self.training_sizes = training, tuple(int(b) for b in local_batch_sizes)
+        self.phase, self.training_from_version = FEEDING, int(version)
+
+    def conclude(self, feeding: TrialWindow, threshold: float, noise_margin: float) -> FeedVerdict:
+        """The verdict on a feeding window :meth:`clear` settled: by the noise rule, or, at
+        the longest windows with the two still within their noise, by the measured rates."""
+        plural = len(self.candidates) > 1
+        verdict = judge(self.words, self.training, feeding, threshold, noise_margin, plural)
+        noise = verdict.required_gain - threshold
+        if not verdict.feed and verdict.gain + noise > threshold:  # neither clear: the windows are all there is
+            verdict = judge(self.words, self.training, feeding, threshold, noise_margin, plural, final=True)
+        self.verdict, self.phase = verdict, DONE
+        return verdict
+
+    def abandon(self) -> None:
+        self.phase = DONE
+
+    # -- state (the planner's restart keeps it: planning/planner.py)
+    def state_dict(self) -> dict:
+        v = self.verdict
+        return {
+            "candidates": list(self.candidates), "words": self.words, "window_steps": self.window_steps,
+            "settle_steps": self.settle_steps, "phase": self.phase,
+            "training": None if self.training is None else self.training.to_dict(),
+            "training_sizes": None if self.training_sizes is None else list(self.training_sizes),
+            "training_from_version": self.training_from_version,
+            "verdict": None if v is None else {"feed": v.feed, "training": v.training.to_dict(),
+                                               "feeding": v.feeding.to_dict(), "gain": v.gain,
+                                               "required_gain": v.required_gain, "reason": v.reason},
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "FeedTrial":
+        trial = cls(state["candidates"], str(state["words"]), int(state["window_steps"]), int(state["settle_steps"]))
+        if state["phase"] not in (WAITING, FEEDING, DONE):
+            raise ValueError(f"feeding trial phase {state['phase']!r}")
+        trial.phase = state["phase"]
+        trial.training = None if state.get("training") is None else TrialWindow.from_dict(state["training"])
+        sizes = state.get("training_sizes")
+        trial.training_sizes = None if sizes is None else tuple(int(b) for b in sizes)
+        version = state.get("training_from_version")
+        trial.training_from_version = None if version is None else int(version)
+        v = state.get("verdict")
+        trial.verdict = None if v is None else FeedVerdict(
+            bool(v["feed"]), TrialWindow.from_dict(v["training"]), TrialWindow.from_dict(v["feeding"]),
+            float(v["gain"]), float(v["required_gain"]), str(v["reason"]))
+        return trial
+
+
+def _rate(window: TrialWindow) -> str:
+    return f"{window.samples_per_s:,.0f}"
