@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import STEP_COLUMNS
+from hetero_ray.metrics.records import DATA_LOADER_SOURCE, STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.profiling.capability import CpuInfo, DeviceCapability, NodeCapability
 
@@ -36,7 +36,8 @@ def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_ste
         for rank, (b, t) in enumerate(zip(batches, busy)):
             row = {c: np.nan for c in STEP_COLUMNS}
             row.update(epoch=g // 10, step=g % 10, global_step=g, rank=rank, node_id=f"node-{rank}", attempt=attempt,
-                       local_batch_size=b, global_batch_size=sum(batches), plan_version=0, data_time_s=0.001,
+                       local_batch_size=b, global_batch_size=sum(batches), plan_version=0,
+                       data_source=DATA_LOADER_SOURCE, data_time_s=0.001,
                        forward_time_s=t / 3, backward_time_s=t * 2 / 3 - 0.001, pad_time_s=0.0,
                        optimizer_time_s=0.002, busy_time_s=t, wait_time_s=step_time - t - 0.002,
                        step_time_s=step_time, loss=2.0 - g * 0.01, lr=0.1,
