@@ -23,3 +23,21 @@ def test_a_recipe_with_its_own_cpu_generator_is_made_on_the_host():
 def test_a_plain_recipe_is_made_on_the_device():
     batch = batch_on_device(lambda b: torch.zeros(b, 2), 4, torch.device("meta"))
     assert batch.device.type == "meta"
+
+
+def test_an_allocation_failure_is_the_memory_searchs_answer_not_retried_on_the_host():
+    from hetero_ray.profiling.model_probe import OOM_MESSAGES
+
+    calls = []
+
+    def fails_to_allocate(batch_size):
+        calls.append(batch_size)
+        raise RuntimeError(f"{OOM_MESSAGES[0]} while making the batch")
+
+    try:
+        batch_on_device(fails_to_allocate, 4, torch.device("meta"))
+    except RuntimeError as e:
+        assert OOM_MESSAGES[0] in str(e)
+    else:
+        raise AssertionError("the allocation failure was swallowed")
+    assert calls == [4]

@@ -441,9 +441,13 @@ def _allocation_failures_as_oom():
     try:
         yield
     except RuntimeError as e:
-        if isinstance(e, torch.cuda.OutOfMemoryError) or not any(marker in str(e) for marker in OOM_MESSAGES):
+        if isinstance(e, torch.cuda.OutOfMemoryError) or not _allocation_failure(e):
             raise
         raise torch.cuda.OutOfMemoryError(str(e)) from None
+
+
+def _allocation_failure(error: RuntimeError) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or any(marker in str(error) for marker in OOM_MESSAGES)
 
 
 class _GpuProbeRunner:
@@ -481,7 +485,7 @@ def batch_on_device(make_batch, batch_size: int, device: torch.device):
     try:
         with device:
             return make_batch(batch_size)
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except RuntimeError:
+    except RuntimeError as e:
+        if _allocation_failure(e):  # the memory search's answer, not a recipe made for the host
+            raise
         return make_batch(batch_size)

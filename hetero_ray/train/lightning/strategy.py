@@ -74,7 +74,7 @@ class HeteroDDPStrategy(DDPStrategy):
         if "16-mixed" not in {k for k, _ in kinds} or mine == "16-mixed":
             return
         if mine != "bf16-mixed" or self.root_device.type != "cpu":
-            raise UserError(f"Trainer(precision=...): the ranks run different precisions ({sorted(set(kinds))}); "
+            raise UserError(f"Trainer(precision=...): the ranks run different precisions ({sorted(set(kinds), key=str)}); "
                             "give every rank the same one, e.g. '16-mixed', 'bf16-mixed' or '32-true'")
         self.precision_plugin = MixedPrecision("16-mixed", "cpu")
 
