@@ -190,7 +190,7 @@ class HeteroTrainer:
         return self._hetero.label_selectors() or getattr(self._scaling, "label_selector", None) or None
 
     def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
-        from ray.train.torch import TorchTrainer
+        from hetero_ray.runtime.torch_trainer import LeanTorchTrainer
 
         hetero = self._hetero
         # Waiting for room must end: Ray Train gives up starting a group after this long. An
@@ -229,7 +229,7 @@ class HeteroTrainer:
         scaling = self._scaling
         if hetero.worker_devices is not None:
             scaling = dataclasses.replace(scaling, label_selector=hetero.label_selectors())
-        return TorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
+        return LeanTorchTrainer(call_for(self._loop, settings.to_dict()), train_loop_config=self._loop_config,
                             torch_config=self._torch_config, scaling_config=scaling, run_config=run_config,
                             datasets=self._datasets.evaluation or None, dataset_config=self._datasets.data_config())
 
