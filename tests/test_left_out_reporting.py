@@ -32,6 +32,18 @@ def test_the_summary_says_which_ranks_the_final_plan_leaves_out():
     assert "leaves" not in run_summary_text({**summary, "left_out_ranks": []})
 
 
+def test_the_summary_shows_the_plans_beside_the_split_of_the_emulated_speeds():
+    """What `make demo` prints, so a reader can check the plan against the speeds asked for."""
+    summary = {"experiment_name": "x", "status": "finished", "wall_time_s": 1.0, "model": "m", "dataset": "d",
+               "global_batch_size": 96, "num_workers": 4, "policy": "optimal", "global_steps": 10, "samples": 960,
+               "steady_samples_per_s": 100.0, "plan_changes": 2, "restarts": 0, "run_dir": "/tmp/runs/x",
+               "first_plan": [24, 24, 24, 24], "final_plan": [37, 36, 16, 7], "emulate_speeds": [1, 1, 0.5, 0.25]}
+    text = run_summary_text(summary)
+    assert "plans: first 24/24/24/24, final 37/36/16/7; by the emulated speeds alone 35/35/17/9" in text
+    assert "by the emulated speeds" not in run_summary_text({**summary, "emulate_speeds": None})
+    assert "plans:" not in run_summary_text({**summary, "first_plan": None})
+
+
 def test_the_decisions_table_has_a_left_out_column():
     table = frames.decisions_frame(pd.DataFrame({
         "global_step": [10, 20], "policy": ["optimal"] * 2, "adopted": [True, True], "reason": ["a", "b"],

@@ -65,6 +65,8 @@ def build_summary(steps: pd.DataFrame, epochs: pd.DataFrame, plans: pd.DataFrame
         "attempts": len(attempts),
         "restarts": max(0, len(attempts) - 1),
         "plan_changes": max(0, int(plans["plan_version"].nunique()) - 1) if not plans.empty else 0,
+        "first_plan": [int(b) for b in plans.sort_values("first_global_step")["local_batch_sizes"].iloc[0]]
+        if not plans.empty else None,
         "final_plan": [int(b) for b in plans.sort_values("first_global_step")["local_batch_sizes"].iloc[-1]]
         if not plans.empty else None,
         # ranks the final plan leaves out (b_i = 0): they train nothing and skip the all-reduce

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from hetero_ray.formatting import format_table
+from hetero_ray.planning.plan import largest_remainder
 
 
 def run_summary_text(summary: dict[str, Any]) -> str:
@@ -20,6 +21,9 @@ def run_summary_text(summary: dict[str, Any]) -> str:
         + (f"; the final plan leaves rank(s) {', '.join(map(str, summary['left_out_ranks']))} out (no samples, "
            "no all-reduce)" if summary.get("left_out_ranks") else ""),
     ]
+    plans = _plans_beside_the_speeds(summary)
+    if plans:
+        lines.append(plans)
     if summary.get("final_eval_metric") is not None:
         lines.append(f"final train loss {summary['final_train_loss']:.4f}, "
                      f"eval {summary['eval_metric_name']} {summary['final_eval_metric']:.4f}")
@@ -46,6 +50,24 @@ def run_summary_text(summary: dict[str, Any]) -> str:
     if summary.get("error"):
         lines.append(f"error: {summary['error']}")
     return "\n".join(lines)
+
+
+def _plans_beside_the_speeds(summary: dict[str, Any]) -> str:
+    """The first and final plans beside the split the emulated speeds alone would give,
+    so a reader can check the plan against the speeds they asked for."""
+    first, final, speeds = summary.get("first_plan"), summary.get("final_plan"), summary.get("emulate_speeds")
+    if not first or not final:
+        return ""
+    text = f"plans: first {_shares(first)}, final {_shares(final)}"
+    if speeds and len(speeds) == len(final):
+        ideal = largest_remainder([float(s) for s in speeds], int(sum(final)))
+        text += (f"; by the emulated speeds alone {_shares(ideal)} (the planner also weighs each step's fixed cost "
+                 "and the all-reduce, and leaves out a rank that costs more than it adds)")
+    return text
+
+
+def _shares(sizes) -> str:
+    return "/".join(str(int(b)) for b in sizes)
 
 
 def print_run_summary(summary: dict[str, Any]) -> None:
