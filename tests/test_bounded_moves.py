@@ -133,21 +133,22 @@ def test_the_worst_allowed_speed_at_a_cap_keeps_the_step_within_the_bound():
 
 
 def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed: int = 0,
-         cooldown_steps: int = 0) -> dict:
+         cooldown_steps: int = 0, readings=None) -> dict:
     """Drives a balancer the way workers do: a step's records arrive as it ends; a proposal
     is in force from the next rebalance point (a multiple of ``interval``), the newest one
     when several came. ``busy_fn(step, sizes, cpu_s)`` turns each rank's noisy CPU time
-    (``cpu_s``, from ``sizes``) into its busy time."""
+    (``cpu_s``, from ``sizes``) into its busy time; ``readings(sizes, busy, step_s,
+    plan_first_step)``, if given, adds each rank's CPU reading (cpu_util...) to its row."""
     n = len(sizes)
     balancer = Balancer(make_policy("optimal", PolicyConfig(cooldown_steps=cooldown_steps)),
                         rebalance_interval=interval, global_batch_size=sum(sizes))
     balancer.begin_attempt(attempt=0, num_workers=n, start_global_step=0)
     rng = np.random.default_rng(seed)
-    sizes, version, next_version, pending = tuple(sizes), 0, 1, None
+    sizes, version, next_version, pending, plan_first_step = tuple(sizes), 0, 1, None, 0
     clock, step_times, in_force, rows_out, proposed_at = 0.0, [], [], [], []
     for step in range(steps):
         if step % interval == 0 and pending is not None:  # the workers switch at rebalance points only
-            sizes, version, pending = pending.local_batch_sizes, pending.version, None
+            sizes, version, pending, plan_first_step = pending.local_batch_sizes, pending.version, None, step
         noise_factors = np.maximum(0.5, 1.0 + noise * rng.standard_normal(n))
         busy = busy_fn(step, sizes, noise_factors)
         step_s = float(max(busy))
@@ -155,6 +156,9 @@ def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed
         rows = [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
                  "step_time_s": step_s, "wall_time": clock, "plan_version": version, "attempt": 0}
                 for r, (b, t) in enumerate(zip(sizes, busy))]
+        if readings is not None:
+            for row, reading in zip(rows, readings(sizes, busy, step_s, plan_first_step)):
+                row.update(reading or {})
         out = balancer.add_steps(rows, now=clock)
         rows_out += out.decision_rows
         for proposal in out.new_plans:
@@ -237,6 +241,35 @@ def test_a_cold_start_on_the_quota_testbed_reaches_the_best_split_in_two_moves(s
     base_s = float(np.median(still["step_times_s"]))
     assert float(np.median(run["step_times_s"][40:60])) <= 1.05 * base_s, run["rows"]
     assert all(p.local_batch_sizes[0] < 96 for s, p in run["proposed_at"] if s > 40), run["proposed_at"]
+
+
+def _quota_readings(sizes, busy, step_s, plan_first_step):
+    """Rank 0's node reports its ⅓-core quota and the cores rank 0 used over the plan's steps."""
+    used = min(QUOTA_CORES, CPU_PER_SAMPLE_S[0] * sizes[0] / step_s)
+    return [{"cpu_util": 100.0 * used, "cpu_util_from_step": plan_first_step, "cpu_quota_cores": QUOTA_CORES,
+             "node_id": "capped"}, {"node_id": "free"}]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_cold_start_whose_quota_caps_the_slow_rank_still_moves(seed):
+    """With the quota's CPU readings, the slow rank's cap at the step a move predicts is far
+    below its equal share, while the fast rank may grow by a bounded move only: together
+    they held no split of the batch, and the run kept 128/128 for all its steps (on the real
+    testbed at 0.43 of the profiled run's throughput). The bounds yield instead: the run
+    moves, and beats never moving by more than half."""
+    run = _run(_quota_busy, (128, 128), steps=120, interval=20, seed=seed, readings=_quota_readings)
+    still = _run(_quota_busy, (128, 128), steps=120, interval=10 ** 6, seed=seed)
+    assert run["proposed_at"] and all(p.local_batch_sizes[0] < 128 for _, p in run["proposed_at"][:1]), run["rows"]
+    assert not any("no feasible split" in str(r.get("reason")) for r in run["rows"]), run["rows"]
+    assert run["samples_per_s"] >= 1.5 * still["samples_per_s"], (run["samples_per_s"], still["samples_per_s"])
+
+
+def test_move_bounds_yield_by_the_least_factor_that_holds_the_batch():
+    assert moves.lift_to_hold([160, None], [None, None], 256) == ([160, None], 1.0)  # rank 1 has no cap at all
+    caps, factor = moves.lift_to_hold([160, 128], [None, 52], 256)
+    assert caps[1] >= 128 and caps[0] + 52 >= 256 and caps[0] <= 205, (caps, factor)
+    assert moves.lift_to_hold([160, 128], [100, 52], 256) == ([160, 128], 1.0)  # the hard caps alone cannot
+    assert moves.lift_to_hold([160, 128], [None, None], 256) == ([160, 128], 1.0)  # held already
 
 
 def test_a_move_that_held_goes_further_at_the_next_decision():

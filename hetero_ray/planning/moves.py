@@ -31,7 +31,9 @@ the policy's gain threshold. A move that gives a rank more than its known share 
 interval, and a trial that made the step slower is rolled back at once (in force from the
 next rebalance point: the workers switch plans only there). A trial that held is measured
 at its new shares, so the next decision may go further. Ranks never measured in this group
-get no cap. Pure: rows in, caps out.
+get no cap. The bounds yield where they alone would keep the global batch from fitting
+(:func:`lift_to_hold`): a quota that forces a slow rank down leaves its samples nowhere
+else to go, and the plan in force is then the one known to be bad. Pure: rows in, caps out.
 """
 
 from __future__ import annotations
@@ -148,3 +150,35 @@ class MeasuredShares:
         if not parts:
             return ""
         return "bounded move: " + ", ".join(parts[:8]) + (f" … (+{len(parts) - 8})" if len(parts) > 8 else "")
+
+
+def lift_to_hold(move_caps: Sequence[Optional[int]], hard_caps: Sequence[Optional[int]],
+                 total: int) -> tuple[list[Optional[int]], float]:
+    """The move caps raised by the least common factor that lets the ranks hold ``total``
+    samples within them and the hard caps (memory, rollbacks, CPU quotas; None: no cap), and
+    that factor (1.0: they held it already, or the hard caps alone cannot). A bound on a
+    move must not keep a plan the hard caps rule out, such as equal shares where a quota
+    caps the slow rank far below its share."""
+    combined = [_tighter(m, h) for m, h in zip(move_caps, hard_caps)]
+    if total <= 0 or any(c is None for c in combined) or sum(combined) >= total:
+        return list(move_caps), 1.0
+
+    def held(factor: float) -> list[Optional[int]]:
+        return [None if m is None else max(m, math.floor(m * factor)) for m in move_caps]
+
+    def fits(caps: list[Optional[int]]) -> bool:
+        tight = [_tighter(m, h) for m, h in zip(caps, hard_caps)]
+        return any(c is None for c in tight) or sum(tight) >= total
+
+    high = float(total)  # every capped rank at ≥ total: fits unless the hard caps alone cannot
+    if not fits(held(high)):
+        return list(move_caps), 1.0
+    low = 1.0
+    for _ in range(40):  # the least factor, to within 2**-40 of the range
+        middle = (low + high) / 2
+        low, high = (low, middle) if fits(held(middle)) else (middle, high)
+    return held(high), high
+
+
+def _tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return b if a is None else a if b is None else min(a, b)
