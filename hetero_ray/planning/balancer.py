@@ -471,8 +471,7 @@ class Balancer:
         row = self._trial_row(global_step, True, reason, current.version, sizes)
         row["plan_version"] = None  # the planner's to give (Proposal.numbered)
         row["samples_per_s_training"] = training.samples_per_s
-        probes = tuple(1 if b == 0 else 0 for b in sizes)  # one sample a step: the cores go to the pipeline
-        out.new_plans.append(Proposal(sizes, reason, row, probes))
+        out.new_plans.append(Proposal(sizes, reason, row, _one_sample_probes(sizes)))
         out.decision_rows.append(row)
         self._waiting_since_version, self._in_force = current.version, None
         return True
@@ -501,7 +500,7 @@ class Balancer:
             row = self._trial_row(global_step, True, verdict.reason, current.version, restored)
             row["plan_version"] = None  # the planner's to give (Proposal.numbered)
             out.new_plans.append(Proposal(restored, verdict.reason, row,
-                                          tuple(1 if b == 0 else 0 for b in restored) if 0 in restored else ()))
+                                          _one_sample_probes(restored) if 0 in restored else ()))
             self._waiting_since_version = current.version
         row["samples_per_s_training"] = verdict.training.samples_per_s
         row["samples_per_s_feeding"] = verdict.feeding.samples_per_s
@@ -511,13 +510,24 @@ class Balancer:
     def _trial_row(self, global_step: int, adopted: bool, reason: str, version: int, sizes) -> dict:
         """A decision row of the trial (``sizes``: the plan it proposes or keeps): measured
         rates, no prediction."""
-        return {"global_step": int(global_step), "policy": self.policy.name, "adopted": adopted, "reason": reason,
-                "plan_version": int(version), "local_batch_sizes": [int(b) for b in sizes],
-                "predicted_step_time_s": None, "current_predicted_step_time_s": None, "predicted_gain": None,
-                "achieved_step_time_s": None, "wall_time": time.time(),
-                "left_out_ranks": [r for r, b in enumerate(sizes) if b == 0], "all_ranks_predicted_step_time_s": None,
-                "rest_of_step_s": self._rest_of_step_s(version),
-                "feeding_ranks": [], "samples_per_s_training": None, "samples_per_s_feeding": None}
+        return self._row(global_step, adopted, reason, version, sizes, rest_of=version)
+
+    def _row(self, global_step: int, adopted: bool, reason: str, version: Optional[int], sizes, *,
+             rest_of: int, **measured) -> dict:
+        """A decision row made here rather than by the policy (trials, rollbacks): every
+        column of the policy's rows, ``measured`` filling those it has."""
+        row = {"global_step": int(global_step), "policy": self.policy.name, "adopted": adopted, "reason": reason,
+               "plan_version": None if version is None else int(version),
+               "local_batch_sizes": [int(b) for b in sizes],
+               "predicted_step_time_s": None, "current_predicted_step_time_s": None, "predicted_gain": None,
+               "achieved_step_time_s": None, "wall_time": time.time(),
+               "left_out_ranks": [r for r, b in enumerate(sizes) if b == 0],
+               "all_ranks_predicted_step_time_s": None,
+               # what the plan's own steps took beyond max t_i + c, as every decision row carries
+               "rest_of_step_s": self._rest_of_step_s(rest_of),
+               "feeding_ranks": [], "samples_per_s_training": None, "samples_per_s_feeding": None}
+        row.update(measured)
+        return row
 
     def _newest_full_step(self, newest_complete: int) -> Optional[int]:
         """The newest complete step up to ``newest_complete`` that ran the whole plan. An
@@ -698,16 +708,11 @@ class Balancer:
             if after > before:  # its line was trusted too far: half the way at most next time, or no further
                 cap = before if cliff else before + (after - before) // 2
                 self._learned_caps[rank] = _tighter(self._learned_caps[rank], cap)
-        rollback_row = {
-            "global_step": int(global_step), "policy": self.policy.name, "adopted": True, "reason": reason,
-            "plan_version": None, "local_batch_sizes": [int(b) for b in predecessor.local_batch_sizes],
-            "predicted_step_time_s": before_s, "current_predicted_step_time_s": achieved_s,
-            "predicted_gain": (achieved_s - before_s) / achieved_s,
-            "achieved_step_time_s": None, "wall_time": time.time(),
-            # what the restored plan's own steps took beyond max t_i + c, as every decision row
-            # carries: its prediction (its measured step) plus this is the step it will take
-            "rest_of_step_s": self._rest_of_step_s(predecessor.version),
-        }
+        # its prediction (the restored plan's measured step) plus its rest of step is the step it will take
+        rollback_row = self._row(global_step, True, reason, None, predecessor.local_batch_sizes,
+                                 rest_of=predecessor.version, predicted_step_time_s=before_s,
+                                 current_predicted_step_time_s=achieved_s,
+                                 predicted_gain=(achieved_s - before_s) / achieved_s)
         out.new_plans.append(Proposal(predecessor.local_batch_sizes, reason, rollback_row,
                                       self.policy.probes_of(predecessor.local_batch_sizes,
                                                             self.estimates.estimates(global_step), before_s)))
@@ -791,6 +796,11 @@ def outside_slowdown(sizes_before, sizes_now, busy_before_s, busy_now_s, margin:
     the old shares would be no faster. Ranks whose busy time is unknown (NaN) say nothing."""
     return any(now <= before and t_now > t_before * (1 + margin)
                for before, now, t_before, t_now in zip(sizes_before, sizes_now, busy_before_s, busy_now_s))
+
+
+def _one_sample_probes(sizes) -> tuple[int, ...]:
+    """One sample a step for each rank left out: its cores go to the pipeline, not to probes."""
+    return tuple(1 if b == 0 else 0 for b in sizes)
 
 
 def _tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:
