@@ -111,34 +111,6 @@ def test_sigkill_in_a_user_loop_resumes_at_the_exact_step(ray_session, tmp_path)
     _assert_exactly_once(run_dir)
 
 
-def test_uri_storage_keeps_checkpoints_there_and_copies_the_tables(ray_session, tmp_path):
-    """A file:// URI takes the path every pyarrow.fs URI (s3://, gs://) takes: Ray Train
-    checkpoints to the URI, the tables are written locally and copied there at the end;
-    the Ray Train run is named after the experiment. The run's TorchConfig (not Ray
-    Train's default way of meeting, init_method="env") sets up the workers' group."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig
-
-    remote, local = tmp_path / "bucket", tmp_path / "local"
-    trainer = HeteroTrainer(
-        api_jobs.batchnorm_loop, train_loop_config={"num_samples": 64, "epochs": 1, "loader_workers": 0},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="api-uri", storage_path=f"file://{remote}"),
-        hetero_config=HeteroConfig(global_batch_size=16, policy="static", output_dir=str(local)),
-        torch_config=TorchConfig(backend="gloo", init_method="tcp"),
-    )
-    result = trainer.fit()
-
-    assert result.metrics["process_group"] == "gloo via tcp"
-    assert result.path.rstrip("/").endswith("bucket/api-uri")
-    assert result.checkpoint.path.startswith(str(remote / "api-uri" / "checkpoint_"))
-    for name in ("steps.parquet", "plans.parquet", "summary.json"):
-        assert (remote / "api-uri" / name).exists(), name
-        assert (local / "api-uri" / name).exists(), name
-    steps = pd.read_parquet(remote / "api-uri" / "steps.parquet")
-    assert steps["global_step"].nunique() == 4
-
-
 def test_nodes_are_profiled_with_the_users_model_beside_the_workers_start(ray_session, tmp_path):
     """Profiling runs while the worker group starts, and the first plan waits for the
     profiles instead of going without. The recipe's build waits for the workers' start (their
@@ -272,11 +244,18 @@ def _steps_held(folder) -> dict[str, list[int]]:
 def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_crash(ray_session, tmp_path):
     """The tables follow each checkpoint to the URI: a driver SIGKILLed mid-run, then fit()
     under the same name on another machine (another output_dir), ends with every step of
-    the run once in the URI's tables — not just the steps after the resume."""
+    the run once in the URI's tables — not just the steps after the resume.
+
+    A file:// URI takes the path every pyarrow.fs URI (s3://, gs://) takes: Ray Train
+    checkpoints to the URI, the tables are written locally and copied there; the Ray Train
+    run is named after the experiment. The resumed run's TorchConfig (not Ray Train's
+    default way of meeting, init_method="env") sets up the workers' group."""
     import signal
     import subprocess
     import sys
     import time
+
+    from ray.train.torch import TorchConfig
 
     from tests import uri_driver
 
@@ -306,7 +285,15 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
     at_the_uri = _steps_held(run_remote)
     checkpoints = sorted(p.name for p in run_remote.glob("checkpoint_*"))
 
-    uri_driver.trainer(uri, str(tmp_path / "elsewhere")).fit()
+    result = uri_driver.trainer(uri, str(tmp_path / "elsewhere"),
+                                torch_config=TorchConfig(backend="gloo", init_method="tcp")).fit()
+
+    assert result.metrics["process_group"] == "gloo via tcp"
+    assert result.path.rstrip("/").endswith(f"bucket/{uri_driver.NAME}")
+    assert result.checkpoint.path.startswith(str(run_remote / "checkpoint_"))
+    for name in ("steps.parquet", "plans.parquet", "summary.json"):
+        assert (run_remote / name).exists(), name
+        assert (tmp_path / "elsewhere" / uri_driver.NAME / name).exists(), name
 
     steps = pd.read_parquet(run_remote / "steps.parquet")
     total = uri_driver.EPOCHS * uri_driver.NUM_SAMPLES // uri_driver.BATCH

@@ -19,12 +19,13 @@ NUM_SAMPLES, BATCH, EPOCHS = 160, 16, 2  # 20 global steps
 LOOP_CONFIG = {"num_samples": NUM_SAMPLES, "epochs": EPOCHS, "loader_workers": 0, "checkpoint_every": 2}
 
 
-def trainer(storage_uri: str, output_dir: str, speeds=None) -> HeteroTrainer:
+def trainer(storage_uri: str, output_dir: str, speeds=None, torch_config=None) -> HeteroTrainer:
     return HeteroTrainer(
         api_jobs.batchnorm_loop, train_loop_config=LOOP_CONFIG, scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name=NAME, storage_path=storage_uri),
         hetero_config=HeteroConfig(global_batch_size=BATCH, policy="static", output_dir=output_dir,
                                    emulate_speeds=speeds, record_sample_ids=True),
+        torch_config=torch_config,
     )
 
 
