@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-node", action="store_true",
                         help="with --nodes: label the first node a GPU machine and the others CPU-only, and place "
                              "hetero_ray's workers by those labels (no GPU needed)")
+    parser.add_argument("--json", help="also write the rounds and medians to this file")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.num_workers < 1 or args.nodes < 1:
         parser.error("--rounds, --num-workers and --nodes must be ≥ 1")
@@ -230,6 +231,12 @@ def _rounds(args, address: str | None) -> int:
           f"hetero-ray train median {hetero_median:.1f} s (÷ {hetero_median / plain_median:.2f}, "
           f"{hetero_median - plain_median:+.1f} s; target ≤ +3 s); "
           f"hetero − plain per round {', '.join(f'{g:+.1f}' for g in gaps)} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"num_workers": args.num_workers, "where": where, "plain_s": plain_s,
+                       "hetero_s": [h["first_step_s"] for h in hetero_runs], "gaps_s": gaps,
+                       "plain_median_s": plain_median, "hetero_median_s": hetero_median,
+                       "gap_of_medians_s": hetero_median - plain_median}, f, indent=1)
     return 0
 
 
