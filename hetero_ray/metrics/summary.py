@@ -56,6 +56,8 @@ def rank_summaries(steps: pd.DataFrame, last_steps: int = 50) -> list[dict[str, 
 def build_summary(steps: pd.DataFrame, epochs: pd.DataFrame, plans: pd.DataFrame,
                   attempts: list[dict], base: dict[str, Any]) -> dict[str, Any]:
     table = per_step(steps)
+    shares = [] if plans.empty else [[int(b) for b in sizes] for sizes in
+                                     plans.sort_values("first_global_step")["local_batch_sizes"]]
     summary = dict(base)
     summary.update({
         "global_steps": int(len(table)),
@@ -65,13 +67,10 @@ def build_summary(steps: pd.DataFrame, epochs: pd.DataFrame, plans: pd.DataFrame
         "attempts": len(attempts),
         "restarts": max(0, len(attempts) - 1),
         "plan_changes": max(0, int(plans["plan_version"].nunique()) - 1) if not plans.empty else 0,
-        "first_plan": [int(b) for b in plans.sort_values("first_global_step")["local_batch_sizes"].iloc[0]]
-        if not plans.empty else None,
-        "final_plan": [int(b) for b in plans.sort_values("first_global_step")["local_batch_sizes"].iloc[-1]]
-        if not plans.empty else None,
+        "first_plan": shares[0] if shares else None,
+        "final_plan": shares[-1] if shares else None,
         # ranks the final plan leaves out (b_i = 0): they train nothing and skip the all-reduce
-        "left_out_ranks": [r for r, b in enumerate(plans.sort_values("first_global_step")["local_batch_sizes"].iloc[-1])
-                           if int(b) == 0] if not plans.empty else [],
+        "left_out_ranks": [r for r, b in enumerate(shares[-1]) if b == 0] if shares else [],
         "ranks": rank_summaries(steps),
     })
     if not epochs.empty:

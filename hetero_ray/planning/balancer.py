@@ -103,7 +103,7 @@ from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates
 from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial, shares_without, step_periods
-from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares, lift_to_hold
+from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares, lift_to_hold, tighter
 from hetero_ray.planning.policies import Decision, Policy
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.quota import QuotaCaps
@@ -582,7 +582,7 @@ class Balancer:
     def _moves_that_hold(self, move_caps: list[Optional[int]], quota_caps: list[Optional[int]]) -> list[Optional[int]]:
         """The bounds on a move, lifted where with the hard caps they would hold no split of
         the global batch (planning/moves.py: lift_to_hold)."""
-        hard = [_tighter(_tighter(m, learned), q) for m, learned, q in
+        hard = [tighter(tighter(m, learned), q) for m, learned, q in
                 zip(self.policy.caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
         return lift_to_hold(move_caps, hard, self._trial_batch())[0]
 
@@ -590,10 +590,10 @@ class Balancer:
                        *cap_lists: list[Optional[int]]) -> Decision:
         memory_caps = self.policy.caps
         if any(c is not None for c in (*self._learned_caps, *(c for caps in cap_lists for c in caps))):
-            caps = [_tighter(m, learned) for m, learned in
+            caps = [tighter(m, learned) for m, learned in
                     zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
             for more in cap_lists:
-                caps = [_tighter(c, other) for c, other in zip(caps, more)]
+                caps = [tighter(c, other) for c, other in zip(caps, more)]
             self.policy.caps = caps
         self.policy.held_out = self.feed_trial.held_out if self.feed_trial is not None else frozenset()
         try:
@@ -707,7 +707,7 @@ class Balancer:
         for rank, (before, after) in enumerate(zip(predecessor.local_batch_sizes, worse.local_batch_sizes)):
             if after > before:  # its line was trusted too far: half the way at most next time, or no further
                 cap = before if cliff else before + (after - before) // 2
-                self._learned_caps[rank] = _tighter(self._learned_caps[rank], cap)
+                self._learned_caps[rank] = tighter(self._learned_caps[rank], cap)
         # its prediction (the restored plan's measured step) plus its rest of step is the step it will take
         rollback_row = self._row(global_step, True, reason, None, predecessor.local_batch_sizes,
                                  rest_of=predecessor.version, predicted_step_time_s=before_s,
@@ -803,6 +803,3 @@ def _one_sample_probes(sizes) -> tuple[int, ...]:
     return tuple(1 if b == 0 else 0 for b in sizes)
 
 
-def _tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:
-    """The smaller of two caps; None is no cap."""
-    return b if a is None else a if b is None else min(a, b)

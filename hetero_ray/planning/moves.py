@@ -159,17 +159,15 @@ def lift_to_hold(move_caps: Sequence[Optional[int]], hard_caps: Sequence[Optiona
     that factor (1.0: they held it already, or the hard caps alone cannot). A bound on a
     move must not keep a plan the hard caps rule out, such as equal shares where a quota
     caps the slow rank far below its share."""
-    combined = [_tighter(m, h) for m, h in zip(move_caps, hard_caps)]
-    if total <= 0 or any(c is None for c in combined) or sum(combined) >= total:
-        return list(move_caps), 1.0
-
     def held(factor: float) -> list[Optional[int]]:
         return [None if m is None else max(m, math.floor(m * factor)) for m in move_caps]
 
-    def fits(caps: list[Optional[int]]) -> bool:
-        tight = [_tighter(m, h) for m, h in zip(caps, hard_caps)]
+    def fits(caps: Sequence[Optional[int]]) -> bool:
+        tight = [tighter(m, h) for m, h in zip(caps, hard_caps)]
         return any(c is None for c in tight) or sum(tight) >= total
 
+    if total <= 0 or fits(move_caps):
+        return list(move_caps), 1.0
     high = float(total)  # every capped rank at ≥ total: fits unless the hard caps alone cannot
     if not fits(held(high)):
         return list(move_caps), 1.0
@@ -180,5 +178,6 @@ def lift_to_hold(move_caps: Sequence[Optional[int]], hard_caps: Sequence[Optiona
     return held(high), high
 
 
-def _tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:
+def tighter(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    """The smaller of two caps; None is no cap."""
     return b if a is None else a if b is None else min(a, b)
