@@ -59,6 +59,7 @@ def quota_rows(results: Sequence[dict]) -> list[list]:
 def demo_row(summary: dict) -> list:
     """The demo's plans beside the speeds' split; identical ranks (equal speeds) must hold
     shares within one sample of each other, in the first plan and the final one."""
+    from hetero_ray.formatting import format_shares
     from hetero_ray.planning.plan import largest_remainder
 
     speeds = [float(s) for s in summary["emulate_speeds"]]
@@ -66,9 +67,8 @@ def demo_row(summary: dict) -> list:
     ideal = largest_remainder(speeds, sum(final))
     twins = [(i, j) for i in range(len(speeds)) for j in range(i + 1, len(speeds)) if speeds[i] == speeds[j]]
     equal = all(abs(plan[i] - plan[j]) <= 1 for plan in (first, final) for i, j in twins)
-    shares = "/".join
     return ["demo: first → final plan (the speeds alone)", "identical ranks within 1 sample",
-            f"{shares(map(str, first))} → {shares(map(str, final))} ({shares(map(str, ideal))}); "
+            f"{format_shares(first)} → {format_shares(final)} ({format_shares(ideal)}); "
             f"{summary['plan_changes']} plan change(s), left out: {summary.get('left_out_ranks') or 'none'}",
             "1 run", "met" if equal else "NOT met"]
 

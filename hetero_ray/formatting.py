@@ -15,6 +15,11 @@ def format_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_shares(sizes) -> str:
+    """A plan's shares as one reads them: ``[36, 36, 17, 7]`` → ``36/36/17/7``."""
+    return "/".join(str(int(b)) for b in sizes)
+
+
 def format_duration(seconds: Optional[float], compact: bool = True) -> str:
     """``75`` → ``1m15s`` (compact, for progress lines) or ``1 min 15 s``; ``–`` when unknown."""
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):

@@ -26,6 +26,8 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from hetero_ray.formatting import format_shares
+
 SMOOTH_STEPS = 10  # trailing window for rates: one step alone is too noisy to read
 MAX_POINTS = 1500  # points per trace sent to the browser; more cannot be seen anyway
 BREAKDOWN_WINDOW_STEPS = 50  # recent steps summarised by the step-time breakdown
@@ -219,7 +221,7 @@ def plan_changes(plans: pd.DataFrame) -> pd.DataFrame:
     if plans.empty:
         return pd.DataFrame(columns=columns)
     ordered = plans.sort_values(["first_global_step", "plan_version"]).drop_duplicates("plan_version")
-    ordered = ordered.assign(split=ordered["local_batch_sizes"].map(lambda sizes: "/".join(str(int(b)) for b in sizes)))
+    ordered = ordered.assign(split=ordered["local_batch_sizes"].map(format_shares))
     changed = ordered["split"] != ordered["split"].shift()
     return ordered[changed].iloc[1:][columns].reset_index(drop=True)
 
@@ -286,7 +288,7 @@ def decisions_frame(decisions: pd.DataFrame) -> pd.DataFrame:
     out["adopted"] = out["adopted"].fillna(False).astype(bool)
     out["outcome"] = np.where(out["adopted"], "adopted", "kept current plan")
     out["split"] = out["local_batch_sizes"].map(
-        lambda sizes: "/".join(str(int(b)) for b in sizes) if sizes is not None and len(sizes) else "")
+        lambda sizes: format_shares(sizes) if sizes is not None and len(sizes) else "")
     # the ranks the proposal leaves out (b_i = 0), e.g. "1, 2"; tables from before the column: none
     left_out = out["left_out_ranks"] if "left_out_ranks" in out else pd.Series([None] * len(out), index=out.index)
     out["left_out"] = left_out.map(lambda ranks: ", ".join(str(int(r)) for r in ranks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hetero_ray.formatting import format_table
+from hetero_ray.formatting import format_shares, format_table
 from hetero_ray.planning.plan import largest_remainder
 
 
@@ -58,16 +58,12 @@ def _plans_beside_the_speeds(summary: dict[str, Any]) -> str:
     first, final, speeds = summary.get("first_plan"), summary.get("final_plan"), summary.get("emulate_speeds")
     if not first or not final:
         return ""
-    text = f"plans: first {_shares(first)}, final {_shares(final)}"
+    text = f"plans: first {format_shares(first)}, final {format_shares(final)}"
     if speeds and len(speeds) == len(final):
         ideal = largest_remainder([float(s) for s in speeds], int(sum(final)))
-        text += (f"; by the emulated speeds alone {_shares(ideal)} (the planner also weighs each step's fixed cost "
+        text += (f"; by the emulated speeds alone {format_shares(ideal)} (the planner also weighs each step's fixed cost "
                  "and the all-reduce, and leaves out a rank that costs more than it adds)")
     return text
-
-
-def _shares(sizes) -> str:
-    return "/".join(str(int(b)) for b in sizes)
 
 
 def print_run_summary(summary: dict[str, Any]) -> None:
