@@ -48,11 +48,13 @@ def _run(rank: int, port: int, out) -> None:
         until_all_ranks_done(counted)
         seen["released_at"] = time.monotonic()
 
-    # one round of blocks of ≥ 0.3 s each (the budget ends it): rank 1 measures four sizes to
-    # rank 0's two, so it finishes ≥ 0.6 s later whatever the machine's load
-    sizes = [8, 32] if rank == 0 else [8, 16, 32, 64]
+    # blocks last ≥ 0.3 s each whatever the speed: rank 0 measures one round of two sizes
+    # (its budget ends it, ~0.6 s), rank 1 two rounds of four (~2.4 s), so rank 1 finishes
+    # well after rank 0 whatever the machine's load (with equal budgets, rank 1's slow
+    # warm-up dropped its larger sizes and which rank finished first was a coin toss)
+    sizes, budget_s = ([8, 32], 0.5) if rank == 0 else ([8, 16, 32, 64], 5.0)
     fit = measure_rank(_recipe(), torch.device("cpu"), sizes, SpeedEmulator(), SPEEDS[rank],
-                       time_budget_s=0.5, hold=hold)
+                       time_budget_s=budget_s, hold=hold)
     # rank 1's recipe fails: it still holds once, so rank 0 is released
     recipe = _recipe() if rank == 0 else ProfileModel(build=_recipe().build, make_batch=_broken)
     started = time.monotonic()
