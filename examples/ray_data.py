@@ -40,6 +40,13 @@ def flip(batch: dict) -> dict:
     return {**batch, "image": images}
 
 
+def rows(count: int) -> ray.data.Dataset:
+    """Row ids 0…count-1 in blocks of up to 256 rows. (Left to itself, ray.data.range cuts a
+    small range into up to 200 blocks of a row or a few: a task each, which costs more than
+    the rows. Data read from files comes in blocks of its files' size instead.)"""
+    return ray.data.range(count, override_num_blocks=max(1, -(-count // 256)))
+
+
 def train_loop(config: dict) -> None:
     model = hetero_ray.train.prepare_model(make_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
@@ -79,8 +86,8 @@ def main(argv=None) -> ray.train.Result:
     args = make_parser(__doc__).parse_args(argv)
     speeds = tuple(map(float, args.emulate_speeds.split(","))) if args.emulate_speeds else None
     where = placement(args)
-    datasets = {"train": ray.data.range(args.num_samples).map_batches(noisy_shapes).map_batches(flip),
-                "val": ray.data.range(args.num_samples // 4).map_batches(noisy_shapes)}
+    datasets = {"train": rows(args.num_samples).map_batches(noisy_shapes).map_batches(flip),
+                "val": rows(args.num_samples // 4).map_batches(noisy_shapes)}
     trainer = HeteroTrainer(
         train_loop, train_loop_config={"epochs": args.epochs, "lr": args.lr},
         scaling_config=where["scaling_config"], datasets=datasets,

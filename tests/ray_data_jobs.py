@@ -1,7 +1,8 @@
-"""The Ray Data tests' model, rows and loop: a float64 model with BatchNorm and a smooth
-activation (one device's weights are then a matter of float64 rounding only), rows made
-from their id by a ``map_batches`` (and augmented by a second one, as a pipeline does on
-the cluster), and a user's loop written as for Ray Train, on ``hetero_ray.train``."""
+"""The Ray Data tests' model and loop: a float64 model with BatchNorm and a smooth
+activation (one device's weights are then a matter of float64 rounding only), the rows
+(tests/ray_data_rows.py: made from their id by a ``map_batches`` and augmented by a second
+one, as a pipeline does on the cluster), and a user's loop written as for Ray Train, on
+``hetero_ray.train``."""
 
 from __future__ import annotations
 
@@ -16,19 +17,10 @@ import torch.distributed as dist
 
 import hetero_ray.train
 from tests import api_jobs
+from tests.ray_data_rows import augment, features  # noqa: F401 - the rows, with the loop that trains on them
 
 SEED = 5
 LR, MOMENTUM = 0.05, 0.9
-
-
-def features(batch: dict) -> dict:
-    ids = batch["id"].astype(np.float64)
-    x = np.stack([np.sin(ids * 0.37), np.cos(ids * 0.11), np.sin(ids * 0.05 + 1.0), (ids % 7) / 7.0], axis=1)
-    return {"id": batch["id"], "x": x, "y": (x @ np.array([0.5, -1.0, 0.25, 2.0]))[:, None]}
-
-
-def augment(batch: dict) -> dict:
-    return {**batch, "x": batch["x"] * 1.5 + 0.1}  # a transform the pipeline runs on the cluster
 
 
 def make_model() -> torch.nn.Module:

@@ -28,8 +28,9 @@ NUM_ROWS, VAL_ROWS, BATCH, EPOCHS = 70, 23, 16, 2  # 5 steps an epoch, the last 
 def _datasets(ray, tmp_path):
     folder = str(tmp_path / "parquet")
     ray.data.range(NUM_ROWS, override_num_blocks=3).map_batches(ray_data_jobs.features).write_parquet(folder)
-    train = ray.data.read_parquet(folder).map_batches(ray_data_jobs.augment)
-    val = ray.data.range(VAL_ROWS).map_batches(ray_data_jobs.features)
+    # a block a file (left to itself, Ray Data cuts these few rows into ~200 blocks: a task each)
+    train = ray.data.read_parquet(folder, override_num_blocks=3).map_batches(ray_data_jobs.augment)
+    val = ray.data.range(VAL_ROWS, override_num_blocks=2).map_batches(ray_data_jobs.features)  # else a task a row
     return {"train": train, "val": val}
 
 

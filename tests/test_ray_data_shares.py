@@ -1,7 +1,7 @@
 """Ray Data at each rank's share: ``hetero_ray.train.get_dataset_shard("train")`` on three
 ranks of a real gloo group (tests/inprocess_session.py: the worker runtime without Ray
-Train), reading a real Ray Data pipeline (Parquet files with a ``map_batches``) through a
-real feed actor on the test session's local Ray. Each case trains a float64 model with
+Train), reading a real Ray Data pipeline (rows made by one ``map_batches`` and augmented by
+another) through a real feed actor on the test session's local Ray. Each case trains a float64 model with
 BatchNorm and records the row ids of every step on every rank; the test replays those
 global batches on one device and checks the weights, and that every row of every epoch
 was trained exactly once — under a plan change mid-epoch, a rank left out and brought
@@ -119,9 +119,10 @@ def per_rank(ray_session, tmp_path_factory) -> list[dict]:
     from hetero_ray.training.data_feed import DataFeed
 
     ray = ray_session
-    folder = str(tmp_path_factory.mktemp("parquet"))
-    ray.data.range(NUM_ROWS, override_num_blocks=4).map_batches(features).write_parquet(folder)
-    dataset = ray.data.read_parquet(folder).map_batches(augment)
+    # Rows made and augmented on the cluster, read anew each epoch. (Parquet is read in
+    # tests/test_ray_data_e2e.py: Ray Data starts a file-listing actor for every reading of
+    # it, seconds each here, which these twelve readings need not pay.)
+    dataset = ray.data.range(NUM_ROWS, override_num_blocks=4).map_batches(features).map_batches(augment)
     feed = ray.remote(DataFeed).options(name=FEED_NAME, namespace=RAY_NAMESPACE, num_cpus=0,
                                         max_concurrency=8).remote(dataset, "train", read_batch_size=7)
     address = ray.get_runtime_context().gcs_address
