@@ -1,36 +1,50 @@
 """Mixed GPU and CPU workers in one job, placed by node labels (fake GPU node here).
 
-Two extra nodes join the session cluster: one labelled as a GPU machine, one as CPU-only.
-`--worker-devices gpu,cpu` must put one worker on each, talk gloo between them, and the
-"GPU" worker — which finds no CUDA device on this machine — must say so and train on the
-CPU rather than fail. The device decision itself is unit-tested in
-tests/test_devices_and_placement.py.
+Two extra nodes join the session cluster once for the module: one labelled as a GPU
+machine, one as CPU-only. `--worker-devices gpu,cpu` and `HeteroConfig(worker_devices=...)`
+must put one worker on each, talk gloo between them, and the "GPU" worker — which finds no
+CUDA device on this machine — must say so and train on the CPU rather than fail. The
+device decision itself is unit-tested in tests/test_devices_and_placement.py.
+
+On such a cluster the first step does not wait for a CPU-only node's profile: the model
+the profiler builds is held back on the CPU-only node until training has made its first
+step (a slow profile of exactly that node, whatever the machine's speed). Only the GPU
+node is profiled first; the CPU ranks time the model themselves before step 0, and the
+CPU-only node's profile arrives later, in the background, and still reaches nodes.json.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
+import time
 
 import pandas as pd
 import pytest
+import torch
 
 from benchmarks.local_cluster import start_node, wait_for_nodes
 from hetero_ray.constants import DEVICE_LABEL, GPU_MODEL_LABEL
+from tests.api_jobs import make_model, random_batch
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+HOLD_S = 300.0  # generous: the first step comes within a minute even on a loaded machine
+RELEASED, GAVE_UP = "built after the first step", "built without seeing a first step"
+
 
 @contextlib.contextmanager
-def gpu_and_cpu_nodes(ray_session, tmp_path):
+def gpu_and_cpu_nodes(ray_session, log_dir):
     """A node labelled as a GPU machine and one as CPU-only join the session cluster for
     the block; yields their node ids by label."""
     address = ray_session.get_runtime_context().gcs_address
     nodes = []
     try:
-        nodes.append(start_node(address=address, num_cpus=1, log_dir=str(tmp_path),
+        nodes.append(start_node(address=address, num_cpus=1, log_dir=str(log_dir),
                                 labels={DEVICE_LABEL: "gpu", GPU_MODEL_LABEL: "fake-a100"}))
-        nodes.append(start_node(address=address, num_cpus=1, log_dir=str(tmp_path), labels={DEVICE_LABEL: "cpu"}))
+        nodes.append(start_node(address=address, num_cpus=1, log_dir=str(log_dir), labels={DEVICE_LABEL: "cpu"}))
         wait_for_nodes(address, 3, nodes)
         yield {n["Labels"].get(DEVICE_LABEL): n["NodeID"] for n in ray_session.nodes()
                if n["Alive"] and n["Labels"].get(DEVICE_LABEL)}
@@ -39,12 +53,18 @@ def gpu_and_cpu_nodes(ray_session, tmp_path):
             node.stop()
 
 
-def test_worker_devices_place_workers_by_node_label(ray_session, fast_config, tmp_path):
+@pytest.fixture(scope="module")
+def by_label(ray_session, tmp_path_factory):
+    """The two labelled nodes, started once for the module's fits (a node costs seconds)."""
+    with gpu_and_cpu_nodes(ray_session, tmp_path_factory.mktemp("nodes")) as nodes:
+        yield nodes
+
+
+def test_worker_devices_place_workers_by_node_label(by_label, fast_config):
     from hetero_ray.builtin.driver import run_training
 
-    with gpu_and_cpu_nodes(ray_session, tmp_path) as by_label:
-        result = run_training(fast_config(model="mlp", num_workers=2, num_samples=256, batch_size=32,
-                                          max_steps=8, worker_devices=["gpu", "cpu"], experiment_name="mixed"))
+    result = run_training(fast_config(model="mlp", num_workers=2, num_samples=256, batch_size=32,
+                                      max_steps=8, worker_devices=["gpu", "cpu"], experiment_name="mixed"))
 
     steps = pd.read_parquet(os.path.join(result.run_dir, "steps.parquet"))
     assert set(steps["node_id"]) == {by_label["gpu"], by_label["cpu"]}, "a worker ran outside its labelled node"
@@ -52,40 +72,70 @@ def test_worker_devices_place_workers_by_node_label(ray_session, fast_config, tm
     assert result.summary["global_steps"] == 8 and result.summary["status"] == "finished"
 
 
-def _device_loop(config):
-    """A user's loop: the steps table says where each rank ran."""
-    import torch
+def build_after_the_first_step(cpu_node_id: str, first_step_file: str, record_file: str) -> torch.nn.Module:
+    """make_model; in a node profiler on ``cpu_node_id``, only once ``first_step_file``
+    exists (at most HOLD_S), writing to ``record_file`` which came first."""
+    import ray
 
+    context = ray.get_runtime_context()
+    if context.get_node_id() == cpu_node_id and "/profiler/" in (context.get_actor_name() or ""):
+        deadline = time.monotonic() + HOLD_S
+        while not os.path.exists(first_step_file) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with open(record_file, "a") as f:
+            f.write((RELEASED if os.path.exists(first_step_file) else GAVE_UP) + "\n")
+    return make_model()
+
+
+def _loop(config):
+    """A user's loop that marks its first step in a file (the steps table says where each rank ran)."""
     import hetero_ray.train
+    from tests.api_jobs import PatternDataset
 
-    model = hetero_ray.train.prepare_model(torch.nn.Linear(4, 2))
-    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(64, 4)))
+    model = hetero_ray.train.prepare_model(make_model())
+    loader = hetero_ray.train.prepare_data_loader(PatternDataset(64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for (inputs,) in loader:
-        loss = model(inputs).pow(2).mean()
+    for inputs, targets in loader:
+        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if hetero_ray.train.get_context().get_world_rank() == 0 and not os.path.exists(config["first_step_file"]):
+            with open(config["first_step_file"], "w") as f:
+                f.write(str(loader.position.global_step))
 
 
-def test_the_api_places_gpu_and_cpu_workers_by_node_label(ray_session, tmp_path):
+def test_the_api_places_workers_by_label_and_starts_before_a_cpu_only_nodes_profile(by_label, tmp_path):
     """HeteroConfig(worker_devices=("gpu", "cpu")): one worker on each labelled node, each on
     its device kind (the fake GPU node has no CUDA device here: its worker says so and uses
-    the CPU), gloo between them."""
+    the CPU), gloo between them — and the first step before the CPU-only node's profile."""
     from ray.train import RunConfig, ScalingConfig
 
-    from hetero_ray import HeteroConfig, HeteroTrainer
+    from hetero_ray import HeteroConfig, HeteroTrainer, ProfileModel
 
-    with gpu_and_cpu_nodes(ray_session, tmp_path) as by_label:
-        HeteroTrainer(_device_loop, scaling_config=ScalingConfig(num_workers=2),
-                      run_config=RunConfig(name="api-mixed", storage_path=str(tmp_path)),
-                      hetero_config=HeteroConfig(global_batch_size=16, policy="static",
-                                                 worker_devices=("gpu", "cpu"))).fit()
+    first_step_file, record_file = str(tmp_path / "first-step"), str(tmp_path / "cpu-node-build")
+    build = functools.partial(build_after_the_first_step, by_label["cpu"], first_step_file, record_file)
+    HeteroTrainer(_loop, train_loop_config={"first_step_file": first_step_file},
+                  scaling_config=ScalingConfig(num_workers=2),
+                  run_config=RunConfig(name="gpu-first", storage_path=str(tmp_path)),
+                  hetero_config=HeteroConfig(global_batch_size=16, worker_devices=("gpu", "cpu"),
+                                             profile_model=ProfileModel(build=build, make_batch=random_batch),
+                                             profile_batch_sizes=(2, 4), profile_timeout_s=HOLD_S + 60)).fit()
 
-    steps = pd.read_parquet(os.path.join(tmp_path, "api-mixed", "steps.parquet"))
+    steps = pd.read_parquet(os.path.join(tmp_path, "gpu-first", "steps.parquet"))
     placed = steps.groupby("rank")["node_id"].unique().to_dict()
     assert {rank: list(ids) for rank, ids in placed.items()} == {0: [by_label["gpu"]], 1: [by_label["cpu"]]}
     assert steps["global_step"].nunique() == 4
+    with open(record_file) as f:
+        assert f.readline().strip() == RELEASED, "the CPU-only node's profile held the first step back"
+    plans = pd.read_parquet(os.path.join(tmp_path, "gpu-first", "plans.parquet")).sort_values("plan_version")
+    # Both ranks train on a CPU here (the GPU node has no CUDA device): both timed themselves.
+    assert "measured by each rank's warm-up" in plans["reason"].iloc[0], plans["reason"].iloc[0]
+    with open(os.path.join(tmp_path, "gpu-first", "nodes.json")) as f:
+        profiled = {n["node_id"]: n for n in json.load(f)["nodes"]}
+    assert {by_label["gpu"], by_label["cpu"]} <= set(profiled), "a profile is missing from nodes.json"
+    cpu_node = profiled[by_label["cpu"]]
+    assert cpu_node["status"] == "ok" and any(d.get("alpha_s") is not None for d in cpu_node["devices"]), cpu_node
 
 
 def test_worker_devices_are_checked_against_the_scaling_config():
@@ -102,6 +152,6 @@ def test_worker_devices_are_checked_against_the_scaling_config():
     ]
     for scaling, message in cases:
         with pytest.raises(ConfigError, match=message):
-            HeteroTrainer(_device_loop, scaling_config=scaling, hetero_config=hetero)
+            HeteroTrainer(_loop, scaling_config=scaling, hetero_config=hetero)
     with pytest.raises(ConfigError, match="must give each worker gpu or cpu"):
         HeteroConfig(global_batch_size=16, worker_devices=("gpu", "tpu"))
