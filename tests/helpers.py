@@ -7,6 +7,7 @@ Helpers live here, not in a test module, so that no test module imports another.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 
 import numpy as np
@@ -130,3 +131,10 @@ class FakeClocks:
 
     def preempted(self, seconds: float) -> None:
         self.wall += seconds  # another process had the core: time passes, no work is done
+
+
+def printed_resume_command(output: str) -> list[str]:
+    """The command a stopped ``hetero-ray train`` printed after "Continue it with:"."""
+    lines = output.splitlines()
+    marker = next(i for i, line in enumerate(lines) if line.endswith("Continue it with:"))
+    return shlex.split(lines[marker + 1])

@@ -10,8 +10,9 @@ same standard as an uninterrupted run of it, trained once for the module:
   does its final accuracy.
 
 Scenarios: SIGKILL of a training worker; the planner and metrics-store actors killed
-mid-run (training goes on); the driver stopped and `--resume`d; a whole node lost
-with elastic training (a real 3-node cluster of `ray start` processes).
+mid-run (training goes on); the driver stopped by Ctrl-C and resumed by the `--resume`
+command it printed; a whole node lost with elastic training (a real 3-node cluster of
+`ray start` processes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from benchmarks.local_cluster import local_cluster
 from hetero_ray.constants import METRICS_STORE_ROLE, PLANNER_ROLE
 from hetero_ray.runtime.actors import get_actor
 from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+from tests.helpers import printed_resume_command
+from tests.test_interrupted_runs import assert_stopped_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -268,13 +271,16 @@ def test_metrics_store_killed_mid_run(reference, fast_config):
 
 
 def test_driver_stopped_and_resumed(reference, tmp_path):
+    """Ctrl-C once, as a terminal sends it to the driver's process group, after the
+    checkpoint at step 20: the run says it was interrupted (tests/test_interrupted_runs.py's
+    standard), and the ``--resume`` command it prints continues it to the uninterrupted
+    run's weights."""
     env = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
-    command = [sys.executable, "-m", "hetero_ray", "train", *CLI_JOB, "--num-workers", "2",
-               "--emulate-speeds", "0.25,0.25", "--policy", "static", "--storage-path", str(tmp_path),
-               "--name", "stopped"]
+    args = ["train", *CLI_JOB, "--num-workers", "2", "--emulate-speeds", "0.25,0.25", "--policy", "static",
+            "--storage-path", str(tmp_path), "--name", "stopped"]
     run_dir = tmp_path / "stopped"
-    driver = subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    driver = subprocess.Popen([sys.executable, "-m", "hetero_ray", *args], cwd=REPO_ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and driver.poll() is None:
         latest = latest_checkpoint_dir(str(run_dir)) if run_dir.exists() else None
@@ -285,11 +291,12 @@ def test_driver_stopped_and_resumed(reference, tmp_path):
     stopped_at = time.time()
     os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C
     first_output, _ = driver.communicate(timeout=120)
-    assert driver.returncode != 0, first_output
+    assert_stopped_run(first_output, driver.returncode, args, str(run_dir), signal.SIGINT, TOTAL_STEPS)
 
-    # the rest at full speed: the speeds may change at a resume (they only pad the steps)
-    resumed = subprocess.run(command + ["--resume", "--emulate-speeds", "1,1"], cwd=REPO_ROOT, env=env, text=True,
-                             capture_output=True, timeout=300)
+    # as printed; the rest at full speed (the speeds may change at a resume: they only pad the steps)
+    resume = printed_resume_command(first_output)
+    resumed = subprocess.run([sys.executable, *resume[1:], "--emulate-speeds", "1,1"], cwd=REPO_ROOT, env=env,
+                             text=True, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming from the checkpoint at global step" in resumed.stdout
     attempts = assert_nothing_lost(str(run_dir), reference, min_restarts=1)
