@@ -44,7 +44,6 @@ part of the step).
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from typing import Any, Iterator, Optional
@@ -57,6 +56,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
+from hetero_ray.training.heap import freeze_heap
 from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession
@@ -350,25 +350,6 @@ class PlanFollowingLoader:
                 # the all-reduce; it runs one sample of the window with weight 0.
                 begin, stop = self.sampler.window(step)[0], self.sampler.window(step)[0] + 1
             yield permutation[begin:stop].tolist()
-
-
-def freeze_heap() -> None:
-    """Collects the garbage, then leaves every object alive now out of Python's later
-    collections (``gc.freeze``): what the user's loop built before its first step (the
-    model, the optimiser, the dataset, Ray's and torch's modules) is alive to the end.
-
-    Else Python's full collection, which runs when enough objects have piled up, walks all
-    of them: a quarter of a second in a Ray worker holding torch, at a different step on each
-    rank, which the others wait for at the next collective. Every rank calls this at the
-    same step (an epoch's start), before the DataLoader's workers are first forked.
-
-    What was frozen at the last epoch's start is unfrozen first, so that the cycles of it
-    that died since (that epoch's own objects) are collected: frozen for good, they would
-    never be, and memory would grow with every epoch. That collection walks the whole heap
-    once per epoch, at the same step on every rank."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
 
 
 class _LoaderSampler(GlobalSampler):

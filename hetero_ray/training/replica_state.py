@@ -132,7 +132,7 @@ def find_training_state(model: nn.Module) -> TrainingState:
 
 
 def _live_objects() -> list:
-    # Objects frozen out of the collector's generations (training/loader.py freezes the
+    # Objects frozen out of the collector's generations (training/heap.py freezes the
     # heap at each epoch's start) are not listed by gc.get_objects(); list them, then
     # freeze them again.
     frozen = gc.get_freeze_count()
