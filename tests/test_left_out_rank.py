@@ -3,6 +3,9 @@ behind, and the training state (optimisers, schedulers, scalers) they receive fr
 
 from __future__ import annotations
 
+import gc
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -57,6 +60,26 @@ def test_the_training_state_is_found_by_type_and_keyed_alike_on_every_rank():
     assert found.schedulers == {(((0, 1),), "StepLR", 0): schedule}
     assert list(found.scalers.values()) == [scaler]
     del unrelated_schedule, disabled
+
+
+def test_state_that_died_while_the_heap_was_frozen_is_not_found():
+    """A loop that replaces its optimiser and scaler (an epoch's start froze the old ones
+    alive; they died in cycles since, which only a full walk frees): only the new ones."""
+    from hetero_ray.training import heap
+
+    model = nn.Linear(2, 2)
+    old_optimizer, old_scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+    old_optimizer.me, old_scaler.me = old_optimizer, old_scaler  # cycles: only the collector frees them
+    heap._calls = itertools.count(1)  # an epoch start that walks only what is not frozen
+    try:
+        heap.freeze_heap()
+        del old_optimizer, old_scaler
+        optimizer, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+        found = find_training_state(model)
+        assert list(found.optimizers.values()) == [optimizer] and list(found.scalers.values()) == [scaler]
+        assert gc.get_freeze_count() > 0, "the frozen heap stays frozen"
+    finally:
+        gc.unfreeze()
 
 
 def test_a_rank_holding_other_optimisers_than_rank_0_is_told_so():

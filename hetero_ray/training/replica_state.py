@@ -133,11 +133,15 @@ def find_training_state(model: nn.Module) -> TrainingState:
 
 def _live_objects() -> list:
     # Objects frozen out of the collector's generations (training/heap.py freezes the
-    # heap at each epoch's start) are not listed by gc.get_objects(); list them, then
-    # freeze them again.
+    # heap at each epoch's start) are not listed by gc.get_objects(): unfreeze them, and
+    # collect first, so that an optimiser or scaler that died in a cycle (a loop that made
+    # new ones; frozen alive, it waits for the next full walk) is not taken for a live one.
+    # A full walk per copy: copies are rare (a rank left out, then an epoch's end or its
+    # return). Refrozen only if the heap was frozen: a loop whose loader never froze it
+    # (Lightning's, the Trainer's) keeps its objects collectable.
     frozen = gc.get_freeze_count()
-    if frozen:
-        gc.unfreeze()
+    gc.unfreeze()
+    gc.collect()
     try:
         return gc.get_objects()
     finally:
