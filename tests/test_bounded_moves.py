@@ -261,6 +261,7 @@ def test_a_cold_start_whose_quota_caps_the_slow_rank_still_moves(seed):
     still = _run(_quota_busy, (128, 128), steps=120, interval=10 ** 6, seed=seed)
     assert run["proposed_at"] and all(p.local_batch_sizes[0] < 128 for _, p in run["proposed_at"][:1]), run["rows"]
     assert not any("no feasible split" in str(r.get("reason")) for r in run["rows"]), run["rows"]
+    assert any("move bounds ×" in str(r.get("reason")) for r in run["rows"]), "a lifted bound went unsaid"
     assert run["samples_per_s"] >= 1.5 * still["samples_per_s"], (run["samples_per_s"], still["samples_per_s"])
 
 

@@ -563,7 +563,7 @@ class Balancer:
         estimates = self.estimates.estimates(global_step)
         bounded = self._measured.caps(current.local_batch_sizes, estimates)
         quota_caps = self._quota_caps.caps(current.version, current.local_batch_sizes)
-        move_caps = self._moves_that_hold(bounded, quota_caps)
+        move_caps, lifted = self._moves_that_hold(bounded, quota_caps)
         decision = self._decide_within(current, global_step, estimates, quota_caps, move_caps)
         predicted, now = decision.predicted_step_time_s, decision.current_predicted_step_time_s
         if decision.adopt and all(math.isfinite(t) and t > 0 for t in (predicted, now)):
@@ -572,19 +572,21 @@ class Balancer:
             if any(c is not None and (q is None or c < q) for c, q in zip(at_predicted, quota_caps)):
                 self.policy.load_state_dict(policy_state)  # the first decision was not made
                 quota_caps = at_predicted
-                move_caps = self._moves_that_hold(bounded, quota_caps)
+                move_caps, lifted = self._moves_that_hold(bounded, quota_caps)
                 decision = self._decide_within(current, global_step, estimates, quota_caps, move_caps)
         proposed = decision.proposed_local_batch_sizes or current.local_batch_sizes
+        lifted_by = f"move bounds ×{lifted:.2f}, else no split within the caps holds the batch" if lifted > 1 else ""
         met = "; ".join(m for m in (self._quota_caps.describe(quota_caps, proposed),
-                                    self._measured.describe(move_caps, proposed, estimates)) if m)
+                                    self._measured.describe(move_caps, proposed, estimates), lifted_by) if m)
         return dataclasses.replace(decision, reason=f"{decision.reason} ({met})") if met else decision
 
-    def _moves_that_hold(self, move_caps: list[Optional[int]], quota_caps: list[Optional[int]]) -> list[Optional[int]]:
+    def _moves_that_hold(self, move_caps: list[Optional[int]],
+                         quota_caps: list[Optional[int]]) -> tuple[list[Optional[int]], float]:
         """The bounds on a move, lifted where with the hard caps they would hold no split of
-        the global batch (planning/moves.py: lift_to_hold)."""
+        the global batch, and the factor (planning/moves.py: lift_to_hold)."""
         hard = [tighter(tighter(m, learned), q) for m, learned, q in
                 zip(self.policy.caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
-        return lift_to_hold(move_caps, hard, self._trial_batch())[0]
+        return lift_to_hold(move_caps, hard, self._trial_batch())
 
     def _decide_within(self, current: Plan, global_step: int, estimates: Estimates,
                        *cap_lists: list[Optional[int]]) -> Decision:
