@@ -25,8 +25,13 @@ def _slow(batch: dict) -> dict:
 
 @pytest.fixture
 def executions(monkeypatch) -> list:
-    """Every Ray Data execution started in this process from now on."""
+    """Every Ray Data execution started in this process from now on (and Ray Data's limits
+    refresh, which the feed sets, as it was after the test)."""
+    from ray.data._internal.execution.resource_manager import ResourceManager
     from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    interval = ResourceManager.GLOBAL_LIMITS_UPDATE_INTERVAL_S
+    monkeypatch.setattr(ResourceManager, "GLOBAL_LIMITS_UPDATE_INTERVAL_S", interval)
 
     started = []
     execute = StreamingExecutor.execute
