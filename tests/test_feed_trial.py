@@ -326,3 +326,34 @@ def test_feed_trial_is_on_by_default_only_where_it_applies(asked, policy, names,
 def test_bad_feed_trial_settings_are_refused_with_what_to_do(kwargs, names, message):
     with pytest.raises(ConfigError, match=message):
         _feed_trial_mode(HeteroConfig(global_batch_size=B, **kwargs), _Datasets(*names))
+
+
+def test_a_trial_measures_with_every_batch_of_records_when_steps_outrun_them():
+    """Steps of ~5 ms, their records every 10 steps and 0.25 s late, an epoch's last ones
+    during a 1 s evaluation: the feeding window's first look, at the end of epoch 0 and
+    still within its noise, takes a lead of ~250 steps, which puts the next rebalance point
+    past the end of this 50-step run. The window is looked at again with each batch of its
+    steps, and the run ends with a verdict (tests/test_ray_data_feed_trial.py ended
+    without one, the same way, once its pipeline kept up with the steps)."""
+    balancer = _balancer(window_steps=4)
+    rng = np.random.default_rng(0)
+    sizes, version, wall, rows_out, batch = [B // 2, B // 2], 0, 1000.0, [], []
+    for step in range(50):
+        busy = [0.004 * (1 + 0.5 * abs(rng.standard_normal())) for b in sizes]  # alike, out or in: bursty
+        period = max(t for t, b in zip(busy, sizes) if b > 0)
+        wall += period
+        batch += [{"rank": r, "global_step": step, "epoch": step // 30, "local_batch_size": b, "busy_time_s": t,
+                   "wait_time_s": 0.001, "step_time_s": period, "wall_time": wall, "plan_version": version,
+                   "attempt": 0, "probe_batch_size": 0 if b else 1} for r, (b, t) in enumerate(zip(sizes, busy))]
+        if step % 10 == 9:
+            stall_s = 1.0 if step % 30 == 29 else 0.0  # an evaluation: the epoch's records arrive during it
+            out = balancer.add_steps(batch, now=wall + 0.25 + stall_s)
+            batch, rows_out = [], rows_out + out.decision_rows
+            for proposal in out.new_plans:  # the workers take it at the next step
+                sizes, version = list(proposal.local_batch_sizes), version + 1
+            wall += stall_s
+    reasons = "\n".join(f"{r['global_step']} {r['reason'][:100]}" for r in rows_out)
+    starts = [r for r in rows_out if r["reason"].startswith("feeding trial:")]
+    assert len(starts) == 1, reasons
+    verdicts = [r for r in rows_out if r.get("samples_per_s_feeding") is not None]
+    assert len(verdicts) == 1 and verdicts[0]["global_step"] > starts[0]["global_step"], reasons

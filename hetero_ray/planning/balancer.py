@@ -342,10 +342,14 @@ class Balancer:
         if self._newest_complete >= 0:
             self._gap_steps.append(newest_complete - self._newest_complete)
         self._newest_complete = newest_complete
-        if self._end_global_step is not None and self._next_point >= self._end_global_step:
+        # A feeding trial that measures looks again with every batch: it waits for steps, not
+        # for a point, and a lead taken in a stall (records that arrive during an evaluation,
+        # after steps of a few ms) can put the next point past the end of a short run.
+        measuring = self.feed_trial is not None and self.feed_trial.phase == FEEDING
+        if not measuring and self._end_global_step is not None and self._next_point >= self._end_global_step:
             return out  # the run ends before the next point: nothing left to decide for
         reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
-        if reach >= self._next_point and self._decide(newest_complete, out):
+        if (reach >= self._next_point or measuring) and self._decide(newest_complete, out):
             self._next_point = self._point_after(reach)  # else: try again with the next batch
         return out
 

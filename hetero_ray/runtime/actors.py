@@ -31,6 +31,7 @@ from hetero_ray.training.data_feed import DataFeed
 
 EXPERIMENT_ROLES = (METRICS_STORE_ROLE, PLANNER_ROLE)  # what every run starts
 _KILL_WAIT_S = 30.0  # a killed actor is gone in well under a second; this only bounds a hung GCS
+_FEED_CLOSE_WAIT_S = 10.0  # Ray Data gives a stopping execution 2 s; a feed holds at most a few
 # Starting an actor's process (a Python with torch imported) takes seconds on an idle
 # machine and can take minutes on a loaded one: the calls after it, with their own short
 # timeouts, only start once it is up.
@@ -153,6 +154,16 @@ def start_data_feed(experiment_name: str, dataset_name: str, dataset, node_id: s
     every rank's request of a step at once. Not waited for: the first request waits."""
     return start_actor(DataFeed, experiment_name, data_feed_role(dataset_name), dataset, dataset_name,
                        node_id=node_id, wait=False, max_concurrency=16)
+
+
+def stop_data_feed(handle) -> None:
+    """Stops the feed's Ray Data executions (the one read ahead for an epoch that will not
+    come among them), then kills it."""
+    try:
+        ray.get(handle.close.remote(), timeout=_FEED_CLOSE_WAIT_S)
+    except Exception:  # noqa: BLE001 - a feed already gone or hung holds nothing killing it leaves behind
+        pass
+    kill_actor(handle)
 
 
 def kill_actor(handle) -> None:

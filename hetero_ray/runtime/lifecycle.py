@@ -123,7 +123,9 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
                                           final_model=spec.final_model, emit=emit)
         finally:
             try:
-                for actor in (planner, store, *feeds):
+                for feed in feeds:
+                    actors.stop_data_feed(feed)
+                for actor in (planner, store):
                     actors.kill_actor(actor)
                 _copy_to_remote(spec, emit)
             finally:

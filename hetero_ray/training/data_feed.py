@@ -19,6 +19,15 @@ every reading repeats.
 
 Rows stay until every rank has asked for a later position; a rank that asks for the next
 epoch no longer holds the last one.
+
+Two of Ray Data 2.60's waits are kept out of the steps. A new execution takes ~0.3 s to
+start, which each epoch's first step would wait for: once the ranks are half-way through
+an epoch, the feed begins the next reading (one, and only one, ahead; none on an epoch's
+last step). And an execution's resource limits are zero until their first refresh, a
+second in, so a short one ran one map task at a time: the feed's executions refresh them
+every 0.1 s. A reading is the same rows in every epoch (the epoch's shuffle is applied
+here), so what was read ahead serves whichever reading comes next; :meth:`DataFeed.close`
+stops it at the run's end.
 """
 
 from __future__ import annotations
@@ -29,6 +38,25 @@ from typing import Iterator, Optional
 import numpy as np
 
 Batch = dict[str, np.ndarray]
+
+READ_AHEAD_AT = 0.5  # the fraction of an epoch the ranks have asked for when the next reading begins
+# Ray Data 2.60 refreshes an execution's resource limits once a second, and its first
+# answer is zero (the autoscaling coordinator has not replied yet): a short execution runs
+# one map task at a time through its first second, a whole small epoch serial.
+RESOURCE_LIMITS_REFRESH_S = 0.1
+
+
+def _refresh_resource_limits_sooner() -> None:
+    """The feed's executions ask for their resource limits every
+    :data:`RESOURCE_LIMITS_REFRESH_S` (a class attribute of Ray Data's, set in the feed's
+    process; a Ray without it is left as it is)."""
+    try:
+        from ray.data._internal.execution.resource_manager import ResourceManager
+    except ImportError:
+        return
+    interval = getattr(ResourceManager, "GLOBAL_LIMITS_UPDATE_INTERVAL_S", None)
+    if isinstance(interval, (int, float)) and interval > RESOURCE_LIMITS_REFRESH_S:
+        ResourceManager.GLOBAL_LIMITS_UPDATE_INTERVAL_S = RESOURCE_LIMITS_REFRESH_S
 
 
 class DataFeed:
@@ -46,12 +74,14 @@ class DataFeed:
         context.execution_options.preserve_order = True
         # Read once per epoch in the actor, whose log nobody watches: no progress bars there.
         context.enable_progress_bars = context.print_on_execution_start = False
+        _refresh_resource_limits_sooner()
         self._dataset = dataset
         self._name = name
         self._read_batch_size = read_batch_size
         self._count: Optional[int] = None
         self._lock = threading.Lock()
         self._epochs: dict[int, _EpochRows] = {}
+        self._ahead: Optional[_ReadAhead] = None  # the next reading, begun (at most one)
 
     def num_rows(self) -> int:
         """The rows of one epoch (counted once: a pipeline with ``map_batches`` runs for it)."""
@@ -69,16 +99,67 @@ class DataFeed:
         with self._lock:
             rows = self._epochs.get(epoch)
             if rows is None or rows.settings != (shuffle_block, seed) or start < rows.first_kept:
+                if rows is not None:
+                    rows.close()
                 rows = _EpochRows(self._read(), epoch, count, self._name, shuffle_block, seed, skip_to=start)
                 self._epochs[epoch] = rows
             for older in [e for e in self._epochs if e < epoch]:
                 self._epochs[older].forget_rank(rank)
                 if self._epochs[older].unused:
-                    del self._epochs[older]
-            return rows.take(start, stop, rank, num_workers)
+                    self._epochs.pop(older).close()
+            out = rows.take(start, stop, rank, num_workers)
+            # Not on an epoch's last step: the next epoch's first request comes right after it.
+            if self._ahead is None and count * READ_AHEAD_AT <= stop < count:
+                self._ahead = _ReadAhead(self._read())
+            return out
+
+    def close(self) -> None:
+        """Stops every reading the feed holds, the one read ahead included (the run's end)."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None:
+                ahead.close()
+            while self._epochs:
+                self._epochs.popitem()[1].close()
 
     def _read(self) -> Iterator[Batch]:
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            return ahead
         return iter(self._dataset.iter_batches(batch_size=self._read_batch_size, batch_format="numpy"))
+
+
+class _ReadAhead:
+    """A reading whose execution starts now, in a thread (its first batch is a wait of
+    ~0.3 s), while the ranks train on the rows read before it."""
+
+    def __init__(self, batches: Iterator[Batch]):
+        self._batches = batches
+        self._first: list[Batch] = []
+        self._error: Optional[BaseException] = None
+        self._started = threading.Thread(target=self._start, name="data-feed-read-ahead", daemon=True)
+        self._started.start()
+
+    def _start(self) -> None:
+        try:
+            self._first.append(next(self._batches))
+        except StopIteration:
+            pass
+        except BaseException as e:  # noqa: BLE001 - raised where the reading is used
+            self._error = e
+
+    def __iter__(self) -> "_ReadAhead":
+        return self
+
+    def __next__(self) -> Batch:
+        self._started.join()
+        if self._error is not None:
+            raise self._error
+        return self._first.pop() if self._first else next(self._batches)
+
+    def close(self) -> None:
+        self._started.join()  # a generator running in another thread cannot be closed
+        _close(self._batches)
 
 
 class _EpochRows:
@@ -102,6 +183,10 @@ class _EpochRows:
     @property
     def unused(self) -> bool:
         return not self._asked
+
+    def close(self) -> None:
+        """Stops the reading's Ray Data execution now, not when the garbage collector finds it."""
+        _close(self._batches)
 
     def forget_rank(self, rank: int) -> None:
         self._asked.pop(rank, None)
@@ -169,6 +254,12 @@ class _EpochRows:
         while self._chunks and self._chunks[0][0] + _len(self._chunks[0][1]) <= position:
             self._chunks.pop(0)
         self.first_kept = self._chunks[0][0] if self._chunks else self._end
+
+
+def _close(batches: Iterator[Batch]) -> None:
+    close = getattr(batches, "close", None)  # Ray Data's iterator is a generator: close() stops its execution
+    if close is not None:
+        close()
 
 
 def _len(columns: Batch) -> int:

@@ -1,0 +1,91 @@
+"""The feed's reading ahead (hetero_ray/training/data_feed.py), on a real Ray Data pipeline
+read in this process: two ranks step through epochs as the loader asks, and every epoch
+still gives every row once in the order a reading begun for it alone gives; one reading
+at most is begun ahead; a restart that reads an epoch again gets the same rows; and
+``close()`` leaves no Ray Data execution running."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tests.ray_data_jobs import features
+
+pytestmark = pytest.mark.ray
+
+NUM_ROWS, STEP, SHUFFLE, EPOCHS = 96, 16, 24, 3  # 6 steps an epoch; ranks take 10 and 6 rows
+
+
+def _slow(batch: dict) -> dict:
+    time.sleep(0.1)  # a reading lasts ~0.6 s: one begun ahead is still running when the feed closes
+    return batch
+
+
+@pytest.fixture
+def executions(monkeypatch) -> list:
+    """Every Ray Data execution started in this process from now on (and Ray Data's limits
+    refresh, which the feed sets, as it was after the test)."""
+    from ray.data._internal.execution.resource_manager import ResourceManager
+    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    interval = ResourceManager.GLOBAL_LIMITS_UPDATE_INTERVAL_S
+    monkeypatch.setattr(ResourceManager, "GLOBAL_LIMITS_UPDATE_INTERVAL_S", interval)
+
+    started = []
+    execute = StreamingExecutor.execute
+
+    def recorded(self, *args, **kwargs):
+        started.append(self)
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(StreamingExecutor, "execute", recorded)
+    return started
+
+
+def _running(executions: list) -> int:
+    return sum(not e._shutdown for e in executions)
+
+
+def _feed(ray):
+    from hetero_ray.training.data_feed import DataFeed
+
+    return DataFeed(ray.data.range(NUM_ROWS, override_num_blocks=6).map_batches(features).map_batches(_slow), "train",
+                    read_batch_size=10)
+
+
+def _epoch(feed, epoch: int, executions: list, first_step: int = 0) -> list[int]:
+    ids = []
+    for start in range(first_step * STEP, NUM_ROWS, STEP):
+        for rank, (lo, hi) in enumerate([(start, start + 10), (start + 10, start + STEP)]):
+            rows = feed.rows(epoch, lo, hi, rank=rank, num_workers=2, shuffle_block=SHUFFLE, seed=3)
+            ids.extend(rows["id"].tolist())
+        assert _running(executions) <= 2, "more than the epoch's reading and one ahead"
+    return ids
+
+
+def test_read_ahead_keeps_every_epochs_rows_and_stops_at_close(ray_session, executions):
+    alone = _feed(ray_session)  # each epoch the first reading of its feed: nothing read ahead
+    expected = {epoch: alone.rows(epoch, 0, NUM_ROWS, rank=0, num_workers=1, shuffle_block=SHUFFLE,
+                                  seed=3)["id"].tolist() for epoch in range(EPOCHS)}
+    alone.close()
+    assert expected[0] != expected[1] and sorted(expected[0]) == list(range(NUM_ROWS))
+
+    feed = _feed(ray_session)
+    feed.num_rows()
+    before = len(executions)
+    got = [_epoch(feed, epoch, executions) for epoch in range(EPOCHS)]
+    assert got == [expected[epoch] for epoch in range(EPOCHS)]
+    # One reading an epoch, each begun in the epoch before it, and one begun in the last.
+    assert len(executions) - before == EPOCHS + 1
+
+    # A worker group restarted from a checkpoint mid-epoch reads that epoch again.
+    again = _epoch(feed, EPOCHS - 1, executions, first_step=2)
+    assert again == expected[EPOCHS - 1][2 * STEP:]
+    # The run ends half-way through an epoch, just after the next reading was begun.
+    feed.rows(EPOCHS, 0, NUM_ROWS // 2, rank=0, num_workers=2, shuffle_block=SHUFFLE, seed=3)
+    assert _running(executions) >= 1
+    feed.close()
+    assert _running(executions) == 0
+    assert np.all([e._shutdown for e in executions])
