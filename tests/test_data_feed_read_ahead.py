@@ -19,7 +19,7 @@ NUM_ROWS, STEP, SHUFFLE, EPOCHS = 96, 16, 24, 3  # 6 steps an epoch; ranks take 
 
 
 def _slow(batch: dict) -> dict:
-    time.sleep(0.1)  # a reading lasts ~0.6 s: one begun ahead is still running when the feed closes
+    time.sleep(0.3)  # a reading lasts a second or more: one begun ahead is still running when the feed closes
     return batch
 
 
@@ -55,6 +55,13 @@ def _feed(ray):
                     read_batch_size=10)
 
 
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    """A reading begun ahead starts its execution in the feed's thread, a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _epoch(feed, epoch: int, executions: list, first_step: int = 0) -> list[int]:
     ids = []
     for start in range(first_step * STEP, NUM_ROWS, STEP):
@@ -77,14 +84,17 @@ def test_read_ahead_keeps_every_epochs_rows_and_stops_at_close(ray_session, exec
     before = len(executions)
     got = [_epoch(feed, epoch, executions) for epoch in range(EPOCHS)]
     assert got == [expected[epoch] for epoch in range(EPOCHS)]
-    # One reading an epoch, each begun in the epoch before it, and one begun in the last.
+    # One reading an epoch, each begun in the epoch before it, and one begun in the last
+    # (its execution starts in the feed's thread: give it a moment)
+    _wait_for(lambda: len(executions) - before >= EPOCHS + 1)
     assert len(executions) - before == EPOCHS + 1
 
     # A worker group restarted from a checkpoint mid-epoch reads that epoch again.
     again = _epoch(feed, EPOCHS - 1, executions, first_step=2)
     assert again == expected[EPOCHS - 1][2 * STEP:]
-    # The run ends half-way through an epoch, just after the next reading was begun.
-    feed.rows(EPOCHS, 0, NUM_ROWS // 2, rank=0, num_workers=2, shuffle_block=SHUFFLE, seed=3)
+    # The run ends near an epoch's end, just after the next reading was begun.
+    feed.rows(EPOCHS, 0, NUM_ROWS - 8, rank=0, num_workers=2, shuffle_block=SHUFFLE, seed=3)
+    _wait_for(lambda: _running(executions) >= 1)
     assert _running(executions) >= 1
     feed.close()
     assert _running(executions) == 0

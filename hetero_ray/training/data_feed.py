@@ -21,9 +21,11 @@ Rows stay until every rank has asked for a later position; a rank that asks for 
 epoch no longer holds the last one.
 
 Two of Ray Data 2.60's waits are kept out of the steps. A new execution takes ~0.3 s to
-start, which each epoch's first step would wait for: once the ranks are half-way through
-an epoch, the feed begins the next reading (one, and only one, ahead; none on an epoch's
-last step). And an execution's resource limits are zero until their first refresh, a
+start, which each epoch's first step would wait for: once the ranks are four-fifths
+through an epoch, the feed begins the next reading (one, and only one, ahead; none on an
+epoch's last step). The feed cannot tell the last epoch from the others, so the reading
+begun in it is work for nothing, beside training: begun half-way, it cost a two-epoch
+benchmark about a tenth of its throughput. And an execution's resource limits are zero until their first refresh, a
 second in, so a short one ran one map task at a time: the feed's executions refresh them
 every 0.1 s. A reading is the same rows in every epoch (the epoch's shuffle is applied
 here), so what was read ahead serves whichever reading comes next; :meth:`DataFeed.close`
@@ -39,7 +41,7 @@ import numpy as np
 
 Batch = dict[str, np.ndarray]
 
-READ_AHEAD_AT = 0.5  # the fraction of an epoch the ranks have asked for when the next reading begins
+READ_AHEAD_AT = 0.8  # the fraction of an epoch the ranks have asked for when the next reading begins
 # Ray Data 2.60 refreshes an execution's resource limits once a second, and its first
 # answer is zero (the autoscaling coordinator has not replied yet): a short execution runs
 # one map task at a time through its first second, a whole small epoch serial.
