@@ -6,8 +6,10 @@ Helpers live here, not in a test module, so that no test module imports another.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import signal
 import socket
 
 import numpy as np
@@ -138,3 +140,22 @@ def printed_resume_command(output: str) -> list[str]:
     lines = output.splitlines()
     marker = next(i for i, line in enumerate(lines) if line.endswith("Continue it with:"))
     return shlex.split(lines[marker + 1])
+
+
+def assert_stopped_run(output: str, returncode: int, args: list[str], run_dir: str, signum: int,
+                       total_steps: int) -> list[int]:
+    """What a stopped ``hetero-ray train`` leaves (tests/test_interrupted_runs.py's module
+    docstring); returns the steps recorded."""
+    assert returncode == 128 + signum, output[-3000:]
+    name = signal.Signals(signum).name
+    assert f"hetero-ray train: interrupted by {name}" in output, output[-3000:]
+    assert printed_resume_command(output) == ["python", "-m", "hetero_ray", *args, "--resume"]
+    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
+        summary = json.load(f)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == name, summary
+    steps = run_files.read_table(run_dir, "steps")
+    recorded = sorted(steps["global_step"].unique())
+    assert recorded == list(range(len(recorded))) and 0 < len(recorded) < total_steps, recorded
+    assert summary["global_steps"] == len(recorded)
+    assert not os.path.exists(os.path.join(run_dir, run_files.MODEL_FILE)), "a stopped run has no final model"
+    return recorded

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import hetero_ray.train
 from tests import api_jobs
-from tests.ray_data_rows import augment, features  # noqa: F401 - the rows, with the loop that trains on them
+from tests.ray_data_rows import augment, features
 
 SEED = 5
 LR, MOMENTUM = 0.05, 0.9

@@ -25,7 +25,7 @@ import pytest
 
 from hetero_ray.metrics import run_files
 from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
-from tests.helpers import printed_resume_command
+from tests.helpers import assert_stopped_run
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL_STEPS = 256  # 8192 samples / 32: long enough (~15 s, emulated) to stop in the middle
@@ -80,24 +80,6 @@ def test_a_stopped_run_says_interrupted(tmp_path, label, send, signum):
     (tmp_path / "first.log").write_text(output)
     recorded = assert_stopped_run(output, driver.returncode, args, run_dir, signum, TOTAL_STEPS)
     print(f"\n{label}: driver exited {took_s:.1f} s after the stop with {len(recorded)} steps recorded")
-
-
-def assert_stopped_run(output: str, returncode: int, args: list[str], run_dir: str, signum: int,
-                       total_steps: int) -> list[int]:
-    """What a stopped ``hetero-ray train`` leaves (the module docstring); returns the steps recorded."""
-    assert returncode == 128 + signum, output[-3000:]
-    name = signal.Signals(signum).name
-    assert f"hetero-ray train: interrupted by {name}" in output, output[-3000:]
-    assert printed_resume_command(output) == ["python", "-m", "hetero_ray", *args, "--resume"]
-    with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
-        summary = json.load(f)
-    assert summary["status"] == "interrupted" and summary["interrupted_by"] == name, summary
-    steps = run_files.read_table(run_dir, "steps")
-    recorded = sorted(steps["global_step"].unique())
-    assert recorded == list(range(len(recorded))) and 0 < len(recorded) < total_steps, recorded
-    assert summary["global_steps"] == len(recorded)
-    assert not os.path.exists(os.path.join(run_dir, run_files.MODEL_FILE)), "a stopped run has no final model"
-    return recorded
 
 
 # ---- StopSignals, without Ray ------------------------------------------------------------

@@ -15,7 +15,6 @@ CPU-only node's profile arrives later, in the background, and still reaches node
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -35,29 +34,23 @@ HOLD_S = 300.0  # generous: the first step comes within a minute even on a loade
 RELEASED, GAVE_UP = "built after the first step", "built without seeing a first step"
 
 
-@contextlib.contextmanager
-def gpu_and_cpu_nodes(ray_session, log_dir):
-    """A node labelled as a GPU machine and one as CPU-only join the session cluster for
-    the block; yields their node ids by label."""
+@pytest.fixture(scope="module")
+def by_label(ray_session, tmp_path_factory):
+    """A node labelled as a GPU machine and one as CPU-only join the session cluster, once
+    for the module's fits (a node costs seconds); their node ids by label."""
     address = ray_session.get_runtime_context().gcs_address
+    log_dir = str(tmp_path_factory.mktemp("nodes"))
     nodes = []
     try:
-        nodes.append(start_node(address=address, num_cpus=1, log_dir=str(log_dir),
+        nodes.append(start_node(address=address, num_cpus=1, log_dir=log_dir,
                                 labels={DEVICE_LABEL: "gpu", GPU_MODEL_LABEL: "fake-a100"}))
-        nodes.append(start_node(address=address, num_cpus=1, log_dir=str(log_dir), labels={DEVICE_LABEL: "cpu"}))
+        nodes.append(start_node(address=address, num_cpus=1, log_dir=log_dir, labels={DEVICE_LABEL: "cpu"}))
         wait_for_nodes(address, 3, nodes)
         yield {n["Labels"].get(DEVICE_LABEL): n["NodeID"] for n in ray_session.nodes()
                if n["Alive"] and n["Labels"].get(DEVICE_LABEL)}
     finally:
         for node in nodes:
             node.stop()
-
-
-@pytest.fixture(scope="module")
-def by_label(ray_session, tmp_path_factory):
-    """The two labelled nodes, started once for the module's fits (a node costs seconds)."""
-    with gpu_and_cpu_nodes(ray_session, tmp_path_factory.mktemp("nodes")) as nodes:
-        yield nodes
 
 
 def test_worker_devices_place_workers_by_node_label(by_label, fast_config):

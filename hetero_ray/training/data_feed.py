@@ -23,11 +23,10 @@ epoch no longer holds the last one.
 Two of Ray Data 2.60's waits are kept out of the steps. A new execution takes ~0.3 s to
 start, which each epoch's first step would wait for: once the ranks are four-fifths
 through an epoch, the feed begins the next reading (one, and only one, ahead; none on an
-epoch's last step). The feed cannot tell the last epoch from the others, so the reading
-begun in it is work for nothing, beside training: begun half-way, it cost a two-epoch
-benchmark about a tenth of its throughput. And an execution's resource limits are zero until their first refresh, a
-second in, so a short one ran one map task at a time: the feed's executions refresh them
-every 0.1 s. A reading is the same rows in every epoch (the epoch's shuffle is applied
+epoch's last step). Not sooner: the feed cannot tell the last epoch from the others, so
+the reading begun in it is work for nothing, beside training. And an execution's resource
+limits are zero until their first refresh, a second in, so a short one ran one map task
+at a time: the feed's executions refresh them every 0.1 s. A reading is the same rows in every epoch (the epoch's shuffle is applied
 here), so what was read ahead serves whichever reading comes next; :meth:`DataFeed.close`
 stops it at the run's end.
 """
