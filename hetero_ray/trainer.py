@@ -189,7 +189,8 @@ class HeteroTrainer:
         """Where each worker may run: its device's node label, or the ScalingConfig's own selectors."""
         return self._hetero.label_selectors() or getattr(self._scaling, "label_selector", None) or None
 
-    def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float):
+    def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float,
+                       run_callbacks: list):
         from hetero_ray.runtime.torch_trainer import LeanTorchTrainer
 
         hetero = self._hetero
@@ -222,7 +223,7 @@ class HeteroTrainer:
             storage_path=run.storage_path,
             failure_config=user.failure_config or FailureConfig(),
             checkpoint_config=user.checkpoint_config or CheckpointConfig(num_to_keep=CHECKPOINTS_TO_KEEP),
-            callbacks=[*(user.callbacks or []), RunGuard(self._name)],
+            callbacks=[*(user.callbacks or []), RunGuard(self._name), *run_callbacks],
             logging_config=user.logging_config or ray.LoggingConfig(log_level="WARNING"),
             worker_runtime_env=user.worker_runtime_env,
         )

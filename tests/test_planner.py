@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from hetero_ray.metrics.run_files import PLANNER_STATE_FILE
 from hetero_ray.planning.balancer import Proposal
 from hetero_ray.planning.planner import Planner
@@ -203,16 +205,27 @@ def test_the_ranks_warm_up_lines_make_the_first_plan_with_the_profiled_caps():
 def test_a_first_plan_waits_for_the_node_profiles_on_their_way(tmp_path):
     """Profiling beside the workers' start: the first plan is not made without the
     profiles while they are awaited (a restarted planner still awaits them); once they
-    are in it is the profiled plan, with its caps."""
-    waiting = actor(tmp_path)
-    waiting.await_capabilities()
+    are in it is the profiled plan, with its caps. What the driver's fit() said at the
+    planner's start holds once per fit(): not again after a restart, again at the next."""
+    waiting = actor(tmp_path, launch_id="fit-1", first_plan="profiles")
     assert waiting.plan_for(2, 0, RankFacts(**PLACEMENT)) == {"awaiting": "node profiles"}
-    assert actor(tmp_path).plan_for(2, 0, RankFacts(**PLACEMENT)) == {"awaiting": "node profiles"}  # after a crash
+    restarted = actor(tmp_path, launch_id="fit-1", first_plan="profiles")  # after a crash
+    assert restarted.plan_for(2, 0, RankFacts(**PLACEMENT)) == {"awaiting": "node profiles"}
 
     waiting.set_capabilities(NODES)
     profiled = waiting.plan_for(2, 0, RankFacts(**PLACEMENT))
     assert profiled["version"] == 0 and waiting.info()["caps"] is not None
     assert profiled["local_batch_sizes"][0] <= 26
+
+    def awaits(launch_id: str, first_plan) -> bool:
+        return actor(tmp_path, launch_id=launch_id, first_plan=first_plan)._planner.state_dict()["awaiting_capabilities"]
+
+    assert not awaits("fit-1", "profiles"), "restarted after the profiles came, within one fit(), it awaits them again"
+    # A later fit() of the run (a resume) that profiles again awaits its own profiles; one
+    # that does not profile awaits nothing, whatever the one before was waiting for.
+    assert awaits("fit-2", "profiles") and not awaits("fit-3", None)
+    with pytest.raises(ValueError, match="first_plan must be"):
+        actor(tmp_path / "bad", launch_id="fit-1", first_plan="guess")
 
 
 def test_no_wait_where_the_first_plan_needs_no_profiles_or_the_wait_is_over():
@@ -282,13 +295,12 @@ def test_without_profiles_to_come_the_first_plan_follows_the_ranks_cores(tmp_pat
     """Several CPU-only nodes are not profiled: the first plan shares the batch by the cores
     each rank can use (the capped node's third of a core), and a restarted planner still
     knows that no profiles will come."""
-    first = actor(tmp_path)
-    first.first_plan_from_cores()
+    first = actor(tmp_path, launch_id="fit-1", first_plan="cores")
     cpus = [{"threads": 1, "quota_cores": None}, {"threads": 1, "quota_cores": 0.33}]
     plan = first.plan_for(2, 0, RankFacts(["head", "capped"], ["cpu", "cpu"], cpus=cpus))
     assert plan["local_batch_sizes"] == [30, 10]  # 1 : 0.33 of 40
     assert "CPU cores each rank can use (1, 0.33)" in plan["reason"]
-    three = actor(tmp_path).plan_for(3, 20, RankFacts(["head", "capped", "capped"], ["cpu"] * 3,
+    three = actor(tmp_path, launch_id="fit-1", first_plan="cores").plan_for(3, 20, RankFacts(["head", "capped", "capped"], ["cpu"] * 3,
                                                                cpus=[cpus[0], cpus[1], cpus[1]]))
     assert three["local_batch_sizes"] == [30, 5, 5]  # the capped node's two ranks share its quota
 

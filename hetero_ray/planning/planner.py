@@ -91,6 +91,7 @@ class Planner:
         self._placement: Optional[tuple[list[str], Optional[list[str]]]] = None  # the first plan's ranks: nodes, kinds
         self._awaiting_capabilities = False
         self._first_plan_from_cores = False
+        self._launch_id: Optional[str] = None  # the fit() whose first-plan source is in force
         self._plan: Optional[Plan] = None
         self._next_version = 0
         self._attempt: Optional[dict] = None  # the worker group the balancer serves (begin_attempt's arguments)
@@ -109,6 +110,19 @@ class Planner:
         return self._memory_caps
 
     # ------------------------------------------------------------------ node profiles
+    def start_launch(self, launch_id: str, first_plan: Optional[str]) -> None:
+        """A driver's ``fit()`` (``launch_id``) says where its first plans come from:
+        ``"profiles"`` (:meth:`await_capabilities`), ``"cores"`` (:meth:`first_plan_from_cores`)
+        or None (profiles handed over before the first step, or none). Once per launch: a
+        planner restarted within it keeps what its saved state says (profiles that came)."""
+        if first_plan not in ("profiles", "cores", None):
+            raise ValueError(f"first_plan must be 'profiles', 'cores' or None, got {first_plan!r}")
+        if launch_id == self._launch_id:
+            return
+        self._launch_id = launch_id
+        self._awaiting_capabilities = first_plan == "profiles"
+        self._first_plan_from_cores = first_plan == "cores"
+
     def await_capabilities(self) -> None:
         """Node profiles are on their way: a first plan that would use them waits for them."""
         self._awaiting_capabilities = True
@@ -354,6 +368,7 @@ class Planner:
             "plan_changes": self._plan_changes,
             "awaiting_capabilities": self._awaiting_capabilities,
             "first_plan_from_cores": self._first_plan_from_cores,
+            "launch_id": self._launch_id,
             "placement": None if self._placement is None else list(self._placement),
             "attempt": self._attempt,
             "decision": self.balancer.decision_state(),
@@ -384,6 +399,7 @@ class Planner:
         self._nodes, self._plan_changes = nodes, plan_changes
         self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))
         self._first_plan_from_cores = bool(state.get("first_plan_from_cores"))
+        self._launch_id = state.get("launch_id")
         self._placement = placement
         if attempt is not None:
             self.begin_attempt(**attempt)

@@ -17,6 +17,9 @@ import time
 from typing import Any, Optional
 
 import ray
+# Ray Train's hook as its controller starts (a DeveloperAPI, pinned with ray 2.60); an
+# exception there ends fit() without a retry.
+from ray.train.v2._internal.execution.callback import ControllerCallback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hetero_ray.constants import (
@@ -126,6 +129,28 @@ def _wait_until_started(handle, name: str) -> None:
                              "overloaded") from None
 
 
+class ActorsStarted(ControllerCallback):
+    """Ray Train's controller waits for the run's actors before its first worker group.
+
+    The driver starts them without waiting (:func:`start_actor` ``wait=False``): each is a
+    process of its own, and its start then overlaps the controller's instead of coming
+    before it (a second or two of every ``fit()``). Nothing of the run calls them before
+    the workers do, so the controller's start is the last moment to check that they are
+    up; one whose constructor failed, or that is not up within
+    :data:`ACTOR_START_TIMEOUT_S`, ends ``fit()`` at once (no retry would help).
+    """
+
+    def __init__(self, handles: dict[str, "ray.actor.ActorHandle"]):
+        self._handles = handles  # by actor name
+
+    def after_controller_start(self, train_run_context) -> None:
+        for name, handle in self._handles.items():
+            try:
+                _wait_until_started(handle, name)
+            except ray.exceptions.RayActorError as e:
+                raise TrainingFailed(f"the run's actor {name} could not start: {e}") from None
+
+
 def get_actor(experiment_name: str, role: str) -> "ray.actor.ActorHandle":
     return ray.get_actor(actor_name(experiment_name, role), namespace=RAY_NAMESPACE)
 
@@ -140,12 +165,12 @@ def start_metrics_store(experiment_name: str, run_dir: str, node_id: str, remote
     )
 
 
-def start_planner(experiment_name: str, run_dir: str, node_id: str, **planner_kwargs: Any):
-    """The run's one planning authority (arguments of :class:`hetero_ray.planning.planner.Planner`).
-    Needs the store running: the planner is handed its handle; ``run_dir`` keeps its state,
-    so that a restart continues the plan in force."""
+def start_planner(experiment_name: str, run_dir: str, node_id: str, wait: bool = True, **planner_kwargs: Any):
+    """The run's one planning authority (arguments of :class:`PlannerActor`). Needs the
+    store started: the planner is handed its handle; ``run_dir`` keeps its state, so that a
+    restart continues the plan in force."""
     store = get_actor(experiment_name, METRICS_STORE_ROLE)
-    return start_actor(PlannerActor, experiment_name, PLANNER_ROLE, store, run_dir, node_id=node_id,
+    return start_actor(PlannerActor, experiment_name, PLANNER_ROLE, store, run_dir, node_id=node_id, wait=wait,
                        **planner_kwargs)
 
 

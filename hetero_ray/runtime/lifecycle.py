@@ -15,13 +15,14 @@ callable that builds the ``TorchTrainer`` once the first plan's wait is known.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import ray
 
 from hetero_ray.constants import (
-    DEFAULT_PROGRESS_INTERVAL_S, METRICS_STORE_ROLE, PROGRESS_INTERVAL_S_ENV_VAR, actor_name, env_float,
+    DEFAULT_PROGRESS_INTERVAL_S, METRICS_STORE_ROLE, PLANNER_ROLE, PROGRESS_INTERVAL_S_ENV_VAR, actor_name, env_float,
 )
 from hetero_ray.errors import RunInterrupted
 from hetero_ray.runtime import actors, storage
@@ -63,13 +64,14 @@ class Finished(NamedTuple):
     summary: dict[str, Any]
 
 
-def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
+def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float, list], Any], *,
                   emit: Callable[[str], None] = print) -> Finished:
     """Runs training and finishes the run's files however it ended.
 
     Args:
         make_trainer: builds the ``TorchTrainer`` from how long rank 0's first plan request
-            waits for the profiles (0 without profiling); called inside the guarded part,
+            waits for the profiles (0 without profiling) and the Ray Train callbacks the
+            run adds (the check that its actors started); called inside the guarded part,
             so an error there is recorded like a training failure.
 
     Raises:
@@ -77,32 +79,39 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float], Any], *,
         RunInterrupted: Ctrl-C or SIGTERM stopped training (``spec.interruption`` phrases it).
     """
     node_id = ray.get_runtime_context().get_node_id()
-    # The two start side by side (each is a process importing torch: seconds).
+    profiling = _node_profiling(spec, emit)  # its course says where the first plan comes from
+    # None is waited for here: each is a process importing torch (a second or two), and
+    # their starts overlap that of Ray Train's controller, which waits for them
+    # (actors.ActorsStarted) before its workers call them.
     store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri, wait=False)
     planner = None
     feeds: list = []
     try:
         feeds = [actors.start_data_feed(spec.experiment_name, name, dataset, node_id)
                  for name, dataset in (spec.data_feeds or {}).items()]
-        planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, **spec.planner_settings)
-        actors.wait_until_started(store, actor_name(spec.experiment_name, METRICS_STORE_ROLE))
+        planner = actors.start_planner(spec.experiment_name, spec.run_dir, node_id, wait=False,
+                                       launch_id=uuid.uuid4().hex,
+                                       first_plan=profiling.first_plan if profiling else None,
+                                       **spec.planner_settings)
     except BaseException:
         for actor in (planner, store, *feeds):  # the run's name must not stay taken
             if actor is not None:
                 actors.kill_actor(actor)
         raise
+    started_check = actors.ActorsStarted({actor_name(spec.experiment_name, METRICS_STORE_ROLE): store,
+                                          actor_name(spec.experiment_name, PLANNER_ROLE): planner})
     started = time.time()
     error: Optional[BaseException] = None
     result = None
-    profiling: Optional[NodeProfiling] = None
     stopped_by: Optional[int] = None  # the signal that stopped training by hand
     # Ctrl-C and SIGTERM from here on (runtime/interrupts.py), profiling included: with
     # GPUs their nodes are profiled before the first step, which can take a minute, and a
     # stop there must leave a summary and no actors like a stop in training.
     signals = StopSignals().install()
     try:
-        profiling = _start_profiling(spec, store, planner, emit)
-        trainer = make_trainer(profiling.first_plan_wait_s if profiling else 0.0)
+        if profiling is not None:
+            profiling.start(store, planner)
+        trainer = make_trainer(profiling.first_plan_wait_s if profiling else 0.0, [started_check])
         with ProgressPrinter(store, spec.total_steps,
                              env_float(PROGRESS_INTERVAL_S_ENV_VAR, DEFAULT_PROGRESS_INTERVAL_S), emit):
             result = trainer.fit()
@@ -148,13 +157,11 @@ def _profiled_nodes(profiling: Optional[NodeProfiling], wait: bool, emit: Callab
         return None
 
 
-def _start_profiling(spec: RunSpec, store, planner, emit: Callable[[str], None]) -> Optional[NodeProfiling]:
+def _node_profiling(spec: RunSpec, emit: Callable[[str], None]) -> Optional[NodeProfiling]:
     recipe = spec.profiling
     if recipe is None:
         return None
-    profiling = NodeProfiling(spec.run_dir, store, planner, spec.experiment_name, recipe.config, emit=emit)
-    profiling.start(uses_gpus=recipe.uses_gpus)
-    return profiling
+    return NodeProfiling(spec.run_dir, spec.experiment_name, recipe.config, recipe.uses_gpus, emit=emit)
 
 
 def _copy_to_remote(spec: RunSpec, emit: Callable[[str], None]) -> None:

@@ -56,55 +56,63 @@ FIRST_PLAN_POLL_S = 1.0  # the CPU-only nodes of a GPU cluster: asking whether t
 
 
 class NodeProfiling:
-    """One run's node profiling: :meth:`start` (now, beside the workers' start, or after
-    the first plan: the module docstring says which), then :meth:`nodes` for the summary's
-    verdicts."""
+    """One run's node profiling, its course chosen from the nodes alive when it is made
+    (the module docstring says which): :attr:`first_plan` for the planner's start, then
+    :meth:`start` (now, beside the workers' start, or after the first plan), then
+    :meth:`nodes` for the summary's verdicts."""
 
-    def __init__(self, run_dir: str, store, planner, experiment_name: str, config: ProfileConfig, *,
+    def __init__(self, run_dir: str, experiment_name: str, config: ProfileConfig, uses_gpus: bool, *,
                  emit: Callable[[str], None] = print):
-        self._args = (run_dir, store, planner, experiment_name, config)
-        self._kwargs = dict(emit=emit)
-        self._planner, self._emit, self.timeout_s = planner, emit, config.timeout_s
+        from hetero_ray.runtime.cluster import alive_nodes
+
+        self._run_dir, self._experiment_name, self._config = run_dir, experiment_name, config
+        self._emit, self.timeout_s = emit, config.timeout_s
+        nodes = alive_nodes()
+        self._uses_gpus, self._num_nodes = uses_gpus, len(nodes)
+        self._gpu_nodes, self._cpu_only = split_by_gpus(nodes)
+        self._planner = None
         self._nodes: Optional[list[dict]] = None
         self._thread: Optional[threading.Thread] = None
         self._finishing = threading.Event()  # the run ended: a profiling still to start does not
+
+    @property
+    def first_plan(self) -> Optional[str]:
+        """Where the first plan comes from (:meth:`Planner.start_launch`): the ranks' CPU
+        cores on several CPU-only nodes, the profiles made beside the workers' start on
+        one, and with GPUs the profiles handed over before training (None)."""
+        if self._uses_gpus:
+            return None
+        return "cores" if self._num_nodes > 1 else "profiles"
 
     @property
     def first_plan_wait_s(self) -> float:
         """How long rank 0 waits for the profiles at its first plan request."""
         return self.timeout_s + JOIN_SLACK_S
 
-    def start(self, uses_gpus: bool) -> None:
+    def start(self, store, planner) -> None:
         """Profiles beside the workers' start where that costs the first plan nothing, not
         at all on several CPU-only nodes, the GPU nodes now and the others after the first
-        plan where there are GPUs (see the module docstring)."""
-        from hetero_ray.runtime.cluster import alive_nodes
-
-        nodes = alive_nodes()
-        if not uses_gpus and len(nodes) > 1:
-            ray.get(self._planner.first_plan_from_cores.remote(), timeout=30)
-            self._emit(f"[hetero_ray] {len(nodes)} CPU-only nodes: no node profiles before the first step; the ranks "
-                       "measure themselves (first plan by the CPU cores each can use, then by their step times)")
-        elif not uses_gpus:
-            self._start_beside_workers()
+        plan where there are GPUs (see the module docstring). ``planner`` was started with
+        :attr:`first_plan`; nothing here waits for it, except the profiles of GPU nodes."""
+        self._args = (self._run_dir, store, planner, self._experiment_name, self._config)
+        self._kwargs = dict(emit=self._emit)
+        self._planner = planner
+        if self.first_plan == "cores":
+            self._emit(f"[hetero_ray] {self._num_nodes} CPU-only nodes: no node profiles before the first step; the "
+                       "ranks measure themselves (first plan by the CPU cores each can use, then by their step times)")
+        elif self.first_plan == "profiles":
+            self._thread = threading.Thread(target=self._run_beside, name="hetero_ray-node-profiling", daemon=True)
+            self._thread.start()
+        elif not self._gpu_nodes:  # GPUs asked for where no node declares one: every node is profiled first
+            self._nodes = profile_nodes(*self._args, **self._kwargs)
         else:
-            gpu_nodes, cpu_only = split_by_gpus(nodes)
-            if not gpu_nodes:  # GPUs asked for where no node declares one: every node is profiled first
-                self._nodes = profile_nodes(*self._args, **self._kwargs)
-                return
-            self._nodes = profile_nodes(*self._args, node_ids=gpu_nodes, **self._kwargs)  # the planner has them
-            if cpu_only:
-                self._emit(f"[hetero_ray] {len(cpu_only)} CPU-only node(s) are profiled after the first plan, not "
-                           "before the first step: their ranks time the model themselves before step 0")
-                self._thread = threading.Thread(target=self._run_after_first_plan, args=(cpu_only,),
+            self._nodes = profile_nodes(*self._args, node_ids=self._gpu_nodes, **self._kwargs)  # the planner has them
+            if self._cpu_only:
+                self._emit(f"[hetero_ray] {len(self._cpu_only)} CPU-only node(s) are profiled after the first plan, "
+                           "not before the first step: their ranks time the model themselves before step 0")
+                self._thread = threading.Thread(target=self._run_after_first_plan, args=(self._cpu_only,),
                                                 name="hetero_ray-node-profiling", daemon=True)
                 self._thread.start()
-
-    def _start_beside_workers(self) -> None:
-        """Profiles in a thread; the planner holds the first plan until the profiles are in."""
-        ray.get(self._planner.await_capabilities.remote(), timeout=30)
-        self._thread = threading.Thread(target=self._run_beside, name="hetero_ray-node-profiling", daemon=True)
-        self._thread.start()
 
     def _run_after_first_plan(self, node_ids: list[str]) -> None:
         """The CPU-only nodes of a GPU cluster, once the first plan is made: until then

@@ -39,10 +39,15 @@ class PlannerActor:
             :func:`hetero_ray.runtime.actors.start_planner` (this module looks up no peer);
             a restart of this actor gets the same handle again.
         run_dir: where its state is kept; None keeps it in memory only.
+        launch_id, first_plan: the driver's ``fit()`` and where its first plan comes from
+            (:meth:`Planner.start_launch`): given at the start, so that no call the
+            driver makes waits for this actor's process, and applied once per launch
+            (a restart within it keeps what its saved state says).
         planner_kwargs: the arguments of :class:`Planner` (the same on every restart).
     """
 
-    def __init__(self, store, run_dir: Optional[str], **planner_kwargs):
+    def __init__(self, store, run_dir: Optional[str], launch_id: Optional[str] = None,
+                 first_plan: Optional[str] = None, **planner_kwargs):
         self._store = store
         self._run_dir = run_dir
         self._planner = Planner(**planner_kwargs)
@@ -50,16 +55,11 @@ class PlannerActor:
         self._saved: Optional[str] = None
         self._restored_from: list[str] = []
         self._restore()
+        if launch_id is not None:
+            self._planner.start_launch(launch_id, first_plan)
+            self._save()
 
     # ------------------------------------------------------------------ the driver
-    def await_capabilities(self) -> None:
-        self._planner.await_capabilities()
-        self._save()
-
-    def first_plan_from_cores(self) -> None:
-        self._planner.first_plan_from_cores()
-        self._save()
-
     def set_capabilities(self, nodes: list[dict]) -> None:
         self._planner.set_capabilities(nodes)
         self._save()
