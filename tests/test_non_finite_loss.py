@@ -116,16 +116,14 @@ def test_the_cli_flag_reaches_every_worker_of_the_built_in_job(monkeypatch, tmp_
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.parametrize("allowed", [False, True], ids=["stops", "allowed"])
-def test_the_built_in_job_stops_on_a_nan_loss_unless_told_to_train_on(ray_session, fast_config, allowed):
-    """`hetero-ray train --allow-non-finite-loss` reaches the built-in loop (an absurd
-    learning rate makes the weights, and so the loss, overflow within a few steps)."""
+def test_the_built_in_job_stops_on_a_nan_loss(ray_session, fast_config):
+    """The built-in loop reports its loss through the same check as a user's loop (an absurd
+    learning rate makes the weights, and so the loss, overflow within a few steps). That
+    `--allow-non-finite-loss` turns the check off there too is the user's loop's run above
+    with the setting, and the flag reaching every worker's settings (no run needed)."""
     from hetero_ray.builtin.driver import run_training
 
-    config = fast_config(lr=1e30, allow_non_finite_loss=allowed, experiment_name=f"nan-builtin-{allowed}")
-    if allowed:
-        assert run_training(config).summary["status"] == "finished"
-        return
+    config = fast_config(lr=1e30, experiment_name="nan-builtin")
     with pytest.raises(UserError, match=r"the loss is (nan|inf) at global step \d+ on rank \d.*"
                                         r"--allow-non-finite-loss"):
         run_training(config)
