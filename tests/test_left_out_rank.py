@@ -90,3 +90,13 @@ def test_a_rank_holding_other_optimisers_than_rank_0_is_told_so():
     with pytest.raises(UserError, match="rank 1 holds other optimizers than rank 0"):
         find_training_state(model).load(sent, rank=1)
     del optimizer
+
+
+def test_two_live_scalers_are_both_found():
+    """Two of a kind make the search collect the whole heap first; if both are alive, both are kept."""
+    model = nn.Linear(2, 2)
+    optimizer, first, second = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu"), \
+        torch.amp.GradScaler("cpu")
+    found = find_training_state(model)
+    assert list(found.optimizers.values()) == [optimizer]
+    assert {id(s) for s in found.scalers.values()} == {id(first), id(second)}

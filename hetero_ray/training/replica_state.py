@@ -16,7 +16,8 @@ receives rank 0's copy of all of it:
 
 The user makes the optimisers, schedulers and scalers, and hands none of them to
 hetero_ray; they are found among the worker's live objects by type, when needed (a
-walk over the tracked objects, ~20 ms for a worker holding torch and Ray). Ranks may find
+walk over the tracked objects, ~20 ms for a worker holding torch and Ray; a whole
+collection first only where two of a kind turn up, see ``_live_objects``). Ranks may find
 them in another order, so rank 0 sends one table keyed by what is the same on every rank —
 an optimiser by the positions of its parameters in ``model.parameters()``, a scheduler by
 its optimiser's key and its class — and a rank that holds a different set is told so,
@@ -107,17 +108,32 @@ class TrainingState:
 def find_training_state(model: nn.Module) -> TrainingState:
     """This worker's optimisers of ``model``'s parameters, their schedulers, and its enabled
     gradient scalers, found among the live objects (see the module docstring)."""
+    found = _keyed(model, _live_objects(collect_frozen=False))
+    if found is None:  # two of a kind where one is usual: one may have died while frozen
+        objects = _live_objects(collect_frozen=True)
+        found = _keyed(model, objects) or _keyed(model, objects, allow_twins=True)  # or there are two
+    return found
+
+
+def _keyed(model: nn.Module, objects: list, allow_twins: bool = False) -> Optional[TrainingState]:
+    """The training state among ``objects``; None when it holds two optimisers of the same
+    parameters, two enabled scalers, or two schedulers of one class on one optimiser (unless
+    ``allow_twins``)."""
     positions = {id(p): i for i, p in enumerate(model.parameters())}
     optimizers, schedulers, scalers = {}, {}, {}
-    for obj in _live_objects():
+    for obj in objects:
         kind = type(obj)  # not isinstance: it reads __class__, which some lazy module objects warn on
         if issubclass(kind, torch.optim.Optimizer) and not _wraps_an_optimizer(obj):
             key = _optimizer_key(obj, positions)
             if key is not None:
+                if key in optimizers and not allow_twins:
+                    return None
                 optimizers[key] = obj
         elif issubclass(kind, LRScheduler):
             schedulers.setdefault(id(obj), obj)
         elif issubclass(kind, torch.amp.GradScaler) and obj.is_enabled():
+            if scalers and not allow_twins:
+                return None
             scalers[len(scalers)] = obj
     by_optimizer = {id(o): key for key, o in optimizers.items()}
     keyed_schedulers: dict[Any, LRScheduler] = {}
@@ -127,21 +143,27 @@ def find_training_state(model: nn.Module) -> TrainingState:
             continue  # schedules an optimiser of something else
         base = (optimizer_key, type(scheduler).__name__)
         count = sum(1 for k in keyed_schedulers if k[:2] == base)
+        if count and not allow_twins:
+            return None
         keyed_schedulers[(*base, count)] = scheduler
     return TrainingState(optimizers, keyed_schedulers, scalers)
 
 
-def _live_objects() -> list:
-    # Objects frozen out of the collector's generations (training/heap.py freezes the
-    # heap at each epoch's start) are not listed by gc.get_objects(): unfreeze them, and
-    # collect first, so that an optimiser or scaler that died in a cycle (a loop that made
-    # new ones; frozen alive, it waits for the next full walk) is not taken for a live one.
-    # A full walk per copy: copies are rare (a rank left out, then an epoch's end or its
-    # return). Refrozen only if the heap was frozen: a loop whose loader never froze it
-    # (Lightning's, the Trainer's) keeps its objects collectable.
+def _live_objects(collect_frozen: bool) -> list:
+    # Objects frozen out of the collector's generations (training/heap.py freezes the heap
+    # at each epoch's start) are not listed by gc.get_objects(): unfreeze them to list them.
+    # What died since the last freeze is collected first, on every rank alike (a rank's
+    # own collections run at other times), so that no rank lists a dead optimiser another
+    # rank has freed. What died while frozen (an optimiser or scaler a loop replaced after
+    # an epoch's start, in a cycle) is freed only by collecting the whole heap, a walk of
+    # ~0.1–0.3 s per rank: ``collect_frozen`` does, for the listing that found two of a kind.
+    # Refrozen only if the heap was frozen: a loop whose loader never froze it (Lightning's,
+    # the Trainer's) keeps its objects collectable.
     frozen = gc.get_freeze_count()
-    gc.unfreeze()
     gc.collect()
+    gc.unfreeze()
+    if collect_frozen:
+        gc.collect()
     try:
         return gc.get_objects()
     finally:
