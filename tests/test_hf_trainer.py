@@ -11,9 +11,8 @@ on a real local Ray with real gloo groups.
   device on the same global batches, and log its loss (and BERT its evaluation loss);
 - which of those kinds a loss is, measured from what twice the items do to it;
 - the Trainer's logs and checkpoint reach Ray Train's ``Result``;
-- every sample once per epoch;
-- without hetero_ray's weighting (the Trainer's own DDP over the same unequal shares, as
-  Ray Train's ``prepare_trainer`` would leave it) the mean-loss model no longer matches;
+- every sample once per epoch (that without hetero_ray's weighting the same shares do not
+  match one device is tests/test_promise_matrix_hf.py's negative control);
 - the example runs (in bf16, under emulated speeds), mistakes a porter makes are refused
   with what to do, and nothing deprecated in transformers is read.
 """
@@ -94,20 +93,8 @@ def trainer_loop(config: dict) -> None:
     callbacks = [RayTrainReportCallback()] + ([CrashAfterCheckpoint(config)] if config.get("crash") else [])
     dataset = make_dataset(config["kind"], config["num_samples"])
     model = make_model(config["kind"])
-    if config.get("plain_ddp"):
-        # What Ray Train's prepare_trainer leaves: the Trainer's own DDP (equal weights 1/n)
-        # over hetero_ray's unequal shares.
-        class PlainTrainer(transformers.Trainer):
-            def get_train_dataloader(self):
-                return hetero_ray.train.prepare_data_loader(
-                    torch.utils.data.DataLoader(dataset, batch_size=BATCH // 3, shuffle=True,
-                                                collate_fn=transformers.default_data_collator))
-
-        trainer = PlainTrainer(model=model, args=args, train_dataset=dataset,
-                               callbacks=[RayTrainReportCallback()])
-    else:
-        trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
-            model=model, args=args, train_dataset=dataset, callbacks=callbacks))
+    trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
+        model=model, args=args, train_dataset=dataset, callbacks=callbacks))
     if config.get("eval_samples"):
         # Before and after training, each reaching the run's reports table.
         evaluation = make_dataset(config["kind"], config["eval_samples"], seed=EVAL_SEED)
@@ -267,20 +254,6 @@ def test_a_killed_worker_resumes_the_trainer_mid_epoch_exactly_once(ray_session,
     assert shares[0] == [12, 8, 4] and shares[4] == [4, 8, 12] and shares[5] == [3, 6, 9]  # short window, same rule
     reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet"))
     assert len(reports) >= STEPS  # every log of the Trainer reached the run's table
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_without_the_weighting_the_same_run_does_not_match(ray_session, tmp_path):
-    """The Trainer's own DDP averages the ranks' local means with equal weights. (A loss
-    the Trainer counts in tokens across ranks would come out right that way: the Trainer
-    scales it for DDP's equal average itself, which is why hetero_ray rescales it.)"""
-    weights, _ = reference("mean_loss")
-    result = _fit(tmp_path, "hf-plain", "mean_loss", plain_ddp=True)
-
-    worst = _worst_difference(_final_weights(result), weights)
-    print(f"equal-weight DDP over the same shares vs one device: largest weight difference {worst:.2e}")
-    assert worst > 20 * TOLERANCE, f"equal-weight DDP over unequal shares matched one device ({worst:g})"
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

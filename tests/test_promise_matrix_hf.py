@@ -6,7 +6,8 @@ plain model's local mean; a BERT classifier's plain mean behind a ``forward`` th
 ``**kwargs``) × precision (fp32; bf16) × what happens to the plan (a change; a rank left
 out and brought back across an epoch's end; a rank left out from the first plan). The
 Trainer evaluates every 2 steps (also while a rank is out) and logs every step; every
-epoch ends with a short window. Every pair of values is covered (9 cases). On every rank: one device's weights, learning rate,
+epoch ends with a short window. Every pair of values is covered (9 cases), and a
+negative control: the Trainer's own DDP over unequal shares, unweighted, does not match. On every rank: one device's weights, learning rate,
 scheduler position, evaluation losses and count of input tokens seen (a left-out rank's
 probe tokens are none of it), and every sample once per epoch.
 """
@@ -37,6 +38,10 @@ PLANS = {
 # Every pair of values (all-pairs): each kind under each plan, and each of them in both precisions.
 CASES = [{"kind": kind, "plan": plan, "precision": PRECISIONS[(i + j) % 2]}
          for i, plan in enumerate(PLANS) for j, kind in enumerate(KINDS)]
+# The negative control: the Trainer's own DDP (what Ray Train's prepare_trainer leaves: equal
+# weights 1/n) over the same kind of unequal shares, which must not come out as one device.
+PLAIN_DDP = {"kind": "mean_loss", "plan": "uneven", "precision": "fp32", "plain_ddp": True}
+SCRIPTS = {**PLANS, "uneven": {0: (12, 4, 8)}}
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-3}  # bf16: each rank's own gradient sums are rounded
 REPLICA_TOLERANCE = 1e-6
 
@@ -69,10 +74,31 @@ def hf_loop(config: dict) -> dict:
             "tokens_seen": trainer.state.num_input_tokens_seen}
 
 
+def plain_ddp_loop(config: dict) -> dict:
+    """The Trainer with its own DDP on hetero_ray's plan-following loader, unweighted."""
+    import torch
+
+    import hetero_ray.train
+
+    case = config["case"]
+    dataset = make_dataset(case["kind"], NUM_SAMPLES)
+
+    class PlainTrainer(transformers.Trainer):
+        def get_train_dataloader(self):
+            return hetero_ray.train.prepare_data_loader(torch.utils.data.DataLoader(
+                dataset, batch_size=GLOBAL_BATCH // NUM_WORKERS, shuffle=True,
+                collate_fn=transformers.default_data_collator))
+
+    trainer = PlainTrainer(model=make_model(case["kind"]), args=training_args(config["output_dir"], save_strategy="no"),
+                           train_dataset=dataset)
+    trainer.train()
+    return {"params": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
+
+
 def _run_case(case: dict, rank: int, case_dir: str) -> dict:
     result, store, _ = run_in_session(
-        hf_loop, {"case": case, "output_dir": os.path.join(case_dir, f"rank{rank}")}, rank=rank,
-        num_workers=NUM_WORKERS, global_batch_size=GLOBAL_BATCH, planner=ScriptedPlanner(PLANS[case["plan"]]),
+        plain_ddp_loop if case.get("plain_ddp") else hf_loop, {"case": case, "output_dir": os.path.join(case_dir, f"rank{rank}")}, rank=rank,
+        num_workers=NUM_WORKERS, global_batch_size=GLOBAL_BATCH, planner=ScriptedPlanner(SCRIPTS[case["plan"]]),
         storage=os.path.join(case_dir, "storage"), seed=SEED)
     return {**result, "sample_ids": [(r["epoch"], r["sample_indices"]) for r in store.sample_ids]}
 
@@ -80,7 +106,7 @@ def _run_case(case: dict, rank: int, case_dir: str) -> dict:
 @pytest.fixture(scope="module")
 def per_rank(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("promise_matrix_hf")
-    return run_cases_on_ranks(_run_case, CASES, case_name, NUM_WORKERS, str(out_dir))
+    return run_cases_on_ranks(_run_case, [*CASES, PLAIN_DDP], case_name, NUM_WORKERS, str(out_dir))
 
 
 def _largest(a: dict, b: dict) -> float:
@@ -132,3 +158,17 @@ def test_a_token_counted_evaluation_does_not_depend_on_the_plan(per_rank):
     for name, evaluations in runs.items():
         for rank, values in enumerate(evaluations):
             assert max(abs(a - b) for a, b in zip(values, first)) < 1e-5, f"{name}, rank {rank}"
+
+
+def test_without_the_weighting_the_same_run_does_not_match(per_rank):
+    """The Trainer's own DDP averages the ranks' local means with equal weights. (A loss
+    the Trainer counts in tokens across ranks would come out right that way: the Trainer
+    scales it for DDP's equal average itself, which is why hetero_ray rescales it.)"""
+    results = [ranks[case_name(PLAIN_DDP)] for ranks in per_rank]
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}: {result.get('error')}"
+    reference = one_device_trainer(PLAIN_DDP["kind"], NUM_SAMPLES, GLOBAL_BATCH)
+    want = {k: v.detach() for k, v in reference.model.state_dict().items()}
+    worst = _largest(results[0]["params"], want)
+    print(f"equal-weight DDP over shares 12/4/8 vs one device: largest weight difference {worst:.2e}")
+    assert worst > 20 * TOLERANCE["fp32"], f"equal-weight DDP over unequal shares matched one device ({worst:g})"
