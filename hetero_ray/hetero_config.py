@@ -81,7 +81,8 @@ class HeteroConfig:
             dataset, an adaptive policy (``dynamic``, ``optimal``), and CPU ranks beside GPU
             ranks or on nodes of their own; True: also for ranks on rank 0's node (needs a
             ``"train"`` dataset and an adaptive policy); False: never.
-        feed_trial_steps: the steps each of the trial's two windows measures (≥ 2).
+        feed_trial_steps: the steps each of the trial's two windows measures at least (≥ 2),
+            rounded up to whole epochs (the wait between epochs counts).
     """
 
     global_batch_size: int

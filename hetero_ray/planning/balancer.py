@@ -79,8 +79,9 @@ the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
 
 A run that reads a Ray Data pipeline may also hold a *feeding trial*
 (:mod:`hetero_ray.planning.feed_trial`): once a decision has kept a plan with every
-candidate in, the next decision point instead leaves the candidates out for a window of
-steps (longer while the two are within their noise), and then keeps whichever of the two
+candidate in and whole epochs of it are measured (looked for with every batch of records),
+the candidates are left out for a window of whole epochs (longer while the two are within
+their noise), and then keeps whichever of the two
 measured faster — the candidates out for good (the policy holds them out), or their old
 shares back. The policy
 decides nothing while the trial runs; no rollback judges the trial's plans (the trial's
@@ -102,13 +103,14 @@ from typing import Optional, Sequence
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates
-from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial, shares_without, step_periods
+from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial, shares_without, step_periods, steps_per_epoch
 from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares, lift_to_hold, tighter
 from hetero_ray.planning.policies import Decision, Policy
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.quota import QuotaCaps
 
-_STEPS_TRACKED = 256  # per-step completeness kept for the newest steps only
+_STEPS_TRACKED = 1024  # per-step completeness kept for the newest steps only (a trial's windows: whole epochs)
+_EPOCHS_TRACKED = 8  # epochs' first steps kept (a feeding trial's windows span whole epochs)
 _GAPS_TRACKED = 4  # the lead plans for the longest of the last few gaps between batches (in steps)
 _MAX_LAG_S = 60.0  # a step "older" than this means clocks disagree: ignore the lag
 # A plan whose step is this much slower than its predecessor's is rolled back. Below the
@@ -256,6 +258,7 @@ class Balancer:
         self._shape_seeds: Optional[list] = None  # per rank (α, β, τ) of the first plan's curves
         self.feed_trial: Optional[FeedTrial] = None  # feeding or training (planning/feed_trial.py)
         self._settled_version: Optional[int] = None  # the plan a decision last kept (a trial starts from it)
+        self._epoch_starts: dict[int, int] = {}  # epoch → its first global step (the run's, across attempts)
 
     # ------------------------------------------------------------------ lifecycle
     def begin_attempt(self, attempt: int, num_workers: int, start_global_step: int,
@@ -320,6 +323,7 @@ class Balancer:
             info.ranks.add(row["rank"])
             info.plan_version = row["plan_version"]
             info.epoch = int(row.get("epoch", -1))
+            self._note_epoch_start(row)
             if row["rank"] == 0 and row.get("wall_time") is not None:
                 info.rank0_wall_time = float(row["wall_time"])
             info.local_batch_sizes[row["rank"]] = row["local_batch_size"]
@@ -345,13 +349,28 @@ class Balancer:
         # A feeding trial that measures looks again with every batch: it waits for steps, not
         # for a point, and a lead taken in a stall (records that arrive during an evaluation,
         # after steps of a few ms) can put the next point past the end of a short run.
+        # So does a trial waiting for its training window: whole epochs of it are ready between
+        # two points, and the lead of a stall can put the next point past the run's end.
         measuring = self.feed_trial is not None and self.feed_trial.phase == FEEDING
-        if not measuring and self._end_global_step is not None and self._next_point >= self._end_global_step:
-            return out  # the run ends before the next point: nothing left to decide for
+        waiting = self.feed_trial is not None and self.feed_trial.phase == WAITING
         reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
+        if not measuring and self._end_global_step is not None and self._next_point >= self._end_global_step:
+            if waiting and self._trial_starts_between_points(newest_complete, out):
+                self._next_point = self._point_after(reach)
+            return out  # the run ends before the next point: nothing left to decide for
         if (reach >= self._next_point or measuring) and self._decide(newest_complete, out):
             self._next_point = self._point_after(reach)  # else: try again with the next batch
+        elif waiting and self._trial_starts_between_points(newest_complete, out):
+            self._next_point = self._point_after(reach)
         return out
+
+    def _note_epoch_start(self, row: dict) -> None:
+        epoch, step = row.get("epoch"), row.get("step")
+        if epoch is None or step is None or epoch < 0:
+            return
+        self._epoch_starts[int(epoch)] = int(row["global_step"]) - int(step)
+        while len(self._epoch_starts) > _EPOCHS_TRACKED:
+            del self._epoch_starts[min(self._epoch_starts)]
 
     def _point_after(self, global_step: int) -> int:
         """The first rebalance point after ``global_step``."""
@@ -439,15 +458,35 @@ class Balancer:
         return True
 
     # ------------------------------------------------------------------ the feeding trial
-    def _trial_periods(self, version: int) -> list[float]:
-        """Rank 0's step periods over ``version``'s complete full steps (feed_trial.step_periods)."""
-        steps = [(step, info.epoch, info.rank0_wall_time) for step, info in self._steps.items()
+    def _trial_periods(self, version: int) -> list[tuple[float, int]]:
+        """Rank 0's step periods and samples over ``version``'s complete steps, an epoch's
+        short last one included (feed_trial.step_periods)."""
+        steps = [(step, info.rank0_wall_time, sum(info.local_batch_sizes.values()))
+                 for step, info in self._steps.items()
                  if info.plan_version == version and len(info.ranks) == self.num_workers
-                 and math.isfinite(info.rank0_wall_time) and self._is_full(info.local_batch_sizes.values())]
+                 and math.isfinite(info.rank0_wall_time)]
         return step_periods(steps, self.feed_trial.settle_steps)
+
+    def _trial_window(self, version: int):
+        """``version``'s window over whole epochs; None until an epoch's length is known
+        (feed_trial: a window within an epoch leaves out what the epoch's end costs)."""
+        epoch_steps = steps_per_epoch(self._epoch_starts)
+        return None if epoch_steps is None else self.feed_trial.window(self._trial_periods(version), epoch_steps)
 
     def _trial_batch(self) -> int:
         return self.global_batch_size or self._full_window
+
+    def _trial_starts_between_points(self, newest_complete: int, out: BalancerOutput) -> bool:
+        """The trial's start, looked for with a batch that reaches no point (the policy does
+        not decide there)."""
+        global_step = self._newest_full_step(newest_complete)
+        if global_step is None:
+            return False
+        info = self._steps[global_step]
+        if self._waiting_since_version is not None and info.plan_version <= self._waiting_since_version:
+            return False
+        current = Plan(info.plan_version, tuple(info.local_batch_sizes[r] for r in range(self.num_workers)))
+        return self._trial_starts(global_step, current, out)
 
     def _trial_starts(self, global_step: int, current: Plan, out: BalancerOutput) -> bool:
         """Leaves the candidates out from the next point, when the plan in force was kept by
@@ -456,9 +495,11 @@ class Balancer:
         if (self._settled_version != current.version or self._awaiting_outcome is not None
                 or self._predecessor is not None or not trial.all_in(current.local_batch_sizes)):
             return False
-        training = trial.window(self._trial_periods(current.version), self._trial_batch())
-        if training is None:
-            return False
+        training = self._trial_window(current.version)
+        epoch_steps = steps_per_epoch(self._epoch_starts)
+        if training is None or (self._end_global_step is not None and global_step + trial.settle_steps
+                                + trial.shortest(epoch_steps) >= self._end_global_step):
+            return False  # not measured yet, or too late to measure the feeding window before the run ends
         try:
             sizes = shares_without(current.local_batch_sizes, trial.candidates,
                                    self.policy.config.min_local_batch_size, self.policy.caps)
@@ -470,7 +511,8 @@ class Balancer:
         trial.start(training, current.local_batch_sizes, current.version)
         them = "them" if len(trial.candidates) > 1 else "it"
         reason = (f"feeding trial: {trial.words} left out, the cores {them} trained on left to the Ray Data "
-                  f"pipeline, to be measured over {trial.window_steps} steps against {training.samples_per_s:,.0f} "
+                  f"pipeline, to be measured over {trial.shortest(steps_per_epoch(self._epoch_starts))} steps (whole "
+                  f"epochs) against {training.samples_per_s:,.0f} "
                   f"samples/s with {them} training (the last {training.steps} steps)")
         row = self._trial_row(global_step, True, reason, current.version, sizes)
         row["plan_version"] = None  # the planner's to give (Proposal.numbered)
@@ -491,9 +533,10 @@ class Balancer:
                 global_step, False, f"feeding trial abandoned: plan v{current.version} has {trial.words} in "
                 "before the trial measured them out", current.version, current.local_batch_sizes))
             return False
-        feeding = trial.window(self._trial_periods(current.version), self._trial_batch())
+        feeding = self._trial_window(current.version)
         config = self.policy.config
-        if feeding is None or not trial.clear(feeding, config.rebalance_threshold, config.noise_margin):
+        if feeding is None or not trial.clear(feeding, config.rebalance_threshold, config.noise_margin,
+                                              steps_per_epoch(self._epoch_starts)):
             return True  # this point passes: the trial's plan stays in force, measured longer
         verdict = trial.conclude(feeding, config.rebalance_threshold, config.noise_margin)
         if verdict.feed:
@@ -734,10 +777,10 @@ class Balancer:
             info = self._steps.get(self._newest_complete)
             sizes = [] if info is None else [info.local_batch_sizes.get(r, 0) for r in range(self.num_workers)]
             periods = [] if info is None else self._trial_periods(info.plan_version)
-            so_far = trial.window(periods, self._trial_batch()) if periods else None
+            so_far = self._trial_window(info.plan_version) if periods else None
             measured = (f"{len(periods)} steps with {trial.words} out measured ({so_far.samples_per_s:,.0f} samples/s "
                         f"so far), the windows still within their noise" if so_far is not None else
-                        f"{len(periods)} of the {trial.window_steps} steps with {trial.words} out measured")
+                        f"{len(periods)} steps with {trial.words} out measured, fewer than a window of whole epochs")
             row = self._trial_row(self._newest_complete, False, f"feeding trial unfinished: the run ended with "
                                   f"{measured}", -1 if info is None else info.plan_version, sizes)
             row["plan_version"] = None if info is None else info.plan_version

@@ -10,7 +10,7 @@ model and the machines, so it is measured, never assumed:
 
 1. a *training window*: the steps of a plan a decision has kept (settled), with every
    candidate in — at least ``window_steps``, and as many more as it ran, up to
-   ``MAX_WINDOWS`` times that;
+   ``MAX_WINDOWS`` times that, each rounded up to whole epochs (below);
 2. a *feeding window*: the plan with the candidates left out (their shares go to the
    other ranks in proportion to their shares: the policy's split of them, which it keeps
    once the trial is over), at least ``window_steps`` steps, and longer while the verdict
@@ -23,16 +23,22 @@ model and the machines, so it is measured, never assumed:
    more steps of the trial would tell them apart, and the one-time choice is the better
    guess, said as such in its reason. Training keeps the shares it had.
 
-A window's rate is the global batch over rank 0's step period: ``p_k`` is the wall time
-between the ends of steps ``k−1`` and ``k`` on rank 0 (which is always in, so it waits for
-whatever the step waits for: the pipeline, the slowest rank, the all-reduce), over
-consecutive full steps of one plan and one epoch, after ``settle_steps`` steps of the plan
-(a switch copies rank 0's state to a rank brought back; the pipeline changes pace):
+A window's rate is samples trained per second of wall-clock, as a separate run measures
+it: ``p_k`` is the wall time between the ends of steps ``k−1`` and ``k`` on rank 0 (which
+is always in, so it waits for whatever the step waits for: the pipeline, the slowest rank,
+the all-reduce), ``b_k`` the samples step ``k`` trained, over consecutive steps of one plan
+after ``settle_steps`` steps of it (a switch copies rank 0's state to a rank brought back;
+the pipeline changes pace). Periods run across an epoch's end, and a window spans whole
+epochs (``S`` steps each: its length a multiple of ``S``, at least ``window_steps``):
+between epochs the feed starts the next reading and the loop reports (or evaluates), and
+with the candidates out that wait was most of an epoch's wall time (1.8 s against 0.27 s
+of steps, on bench_ray_data.py --two-nodes: docs/benchmarks.md). Windows of periods inside
+an epoch left it out: 10,566 samples/s feeding where whole epochs of the same steps give
+2,720, against 3,951 training:
 
-    r = B / p̄                  p̄: the mean of the periods — every wait counts: the steps
-                                that stall for the pipeline are what feeding changes, so
-                                no period is rejected as an outlier (an evaluation between
-                                epochs is not in a period: periods end at an epoch's end)
+    r = Σ b_k / Σ p_k           every wait counts: the steps that stall for the pipeline,
+                                and the epochs' ends, are what feeding changes, so no
+                                period is rejected as an outlier
     se = sd(p) / (p̄ · √N)       the relative standard error of p̄ over N periods
 
     g = r_feed / r_train − 1        noise = k · 2 · √(se_train² + se_feed²)
@@ -61,7 +67,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from hetero_ray.planning.solver import proportional_split
 
@@ -91,36 +97,47 @@ def feed_candidates(node_ids: Sequence[str], device_kinds: Optional[Sequence[str
     return tuple(r for r in range(1, n) if node_ids[r] != node_ids[0])
 
 
-def step_periods(steps: Sequence[tuple[int, int, float]], settle_steps: int = SETTLE_STEPS) -> list[float]:
-    """Rank 0's periods ``p_k`` over ``(global_step, epoch, wall_time)`` of one plan's full
-    steps: consecutive steps of one epoch, after the plan's first ``settle_steps`` steps."""
+def step_periods(steps: Sequence[tuple[int, float, int]], settle_steps: int = SETTLE_STEPS) -> list[tuple[float, int]]:
+    """Rank 0's periods ``(p_k, b_k)`` over ``(global_step, wall_time, samples)`` of one
+    plan's steps: consecutive steps, across an epoch's end too, after the plan's first
+    ``settle_steps`` steps."""
     steps = sorted(steps)
     if not steps:
         return []
     first = steps[0][0]
     periods = []
-    for (step_a, epoch_a, wall_a), (step_b, epoch_b, wall_b) in zip(steps, steps[1:]):
-        if step_b == step_a + 1 and epoch_b == epoch_a and step_a >= first + settle_steps - 1 \
+    for (step_a, wall_a, _), (step_b, wall_b, samples_b) in zip(steps, steps[1:]):
+        if step_b == step_a + 1 and step_a >= first + settle_steps - 1 \
                 and math.isfinite(wall_b - wall_a) and wall_b > wall_a:
-            periods.append(wall_b - wall_a)
+            periods.append((wall_b - wall_a, int(samples_b)))
     return periods
+
+
+def steps_per_epoch(epoch_starts: dict[int, int]) -> Optional[int]:
+    """``S`` from the first global step of each epoch seen (``{epoch: first step}``): the
+    newest difference of two consecutive epochs' (None: no two seen)."""
+    known = [(epoch_starts[e + 1] - epoch_starts[e]) for e in sorted(epoch_starts, reverse=True)
+             if e + 1 in epoch_starts]
+    return known[0] if known and known[0] > 0 else None
 
 
 @dataclass(frozen=True)
 class TrialWindow:
-    """One window's measured rate: ``samples_per_s = B / p̄`` over ``steps`` periods (the
-    plain mean: a step that waited for the pipeline counts in full)."""
+    """One window's measured rate: ``samples_per_s = Σ b / Σ p`` over ``steps`` periods (a
+    step that waited for the pipeline counts in full)."""
 
     samples_per_s: float
     steps: int
     rel_se: float  # of the mean period (0 with a single period: its noise is unknown)
 
     @classmethod
-    def of(cls, periods_s: Sequence[float], global_batch_size: int) -> "TrialWindow":
+    def of(cls, periods_s: Sequence[float], samples: Union[int, Sequence[int]]) -> "TrialWindow":
+        """``samples``: each period's ``b_k``, or one for all (the global batch)."""
+        samples = [samples] * len(periods_s) if isinstance(samples, int) else list(samples)
         mean_s = statistics.fmean(periods_s)
         n = len(periods_s)
         rel_se = statistics.stdev(periods_s) / (mean_s * math.sqrt(n)) if n > 1 and mean_s > 0 else 0.0
-        return cls(global_batch_size / mean_s, n, rel_se)
+        return cls(sum(samples) / math.fsum(periods_s), n, rel_se)
 
     def to_dict(self) -> dict:
         return {"samples_per_s": self.samples_per_s, "steps": self.steps, "rel_se": self.rel_se}
@@ -236,24 +253,31 @@ class FeedTrial:
     def all_out(self, local_batch_sizes: Sequence[int]) -> bool:
         return all(local_batch_sizes[r] == 0 for r in self.candidates)
 
-    @property
-    def max_steps(self) -> int:
-        return MAX_WINDOWS * self.window_steps
+    def shortest(self, steps_per_epoch: int = 1) -> int:
+        """A window's fewest periods: ``window_steps``, up to whole epochs of ``S`` steps."""
+        return steps_per_epoch * math.ceil(self.window_steps / steps_per_epoch)
 
-    def window(self, periods_s: Sequence[float], global_batch_size: int) -> Optional[TrialWindow]:
-        """The newest periods, at most :attr:`max_steps`, as a window (None: fewer than
-        ``window_steps`` were measured)."""
-        if len(periods_s) < self.window_steps:
+    def longest(self, steps_per_epoch: int = 1) -> int:
+        """A window's most periods: ``MAX_WINDOWS`` times ``window_steps``, up to whole epochs."""
+        return steps_per_epoch * math.ceil(MAX_WINDOWS * self.window_steps / steps_per_epoch)
+
+    def window(self, periods: Sequence[tuple[float, int]], steps_per_epoch: int = 1) -> Optional[TrialWindow]:
+        """The newest periods ``(p_k, b_k)`` over whole epochs of ``steps_per_epoch`` steps,
+        at most :meth:`longest`, as a window (None: fewer than :meth:`shortest`)."""
+        n = min(len(periods), self.longest(steps_per_epoch))
+        n -= n % steps_per_epoch  # whole epochs: each window holds as many epochs' ends as steps say
+        if n < self.shortest(steps_per_epoch):
             return None
-        return TrialWindow.of(list(periods_s)[-self.max_steps:], global_batch_size)
+        newest = list(periods)[-n:]
+        return TrialWindow.of([p for p, _ in newest], [b for _, b in newest])
 
-    def clear(self, feeding: TrialWindow, threshold: float, noise_margin: float) -> bool:
+    def clear(self, feeding: TrialWindow, threshold: float, noise_margin: float, steps_per_epoch: int = 1) -> bool:
         """Whether ``feeding`` settles the verdict against the training window: feeding
         beats training beyond the bar, or falls short of the threshold even one noise
         margin up, or the feeding window is as long as it gets."""
         verdict = judge(self.words, self.training, feeding, threshold, noise_margin)
         noise = verdict.required_gain - threshold
-        return verdict.feed or verdict.gain + noise <= threshold or feeding.steps >= self.max_steps
+        return verdict.feed or verdict.gain + noise <= threshold or feeding.steps >= self.longest(steps_per_epoch)
 
     def start(self, training: TrialWindow, local_batch_sizes: Sequence[int], version: int) -> None:
         self.training, self.training_sizes = training, tuple(int(b) for b in local_batch_sizes)
