@@ -17,9 +17,9 @@ import torch
 from hetero_ray import HeteroConfig, HeteroTrainer
 from tests import ray_data_jobs
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]  # ~2 min here: 90 steps, 3 epochs of a pipeline
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # 90 steps, 6 epochs of a pipeline
 
-NUM_ROWS, VAL_ROWS, BATCH, EPOCHS, INTERVAL = 480, 8, 16, 3, 4  # 30 steps an epoch
+NUM_ROWS, VAL_ROWS, BATCH, EPOCHS, INTERVAL = 240, 8, 16, 6, 4  # 15 steps an epoch: the windows are whole epochs
 
 
 def test_a_run_measures_its_cpu_rank_feeding_and_training_and_keeps_the_faster(ray_session, tmp_path):
