@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import os
 import signal
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import ray
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, Result, RunConfig, ScalingConfig
@@ -190,7 +190,7 @@ class HeteroTrainer:
         return self._hetero.label_selectors() or getattr(self._scaling, "label_selector", None) or None
 
     def _torch_trainer(self, run: storage.RunStorage, device_mode: str, first_plan_wait_s: float,
-                       run_callbacks: list):
+                       run_callbacks: Sequence = ()):
         from hetero_ray.runtime.torch_trainer import LeanTorchTrainer
 
         hetero = self._hetero

@@ -110,7 +110,7 @@ def test_the_cli_flag_reaches_every_worker_of_the_built_in_job(monkeypatch, tmp_
     config = config_from_args(build_parser().parse_args(
         ["train", "--model", "mlp", "--storage-path", str(tmp_path), "--name", "nan", *flags]))
     builtin_trainer(config, "cpu")._torch_trainer(storage.resolve(str(tmp_path), "nan", None), "cpu",
-                                                  first_plan_wait_s=0.0, run_callbacks=[])
+                                                  first_plan_wait_s=0.0)
     assert worker_settings["allow_non_finite_loss"] is allowed
 
 
