@@ -80,7 +80,7 @@ def run_lifecycle(spec: RunSpec, make_trainer: Callable[[float, list], Any], *,
     """
     node_id = ray.get_runtime_context().get_node_id()
     profiling = _node_profiling(spec, emit)  # its course says where the first plan comes from
-    # None is waited for here: each is a process importing torch (a second or two), and
+    # Neither is waited for here: each is a process importing torch (a second or two), and
     # their starts overlap that of Ray Train's controller, which waits for them
     # (actors.ActorsStarted) before its workers call them.
     store = actors.start_metrics_store(spec.experiment_name, spec.run_dir, node_id, spec.remote_run_uri, wait=False)
