@@ -66,11 +66,11 @@ def test_an_epochs_length_is_the_difference_of_two_consecutive_epochs_first_step
 
 
 def test_a_window_rate_is_the_samples_over_the_wall_time_stalls_included():
-    window = TrialWindow.of([0.1] * 9 + [0.5], 64)  # a step that waited for the pipeline
+    window = TrialWindow.of([0.1] * 9 + [0.5], [64] * 10)  # a step that waited for the pipeline
     assert window.samples_per_s == pytest.approx(64 / 0.14) and window.steps == 10
     assert TrialWindow.of([0.1, 0.1], [64, 32]).samples_per_s == pytest.approx(96 / 0.2)  # a short last step
     periods = np.random.default_rng(0).normal(0.1, 0.01, 400)
-    assert TrialWindow.of(periods, 64).rel_se == pytest.approx(0.1 / 20, rel=0.15)  # sd/mean/√N
+    assert TrialWindow.of(periods, [64] * len(periods)).rel_se == pytest.approx(0.1 / 20, rel=0.15)  # sd/mean/√N
 
 
 # --- the rule
@@ -112,7 +112,7 @@ def test_a_gain_within_the_windows_noise_keeps_the_ranks_training():
 def test_the_verdict_picks_the_faster_window_beyond_its_bar_over_seeded_windows():
     rng = np.random.default_rng(7)
     for _ in range(2000):
-        training, feeding = (TrialWindow.of(rng.normal(p, p * rng.uniform(0, 0.2), 20).clip(1e-4), 64)
+        training, feeding = (TrialWindow.of(rng.normal(p, p * rng.uniform(0, 0.2), 20).clip(1e-4), [64] * 20)
                              for p in rng.uniform(0.01, 0.1, 2))
         threshold = rng.uniform(0, 0.2)
         verdict = judge("rank 1", training, feeding, threshold)

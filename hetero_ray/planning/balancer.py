@@ -511,7 +511,7 @@ class Balancer:
         trial.start(training, current.local_batch_sizes, current.version)
         them = "them" if len(trial.candidates) > 1 else "it"
         reason = (f"feeding trial: {trial.words} left out, the cores {them} trained on left to the Ray Data "
-                  f"pipeline, to be measured over {trial.shortest(steps_per_epoch(self._epoch_starts))} steps (whole "
+                  f"pipeline, to be measured over {trial.shortest(epoch_steps)} steps (whole "
                   f"epochs) against {training.samples_per_s:,.0f} "
                   f"samples/s with {them} training (the last {training.steps} steps)")
         row = self._trial_row(global_step, True, reason, current.version, sizes)

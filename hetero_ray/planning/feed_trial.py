@@ -67,7 +67,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 from hetero_ray.planning.solver import proportional_split
 
@@ -131,9 +131,8 @@ class TrialWindow:
     rel_se: float  # of the mean period (0 with a single period: its noise is unknown)
 
     @classmethod
-    def of(cls, periods_s: Sequence[float], samples: Union[int, Sequence[int]]) -> "TrialWindow":
-        """``samples``: each period's ``b_k``, or one for all (the global batch)."""
-        samples = [samples] * len(periods_s) if isinstance(samples, int) else list(samples)
+    def of(cls, periods_s: Sequence[float], samples: Sequence[int]) -> "TrialWindow":
+        """``samples``: each period's ``b_k``."""
         mean_s = statistics.fmean(periods_s)
         n = len(periods_s)
         rel_se = statistics.stdev(periods_s) / (mean_s * math.sqrt(n)) if n > 1 and mean_s > 0 else 0.0

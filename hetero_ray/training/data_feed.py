@@ -26,9 +26,9 @@ through an epoch, the feed begins the next reading (one, and only one, ahead; no
 epoch's last step). Not sooner: the feed cannot tell the last epoch from the others, so
 the reading begun in it is work for nothing, beside training. And an execution's resource
 limits are zero until their first refresh, a second in, so a short one ran one map task
-at a time: the feed's executions refresh them every 0.1 s. A reading is the same rows in every epoch (the epoch's shuffle is applied
-here), so what was read ahead serves whichever reading comes next; :meth:`DataFeed.close`
-stops it at the run's end.
+at a time: the feed's executions refresh them every 0.1 s. A reading is the same rows in
+every epoch (the epoch's shuffle is applied here), so what was read ahead serves whichever
+reading comes next; :meth:`DataFeed.close` stops it at the run's end.
 """
 
 from __future__ import annotations
