@@ -183,7 +183,7 @@ def _cluster(nodes: int, cpus: int, quota: float | None, gpu_node: bool = False)
 @contextlib.contextmanager
 def _labelled_cluster(log_dir: str, nodes: int, cpus: int, quota: float | None):
     """As local_cluster, with the head labelled a GPU machine and the others CPU-only."""
-    from benchmarks.local_cluster import free_port, start_node, wait_for_nodes
+    from benchmarks.local_cluster import free_port, start_node, stop_nodes, wait_for_nodes
     from hetero_ray.constants import DEVICE_LABEL
 
     address = f"127.0.0.1:{free_port()}"
@@ -198,8 +198,7 @@ def _labelled_cluster(log_dir: str, nodes: int, cpus: int, quota: float | None):
         wait_for_nodes(address, len(ray_nodes), ray_nodes)
         yield address, ray_nodes
     finally:
-        for node in reversed(ray_nodes):
-            node.stop()
+        stop_nodes(ray_nodes)
 
 
 def _rounds(args, address: str | None) -> int:

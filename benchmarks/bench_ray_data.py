@@ -278,7 +278,7 @@ def two_nodes(args) -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
     import ray
 
-    from benchmarks.local_cluster import cgroup_unusable_reason, free_port, set_cpu_quota, start_node, wait_for_nodes
+    from benchmarks.local_cluster import cgroup_unusable_reason, free_port, set_cpu_quota, start_node, stop_nodes, wait_for_nodes
 
     reason = cgroup_unusable_reason()
     if reason:
@@ -335,8 +335,7 @@ def two_nodes(args) -> None:
                       f"{decided['reason']}{agrees}")
         finally:
             ray.shutdown()
-            for node in reversed(nodes):
-                node.stop()
+            stop_nodes(nodes)
 
 
 def gpu_fed(args) -> None:

@@ -16,7 +16,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.local_cluster import (  # noqa: E402
-    cgroup_unusable_reason, free_port, set_cpu_quota, start_node, wait_for_nodes,
+    cgroup_unusable_reason, free_port, set_cpu_quota, start_node, stop_nodes, wait_for_nodes,
 )
 from benchmarks.balance import main as bench_main  # noqa: E402
 
@@ -63,8 +63,7 @@ def main() -> int:
         import ray  # not at the top: hetero_ray sets the auth mode before Ray is first imported
 
         ray.shutdown()  # before its nodes go: a driver left connected to a dead cluster exits 1
-        for node in reversed(nodes):
-            node.stop()
+        stop_nodes(nodes)
 
 
 if __name__ == "__main__":

@@ -81,9 +81,15 @@ class RayNode:
 
     def stop(self) -> None:
         """SIGTERM to `ray start --block` first (it stops its processes in order), then kill."""
-        with contextlib.suppress(subprocess.TimeoutExpired, ProcessLookupError):
+        stop_nodes([self])
+
+    def _terminate(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
             self.process.terminate()
-            self.process.wait(30)
+
+    def _clean_up(self, deadline: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(max(0.0, deadline - time.monotonic()))
         self.kill()
         if self.cgroup:
             deadline = time.monotonic() + 20
@@ -92,6 +98,16 @@ class RayNode:
             with contextlib.suppress(OSError):
                 os.rmdir(self.cgroup)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def stop_nodes(nodes: Sequence[RayNode], timeout_s: float = 30) -> None:
+    """Stops the nodes together: each `ray start --block` stops its processes in seconds,
+    and one after another they added up to most of a multi-node test's teardown."""
+    for node in nodes:
+        node._terminate()
+    deadline = time.monotonic() + timeout_s
+    for node in nodes:
+        node._clean_up(deadline)
 
 
 def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num_cpus: int = 1,
@@ -129,6 +145,9 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
     # machine, Ray Train's placement-group cleaner would otherwise not know which to ask.
     env = dict(os.environ, RAY_ADDRESS=address or f"127.0.0.1:{port}")
     env.setdefault("RAY_health_check_period_ms", "1000")  # as cluster_configs/start_head.sh: a lost node seen in ~5 s
+    # A SIGTERMed node drains for up to 30 s first (Ray 2.60); a head whose worker node was
+    # killed waits all of it. These nodes hold nothing a drain would save.
+    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
         env["RAY_AUTH_MODE"] = "token"
     with open(log_path, "w") as log:
@@ -187,8 +206,7 @@ def local_cluster(log_dir: str, worker_cpus: list[int], head_cpus: int = 1,
         wait_for_nodes(address, len(nodes), nodes)
         yield address, nodes
     finally:
-        for node in reversed(nodes):
-            node.stop()
+        stop_nodes(nodes)
 
 
 def _write(path: str, value) -> None:

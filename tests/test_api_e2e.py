@@ -284,6 +284,8 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
     _wait_until_the_crashed_run_is_gone(uri_driver.NAME, timeout_s=120)
     at_the_uri = _steps_held(run_remote)
     checkpoints = sorted(p.name for p in run_remote.glob("checkpoint_*"))
+    total = uri_driver.EPOCHS * uri_driver.NUM_SAMPLES // uri_driver.BATCH
+    assert f"checkpoint_{total:09d}" not in checkpoints, f"the first driver finished before the kill: {checkpoints}"
 
     result = uri_driver.trainer(uri, str(tmp_path / "elsewhere"),
                                 torch_config=TorchConfig(backend="gloo", init_method="tcp")).fit()
@@ -296,7 +298,6 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
         assert (tmp_path / "elsewhere" / uri_driver.NAME / name).exists(), name
 
     steps = pd.read_parquet(run_remote / "steps.parquet")
-    total = uri_driver.EPOCHS * uri_driver.NUM_SAMPLES // uri_driver.BATCH
     assert sorted(steps["global_step"].unique()) == list(range(total)), (
         f"steps before the crash were lost: after the resume {sorted(steps['global_step'].unique())}; at the URI "
         f"after the crash {at_the_uri} beside {checkpoints}; the crashed driver's own folder "

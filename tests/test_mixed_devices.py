@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmarks.local_cluster import start_node, wait_for_nodes
+from benchmarks.local_cluster import start_node, stop_nodes, wait_for_nodes
 from hetero_ray.constants import DEVICE_LABEL, GPU_MODEL_LABEL
 from tests.api_jobs import make_model, random_batch
 
@@ -49,8 +49,7 @@ def by_label(ray_session, tmp_path_factory):
         yield {n["Labels"].get(DEVICE_LABEL): n["NodeID"] for n in ray_session.nodes()
                if n["Alive"] and n["Labels"].get(DEVICE_LABEL)}
     finally:
-        for node in nodes:
-            node.stop()
+        stop_nodes(nodes)
 
 
 def test_worker_devices_place_workers_by_node_label(by_label, fast_config):

@@ -111,7 +111,7 @@ def nodes(tmp_path_factory):
     at --data-dir), `unshared` (an empty disk of its own at --storage-path); yields (address, paths, {role: node_id})."""
     if os.geteuid() != 0:
         pytest.skip("a node with its own view of the disk needs a mount namespace (root)")
-    from benchmarks.local_cluster import free_port, start_node, wait_for_nodes
+    from benchmarks.local_cluster import free_port, start_node, stop_nodes, wait_for_nodes
 
     tmp = tmp_path_factory.mktemp("node_checks")
     paths = {"runs": tmp / "runs", "data": write_cifar10(tmp / "data", seed=0),
@@ -132,8 +132,7 @@ def nodes(tmp_path_factory):
         wait_for_nodes(address, 4, started)
         yield address, paths, _node_ids(address)
     finally:
-        for started_node in reversed(started):
-            started_node.stop()
+        stop_nodes(started)
 
 
 def _node_ids(address: str) -> dict[str, str]:

@@ -30,4 +30,4 @@ def trainer(storage_uri: str, output_dir: str, speeds=None, torch_config=None) -
 
 
 if __name__ == "__main__":
-    trainer(sys.argv[1], sys.argv[2], speeds=(0.05, 0.05)).fit()
+    trainer(sys.argv[1], sys.argv[2], speeds=(0.01, 0.01)).fit()
