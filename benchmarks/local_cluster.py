@@ -49,11 +49,25 @@ def cgroup_unusable_reason() -> Optional[str]:
 class RayNode:
     """A running `ray start --block` process (head or worker)."""
 
-    def __init__(self, process: subprocess.Popen, temp_dir: str, log_path: str, cgroup: Optional[str]):
-        self.process = process
+    def __init__(self, command: str, env: dict, temp_dir: str, log_path: str, cgroup: Optional[str]):
+        self.command = command
+        self.env = env
         self.temp_dir = temp_dir
         self.log_path = log_path
         self.cgroup = cgroup
+        self.starts = 0
+        self.process = self._popen()
+
+    def _popen(self) -> subprocess.Popen:
+        self.starts += 1
+        with open(self.log_path, "a") as log:
+            return subprocess.Popen(["bash", "-c", self.command], env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_again(self) -> None:
+        """Starts the node again after its `ray start` gave up (the same command and log)."""
+        self.kill()
+        self.process = self._popen()
 
     def log(self) -> str:
         try:
@@ -150,10 +164,7 @@ def start_node(*, address: Optional[str] = None, port: Optional[int] = None, num
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
         env["RAY_AUTH_MODE"] = "token"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    return RayNode(process, temp_dir, log_path, cgroup)
+    return RayNode(command, env, temp_dir, log_path, cgroup)
 
 
 def set_cpu_quota(node: RayNode, cores: float, period_us: int = CFS_PERIOD_US) -> None:
@@ -168,9 +179,15 @@ def set_cpu_quota(node: RayNode, cores: float, period_us: int = CFS_PERIOD_US) -
     _write(os.path.join(node.cgroup, "cpu.cfs_quota_us"), int(cores * period_us))
 
 
-def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: float = 120) -> None:
+def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: float = 120,
+                   starts: int = 3) -> None:
     """Waits until the cluster at ``address`` has ``count`` alive nodes (asks in a subprocess,
-    so this test process stays free to run its own Ray)."""
+    so this test process stays free to run its own Ray).
+
+    A node whose `ray start` exits is started again, ``starts`` times in all: on a loaded
+    machine a raylet that joins beside others can miss the GCS's 30 s deadline for its
+    node info ("The current node timed out during startup"), and a second try joins.
+    """
     deadline = time.monotonic() + timeout_s
     probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
              "print(sum(1 for n in ray.nodes() if n['Alive']))")
@@ -179,8 +196,13 @@ def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: fl
         env["RAY_AUTH_MODE"] = "token"
     while time.monotonic() < deadline:
         for node in nodes:
-            if node.process.poll() is not None:
-                raise RuntimeError(f"a Ray node exited while starting:\n{node.log()}")
+            if node.process.poll() is None:
+                continue
+            if node.starts >= starts:
+                raise RuntimeError(f"a Ray node exited while starting, {node.starts} times:\n{node.log()}")
+            print(f"[local cluster] a Ray node exited while starting (try {node.starts} of {starts}); "
+                  f"starting it again", file=sys.stderr)
+            node.start_again()
         out = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, env=env,
                              timeout=60)
         if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
