@@ -43,6 +43,7 @@ from hetero_ray.metrics import run_files
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.profiling.profile_config import ProfileConfig
 from hetero_ray.runtime import actors, checkpoints, cluster, node_checks, run_dir, run_lock, storage
+from hetero_ray.runtime.cluster_view import ClusterViewRefresh
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.job import API_JOB, JobFacts
@@ -223,7 +224,8 @@ class HeteroTrainer:
             storage_path=run.storage_path,
             failure_config=user.failure_config or FailureConfig(),
             checkpoint_config=user.checkpoint_config or CheckpointConfig(num_to_keep=CHECKPOINTS_TO_KEEP),
-            callbacks=[*(user.callbacks or []), RunGuard(self._name), *run_callbacks],
+            callbacks=[*(user.callbacks or []), RunGuard(self._name), *run_callbacks,
+                       *([ClusterViewRefresh()] if elastic else [])],
             logging_config=user.logging_config or ray.LoggingConfig(log_level="WARNING"),
             worker_runtime_env=user.worker_runtime_env,
         )
