@@ -1,7 +1,7 @@
 """Soak (shortened): a long run keeps the metrics store's memory flat and its files complete.
 
-3,000 steps of mlp on 2 workers with the store's in-memory window at 1,000 rows (full
-after a sixth of the run). The store reports its own RSS every 2 s. Once the window is
+1,500 steps of mlp on 2 workers with the store's in-memory window at 250 rows (full
+after a sixth of the run). The store reports its own RSS every second. Once the window is
 full, memory must stay flat: less than 50 MiB between the 40 % and 100 % marks (a store
 that kept every row would grow by ~1 KiB a row, i.e. ~2 MiB here; the bound is for
 allocator noise on a shared machine, not for a leak). The full 5,000-step soak is
@@ -14,16 +14,16 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STEPS, WORKERS, WINDOW_ROWS = 3000, 2, 1000
+STEPS, WORKERS, WINDOW_ROWS = 1500, 2, 250
 GROWTH_BOUND_MIB = 50
 
 
 def test_a_long_run_keeps_the_store_bounded_and_its_files_complete(ray_session, tmp_path):
     from benchmarks.soak import format_report, run_soak
 
-    # 8,192 samples: 256 steps an epoch, so 12 epoch ends (evaluation, checkpoint) in the run.
-    result = run_soak(steps=STEPS, num_workers=WORKERS, max_recent_steps=WINDOW_ROWS, interval_s=2.0,
-                      output_dir=str(tmp_path), experiment_name="soak", num_samples=8192, emit=lambda line: None)
+    # 4,096 samples: 128 steps an epoch, so 11 epoch ends (evaluation, checkpoint) in the run.
+    result = run_soak(steps=STEPS, num_workers=WORKERS, max_recent_steps=WINDOW_ROWS, interval_s=1.0,
+                      output_dir=str(tmp_path), experiment_name="soak", num_samples=4096, emit=lambda line: None)
     print("\n" + format_report(result))
     figures = result.figures()
     assert result.status == "finished"
