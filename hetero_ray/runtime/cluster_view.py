@@ -30,6 +30,9 @@ class ClusterViewRefresh(WorkerGroupCallback):
     controller (the call is sent and not awaited) and never fails the run (a Ray without
     that actor has nothing to refresh)."""
 
+    def __init__(self, name: str = COORDINATOR_NAME, namespace: str = COORDINATOR_NAMESPACE):
+        self._name, self._namespace = name, namespace
+
     def before_worker_group_start(self, worker_group_context) -> None:
         self.refresh()
 
@@ -37,10 +40,9 @@ class ClusterViewRefresh(WorkerGroupCallback):
         if worker_group_status.errors:
             self.refresh()
 
-    @staticmethod
-    def refresh() -> None:
+    def refresh(self) -> None:
         try:
-            coordinator = ray.get_actor(COORDINATOR_NAME, namespace=COORDINATOR_NAMESPACE)
+            coordinator = ray.get_actor(self._name, namespace=self._namespace)
             coordinator.get_reserved_resources.remote(REQUESTER_ID, recompute=True)
         except Exception as e:  # noqa: BLE001 - no such actor (yet), or another Ray: Ray Train's own tick stands
             logger.debug("could not ask the AutoscalingCoordinator to look again: %s", e)
