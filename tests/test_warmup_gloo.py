@@ -64,13 +64,21 @@ def _run(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
+def _busy_s(fit: dict, batch_size: int) -> float:
+    return max(fit["floor_s"], fit["alpha_s"] + fit["beta_s_per_sample"] * batch_size)
+
+
 def test_a_fast_rank_keeps_the_slow_ranks_company_until_it_has_measured():
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_run, args=(free_port(), out), nprocs=len(SPEEDS), join=True)
         fast, slow = out[0], out[1]
     assert fast["fit"] is not None and slow["fit"] is not None
-    assert fast["fit"]["beta_s_per_sample"] < slow["fit"]["beta_s_per_sample"]
+    # A quarter of the speed shows in the step: at the largest size both measured, the slow
+    # rank's curve is well above the fast one's. (Their slopes alone are a few microseconds a
+    # sample beside a step's fixed cost, and a shared machine's noise can order them either way.)
+    print(f"\nat 32 samples: fast rank {_busy_s(fast['fit'], 32) * 1e3:.2f} ms, slow rank {_busy_s(slow['fit'], 32) * 1e3:.2f} ms")
+    assert _busy_s(fast["fit"], 32) < 0.5 * _busy_s(slow["fit"], 32), (fast["fit"], slow["fit"])
     assert fast["measured_at"] < slow["measured_at"], "rank 1 measures more sizes: it finishes later"
     # the fast rank was stepping (not waiting idle) until the slow one's measurement ended
     assert fast["held_steps"] > 0
