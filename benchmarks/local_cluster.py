@@ -27,6 +27,7 @@ import psutil
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 CGROUP_CPU_ROOT = "/sys/fs/cgroup/cpu"
 CFS_PERIOD_US = 100_000
+NODE_STARTS = 3  # tries of a node's `ray start` before a test cluster gives up on it
 
 
 def free_port() -> int:
@@ -64,10 +65,20 @@ class RayNode:
             return subprocess.Popen(["bash", "-c", self.command], env=self.env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_again(self) -> None:
-        """Starts the node again after its `ray start` gave up (the same command and log)."""
+    def start_again_if_exited(self, starts: int = NODE_STARTS) -> bool:
+        """Starts the node again if its `ray start` exited, ``starts`` times in all (the same
+        command and log): on a loaded machine a raylet that joins beside others can miss the
+        GCS's 30 s deadline for its node info ("The current node timed out during startup"),
+        and a second try joins. False once the node exited with no start left."""
+        if self.process.poll() is None:
+            return True
+        if self.starts >= starts:
+            return False
+        print(f"[local cluster] a Ray node exited while starting (try {self.starts} of {starts}); "
+              f"starting it again", file=sys.stderr)
         self.kill()
         self.process = self._popen()
+        return True
 
     def log(self) -> str:
         try:
@@ -179,15 +190,10 @@ def set_cpu_quota(node: RayNode, cores: float, period_us: int = CFS_PERIOD_US) -
     _write(os.path.join(node.cgroup, "cpu.cfs_quota_us"), int(cores * period_us))
 
 
-def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: float = 120,
-                   starts: int = 3) -> None:
+def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: float = 120) -> None:
     """Waits until the cluster at ``address`` has ``count`` alive nodes (asks in a subprocess,
-    so this test process stays free to run its own Ray).
-
-    A node whose `ray start` exits is started again, ``starts`` times in all: on a loaded
-    machine a raylet that joins beside others can miss the GCS's 30 s deadline for its
-    node info ("The current node timed out during startup"), and a second try joins.
-    """
+    so this test process stays free to run its own Ray); a node whose `ray start` exits is
+    started again (:meth:`RayNode.start_again_if_exited`)."""
     deadline = time.monotonic() + timeout_s
     probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
              "print(sum(1 for n in ray.nodes() if n['Alive']))")
@@ -196,13 +202,8 @@ def wait_for_nodes(address: str, count: int, nodes: list[RayNode], timeout_s: fl
         env["RAY_AUTH_MODE"] = "token"
     while time.monotonic() < deadline:
         for node in nodes:
-            if node.process.poll() is None:
-                continue
-            if node.starts >= starts:
+            if not node.start_again_if_exited():
                 raise RuntimeError(f"a Ray node exited while starting, {node.starts} times:\n{node.log()}")
-            print(f"[local cluster] a Ray node exited while starting (try {node.starts} of {starts}); "
-                  f"starting it again", file=sys.stderr)
-            node.start_again()
         out = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, env=env,
                              timeout=60)
         if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:

@@ -180,9 +180,7 @@ def capped_node(ray_session, tmp_path_factory):
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
         node_id = None
         while node_id is None:
-            if node.process.poll() is not None and node.starts < 3:
-                node.start_again()  # a raylet on a loaded machine can miss the GCS's deadline
-            if node.process.poll() is not None or time.monotonic() > deadline:
+            if not node.start_again_if_exited() or time.monotonic() > deadline:
                 pytest.fail(f"the capped Ray node did not start; ray start said:\n{node.log()}")
             node_id = next((n["NodeID"] for n in ray.nodes()
                             if n.get("Alive") and n["Resources"].get(SLOW_RESOURCE)), None)

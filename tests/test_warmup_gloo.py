@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.profiling.recipe import ProfileModel
 from hetero_ray.training.emulation import SpeedEmulator
 from hetero_ray.training.warmup import measure_rank, until_all_ranks_done
@@ -65,7 +66,7 @@ def _run(rank: int, port: int, out) -> None:
 
 
 def _busy_s(fit: dict, batch_size: int) -> float:
-    return max(fit["floor_s"], fit["alpha_s"] + fit["beta_s_per_sample"] * batch_size)
+    return float(curve_busy_time_s(fit["alpha_s"], fit["beta_s_per_sample"], fit["floor_s"], batch_size))
 
 
 def test_a_fast_rank_keeps_the_slow_ranks_company_until_it_has_measured():
@@ -77,7 +78,8 @@ def test_a_fast_rank_keeps_the_slow_ranks_company_until_it_has_measured():
     # A quarter of the speed shows in the step: at the largest size both measured, the slow
     # rank's curve is well above the fast one's. (Their slopes alone are a few microseconds a
     # sample beside a step's fixed cost, and a shared machine's noise can order them either way.)
-    print(f"\nat 32 samples: fast rank {_busy_s(fast['fit'], 32) * 1e3:.2f} ms, slow rank {_busy_s(slow['fit'], 32) * 1e3:.2f} ms")
+    print(f"\nat 32 samples: fast rank {_busy_s(fast['fit'], 32) * 1e3:.2f} ms, "
+          f"slow rank {_busy_s(slow['fit'], 32) * 1e3:.2f} ms")
     assert _busy_s(fast["fit"], 32) < 0.5 * _busy_s(slow["fit"], 32), (fast["fit"], slow["fit"])
     assert fast["measured_at"] < slow["measured_at"], "rank 1 measures more sizes: it finishes later"
     # the fast rank was stepping (not waiting idle) until the slow one's measurement ended

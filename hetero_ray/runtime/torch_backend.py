@@ -7,7 +7,7 @@ workers). :class:`ControllerTorchConfig` carries the same three settings from a
 torch-free module, and :class:`TorchBackendAtArmsLength` does what Ray's ``_TorchBackend``
 does (Ray 2.60, ``ray/train/torch/config.py``) for CPU and GPU workers, asking the workers
 to run Ray's own functions by name, so only the workers import torch.
-``tests/test_torch_backend.py`` fails if a controller imports torch again.
+``tests/test_lean_trainer.py`` fails if a controller imports torch again.
 """
 
 from __future__ import annotations
