@@ -69,3 +69,18 @@ def fast_config(tmp_path):
         return TrainConfig(**values)
 
     return make
+
+
+_KUBERAY_SCHEMA_TESTS = "tests/test_cluster_configs_kuberay.py"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Says how many KubeRay schema checks passed or skipped: they run only where KubeRay's
+    CRDs were found (CI has them), and a skipped check is silent in pytest's one-line total."""
+    counts = {outcome: sum(1 for report in terminalreporter.stats.get(outcome, [])
+                           if getattr(report, "nodeid", "").startswith(_KUBERAY_SCHEMA_TESTS))
+              for outcome in ("passed", "failed", "skipped")}
+    if any(counts.values()):
+        terminalreporter.write_line(
+            "KubeRay schema checks (" + _KUBERAY_SCHEMA_TESTS + "): "
+            + ", ".join(f"{n} {outcome}" for outcome, n in counts.items() if n))
