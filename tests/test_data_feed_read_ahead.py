@@ -99,3 +99,25 @@ def test_read_ahead_keeps_every_epochs_rows_and_stops_at_close(ray_session, exec
     feed.close()
     assert _running(executions) == 0
     assert np.all([e._shutdown for e in executions])
+
+
+def test_one_reading_serves_a_steps_pieces_in_whatever_order_the_ranks_ask(ray_session, executions):
+    """Rank 1's piece of a step comes after rank 0's in the window, but rank 1 may ask
+    first: the reading begun for it keeps the window from its start, and rank 0's piece
+    comes from it (not from a second reading of the whole epoch), at an epoch's start as
+    at a restart mid-epoch."""
+    from hetero_ray.training.data_feed import DataFeed
+
+    feed = DataFeed(ray_session.data.range(NUM_ROWS, override_num_blocks=6).map_batches(features), "train",
+                    read_batch_size=10)
+    feed.num_rows()
+    before = len(executions)
+    for epoch, step in [(0, 0), (0, 1), (1, 3)]:  # epoch 1 begins at step 3: a restart from a checkpoint
+        start = step * STEP
+        late = feed.rows(epoch, start + 10, start + STEP, rank=1, num_workers=2, window_start=start)
+        early = feed.rows(epoch, start, start + 10, rank=0, num_workers=2, window_start=start)
+        assert early["id"].tolist() + late["id"].tolist() == list(range(start, start + STEP))
+    assert len(executions) - before == 2, "one reading for each epoch"
+    feed.close()
+    _wait_for(lambda: _running(executions) == 0)
+    assert _running(executions) == 0

@@ -92,17 +92,24 @@ class DataFeed:
             return self._count
 
     def rows(self, epoch: int, start: int, stop: int, *, rank: int, num_workers: int,
-             shuffle_block: Optional[int] = None, seed: int = 0) -> Batch:
-        """Positions ``[start, stop)`` of ``epoch``'s order, as numpy columns."""
+             shuffle_block: Optional[int] = None, seed: int = 0, window_start: Optional[int] = None) -> Batch:
+        """Positions ``[start, stop)`` of ``epoch``'s order, as numpy columns.
+
+        ``window_start``: the first position of the step's window that holds them. A reading
+        begun for this request keeps the rows from there, so the other ranks' pieces of the
+        same step, asked in any order, are served from it (else a rank asking for an earlier
+        piece makes the feed read the whole epoch again).
+        """
         count = self.num_rows()
         if not 0 <= start < stop <= count:
             raise IndexError(f"rows [{start}, {stop}) of dataset {self._name!r}, which has {count}")
+        keep_from = start if window_start is None else min(window_start, start)
         with self._lock:
             rows = self._epochs.get(epoch)
             if rows is None or rows.settings != (shuffle_block, seed) or start < rows.first_kept:
                 if rows is not None:
                     rows.close()
-                rows = _EpochRows(self._read(), epoch, count, self._name, shuffle_block, seed, skip_to=start)
+                rows = _EpochRows(self._read(), epoch, count, self._name, shuffle_block, seed, skip_to=keep_from)
                 self._epochs[epoch] = rows
             for older in [e for e in self._epochs if e < epoch]:
                 self._epochs[older].forget_rank(rank)

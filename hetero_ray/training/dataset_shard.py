@@ -153,6 +153,7 @@ class FeedRows:
         identity = session.identity
         self._rank, self._num_workers = identity.rank, identity.num_workers
         self._shuffle_block, self._seed = shuffle_block, seed
+        self._window = session.settings.global_batch_size  # step s reads positions [s·B, (s+1)·B)
         self._count = int(answer(feed.num_rows.remote(), _FEED_TIMEOUT_S))
         self.epoch_of: Callable[[], int] = lambda: 0
 
@@ -165,7 +166,8 @@ class FeedRows:
             raise RuntimeError(f"rows of {self._name!r} asked out of order: {positions[:5]}…")
         return answer(self._feed.rows.remote(self.epoch_of(), start, stop, rank=self._rank,
                                              num_workers=self._num_workers, shuffle_block=self._shuffle_block,
-                                             seed=self._seed), _FEED_TIMEOUT_S)
+                                             seed=self._seed, window_start=start - start % self._window),
+                      _FEED_TIMEOUT_S)
 
     def __getitem__(self, position: int) -> dict:
         return {k: v[0] for k, v in self.__getitems__([position]).items()}
