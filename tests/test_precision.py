@@ -1,7 +1,7 @@
 """Mixed precision keeps the weighting and the one-device math (issue: GPU jobs train in bf16/fp16).
 
 - end to end (real local Ray, the built-in job with --precision): bf16 on 3 uneven workers
-  with a plan change follows fp32 within bf16's tolerance, and follows 1 worker in bf16;
+  with a plan change follows one worker in fp32 within bf16's tolerance;
 - on a real gloo group: under fp16 autocast with a GradScaler, the hook's gradient is
   exactly Σ_i (b_i / B)·g_i of the ranks' own fp16 gradients.
 """
@@ -38,23 +38,22 @@ def _step_losses(run_dir: str) -> np.ndarray:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_bf16_on_uneven_workers_follows_fp32_and_one_worker(ray_session, fast_config):
+def test_bf16_on_uneven_workers_follows_one_worker_in_fp32(ray_session, fast_config):
+    """The --precision flag through the built-in job on Ray: bf16 on 3 uneven workers with a
+    plan change against one worker in fp32. (That uneven ranks in bf16 are one device in bf16
+    is the promise matrix's, without Ray: tests/test_promise_matrix.py.)"""
     from hetero_ray.builtin.driver import run_training
 
     common = dict(model="mlp", num_samples=960, batch_size=48, epochs=3, max_steps=STEPS, seed=5, lr=0.05)
-    uneven = dict(num_workers=3, batch_split=[26, 14, 8],
-                  plan_changes=[{"global_step": 20, "local_batch_sizes": [8, 16, 24]}])
-    fp32 = run_training(fast_config(experiment_name="fp32", **common, **uneven))
-    bf16 = run_training(fast_config(experiment_name="bf16", precision="bf16", **common, **uneven))
-    bf16_one = run_training(fast_config(experiment_name="bf16-one", precision="bf16", num_workers=1, **common))
+    bf16 = run_training(fast_config(experiment_name="bf16", precision="bf16", num_workers=3, batch_split=[26, 14, 8],
+                                    plan_changes=[{"global_step": 20, "local_batch_sizes": [8, 16, 24]}], **common))
+    fp32_one = run_training(fast_config(experiment_name="fp32-one", num_workers=1, **common))
 
-    losses = {run.run_dir: _step_losses(run.run_dir) for run in (fp32, bf16, bf16_one)}
-    fp32_loss, bf16_loss, one_loss = losses[fp32.run_dir], losses[bf16.run_dir], losses[bf16_one.run_dir]
-    assert len(fp32_loss) == len(bf16_loss) == len(one_loss) == STEPS
-    assert fp32_loss[-1] < fp32_loss[0] - 0.1, "training did not lower the loss; the comparison would be empty"
-    assert np.abs(bf16_loss - fp32_loss).max() < BF16_LOSS_TOLERANCE
+    bf16_loss, one_loss = _step_losses(bf16.run_dir), _step_losses(fp32_one.run_dir)
+    assert len(bf16_loss) == len(one_loss) == STEPS
+    assert one_loss[-1] < one_loss[0] - 0.1, "training did not lower the loss; the comparison would be empty"
     assert np.abs(bf16_loss - one_loss).max() < BF16_LOSS_TOLERANCE
-    assert not np.array_equal(bf16_loss, fp32_loss), "bf16 computed exactly as fp32: autocast did not run"
+    assert not np.array_equal(bf16_loss, one_loss), "bf16 computed exactly as fp32: autocast did not run"
 
 
 LOCAL_BATCH_SIZES = [7, 3, 2]
