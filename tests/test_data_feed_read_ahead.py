@@ -48,11 +48,12 @@ def _running(executions: list) -> int:
     return sum(not e._shutdown for e in executions)
 
 
-def _feed(ray):
+def _feed(ray, slow: bool = True):
+    """A feed of NUM_ROWS rows; ``slow``: its readings last a second or more (:func:`_slow`)."""
     from hetero_ray.training.data_feed import DataFeed
 
-    return DataFeed(ray.data.range(NUM_ROWS, override_num_blocks=6).map_batches(features).map_batches(_slow), "train",
-                    read_batch_size=10)
+    dataset = ray.data.range(NUM_ROWS, override_num_blocks=6).map_batches(features)
+    return DataFeed(dataset.map_batches(_slow) if slow else dataset, "train", read_batch_size=10)
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> None:
@@ -106,10 +107,7 @@ def test_one_reading_serves_a_steps_pieces_in_whatever_order_the_ranks_ask(ray_s
     first: the reading begun for it keeps the window from its start, and rank 0's piece
     comes from it (not from a second reading of the whole epoch), at an epoch's start as
     at a restart mid-epoch."""
-    from hetero_ray.training.data_feed import DataFeed
-
-    feed = DataFeed(ray_session.data.range(NUM_ROWS, override_num_blocks=6).map_batches(features), "train",
-                    read_batch_size=10)
+    feed = _feed(ray_session, slow=False)
     feed.num_rows()
     before = len(executions)
     for epoch, step in [(0, 0), (0, 1), (1, 3)]:  # epoch 1 begins at step 3: a restart from a checkpoint

@@ -153,7 +153,7 @@ class FeedRows:
         identity = session.identity
         self._rank, self._num_workers = identity.rank, identity.num_workers
         self._shuffle_block, self._seed = shuffle_block, seed
-        self._window = session.settings.global_batch_size  # step s reads positions [s·B, (s+1)·B)
+        self._window = session.settings.global_batch_size  # step s reads [s·B, (s+1)·B): GlobalSampler.window
         self._count = int(answer(feed.num_rows.remote(), _FEED_TIMEOUT_S))
         self.epoch_of: Callable[[], int] = lambda: 0
 
