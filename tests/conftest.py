@@ -72,9 +72,33 @@ def fast_config(tmp_path):
 
 
 _KUBERAY_SCHEMA_TESTS = "tests/test_cluster_configs_kuberay.py"
+_FILES_SHOWN = 20
+_seconds_per_file: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    """Adds each phase's time (setup, call, teardown) to its test file's total."""
+    path = report.nodeid.split("::", 1)[0]
+    _seconds_per_file[path] = _seconds_per_file.get(path, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
+    _write_kuberay_counts(terminalreporter)
+    _write_slowest_files(terminalreporter)
+
+
+def _write_slowest_files(terminalreporter):
+    """The files that took longest, all phases together: where a suite's time goes is a
+    file's fits and fixtures as much as its slowest test (pytest's --durations)."""
+    total = sum(_seconds_per_file.values())
+    if total < 60:  # a handful of tests: nothing to look for
+        return
+    terminalreporter.write_sep("=", f"slowest {_FILES_SHOWN} test files (of {total:.0f} s in tests)")
+    for path, seconds in sorted(_seconds_per_file.items(), key=lambda item: -item[1])[:_FILES_SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {path}")
+
+
+def _write_kuberay_counts(terminalreporter):
     """Says how many KubeRay schema checks passed or skipped: they run only where KubeRay's
     CRDs were found (CI has them), and a skipped check is silent in pytest's one-line total."""
     counts = {outcome: sum(1 for report in terminalreporter.stats.get(outcome, [])

@@ -15,9 +15,10 @@ receives rank 0's copy of all of it:
 - every learning-rate scheduler of those optimisers, and every enabled ``GradScaler``.
 
 The user makes the optimisers, schedulers and scalers, and hands none of them to
-hetero_ray; they are found among the worker's live objects by type, when needed (a
-walk over the tracked objects, ~20 ms for a worker holding torch and Ray; a whole
-collection first only where two of a kind turn up, see ``_live_objects``). Ranks may find
+hetero_ray; they are found among the worker's live objects by type, when needed: the
+instances the epoch start's freeze remembered, and those made since
+(:func:`~hetero_ray.training.heap.live_instances`; the whole heap is collected first only
+where two of a kind turn up, one of which may have died while frozen). Ranks may find
 them in another order, so rank 0 sends one table keyed by what is the same on every rank —
 an optimiser by the positions of its parameters in ``model.parameters()``, a scheduler by
 its optimiser's key and its class — and a rank that holds a different set is told so,
@@ -30,7 +31,6 @@ the checkpoints.
 
 from __future__ import annotations
 
-import gc
 from typing import Any, Optional
 
 import torch
@@ -39,8 +39,11 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from hetero_ray.errors import UserError
+from hetero_ray.training.heap import live_instances
 
 SOURCE_RANK = 0
+# What a replica's state is made of besides the model; the heap's freezes remember these.
+TRAINING_STATE_KINDS = (torch.optim.Optimizer, LRScheduler, torch.amp.GradScaler)
 
 
 class StaleRanks:
@@ -108,9 +111,9 @@ class TrainingState:
 def find_training_state(model: nn.Module) -> TrainingState:
     """This worker's optimisers of ``model``'s parameters, their schedulers, and its enabled
     gradient scalers, found among the live objects (see the module docstring)."""
-    found = _keyed(model, _live_objects(collect_frozen=False))
+    found = _keyed(model, live_instances(TRAINING_STATE_KINDS))
     if found is None:  # two of a kind where one is usual: one may have died while frozen
-        objects = _live_objects(collect_frozen=True)
+        objects = live_instances(TRAINING_STATE_KINDS, collect_frozen=True)
         found = _keyed(model, objects) or _keyed(model, objects, allow_twins=True)  # or there are two
     return found
 
@@ -122,7 +125,7 @@ def _keyed(model: nn.Module, objects: list, allow_twins: bool = False) -> Option
     positions = {id(p): i for i, p in enumerate(model.parameters())}
     optimizers, schedulers, scalers = {}, {}, {}
     for obj in objects:
-        kind = type(obj)  # not isinstance: it reads __class__, which some lazy module objects warn on
+        kind = type(obj)  # not isinstance: it reads __class__, which some lazy module objects warn on (heap.py)
         if issubclass(kind, torch.optim.Optimizer) and not _wraps_an_optimizer(obj):
             key = _optimizer_key(obj, positions)
             if key is not None:
@@ -147,28 +150,6 @@ def _keyed(model: nn.Module, objects: list, allow_twins: bool = False) -> Option
             return None
         keyed_schedulers[(*base, count)] = scheduler
     return TrainingState(optimizers, keyed_schedulers, scalers)
-
-
-def _live_objects(collect_frozen: bool) -> list:
-    # Objects frozen out of the collector's generations (training/heap.py freezes the heap
-    # at each epoch's start) are not listed by gc.get_objects(): unfreeze them to list them.
-    # What died since the last freeze is collected first, on every rank alike (a rank's
-    # own collections run at other times), so that no rank lists a dead optimiser another
-    # rank has freed. What died while frozen (an optimiser or scaler a loop replaced after
-    # an epoch's start, in a cycle) is freed only by collecting the whole heap, a walk of
-    # ~0.1–0.3 s per rank: ``collect_frozen`` does, for the listing that found two of a kind.
-    # Refrozen only if the heap was frozen: a loop whose loader never froze it (Lightning's,
-    # the Trainer's) keeps its objects collectable.
-    frozen = gc.get_freeze_count()
-    gc.collect()
-    gc.unfreeze()
-    if collect_frozen:
-        gc.collect()
-    try:
-        return gc.get_objects()
-    finally:
-        if frozen:
-            gc.freeze()
 
 
 def _wraps_an_optimizer(optimizer) -> bool:
