@@ -125,7 +125,7 @@ def _keyed(model: nn.Module, objects: list, allow_twins: bool = False) -> Option
     positions = {id(p): i for i, p in enumerate(model.parameters())}
     optimizers, schedulers, scalers = {}, {}, {}
     for obj in objects:
-        kind = type(obj)  # not isinstance: it reads __class__, which some lazy module objects warn on (heap.py)
+        kind = type(obj)  # not isinstance: it reads __class__, which some lazy module objects warn on
         if issubclass(kind, torch.optim.Optimizer) and not _wraps_an_optimizer(obj):
             key = _optimizer_key(obj, positions)
             if key is not None:
