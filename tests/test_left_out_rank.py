@@ -82,24 +82,27 @@ def test_state_that_died_while_the_heap_was_frozen_is_not_found():
         gc.unfreeze()
 
 
-def test_after_an_epoch_starts_the_lookup_lists_only_what_is_not_frozen(monkeypatch):
-    """The freeze remembers the optimiser, scheduler and scaler alive at the epoch's start;
-    a lookup then finds them and those made since without unfreezing the heap (listing it
-    whole cost ~0.3 s a rank at every copy)."""
+def test_after_the_first_lookup_a_lookup_lists_only_what_is_not_frozen(monkeypatch):
+    """The first lookup after a full walk lists the heap whole and remembers what it froze
+    again; the next epoch start adds what it freezes; a lookup then finds all of it, and
+    what was made since, without unfreezing the heap (listing it whole cost ~0.3 s a rank
+    at every copy)."""
     from hetero_ray.training import heap
-    from hetero_ray.training.replica_state import TRAINING_STATE_KINDS
 
-    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
     body = torch.optim.SGD(model[0].parameters(), lr=0.1)
     schedule, scaler = torch.optim.lr_scheduler.StepLR(body, step_size=2), torch.amp.GradScaler("cpu")
     heap._calls = itertools.count()
     try:
-        heap.freeze_heap(remember=TRAINING_STATE_KINDS)
-        head = torch.optim.Adam(model[1].parameters())  # made during the epoch
+        heap.freeze_heap()  # the first epoch's start: a full walk
+        assert list(find_training_state(model).optimizers.values()) == [body]
+        head = torch.optim.Adam(model[1].parameters())  # made during the first epoch
+        heap.freeze_heap()  # the next epoch's start freezes it
+        tail = torch.optim.SGD(model[2].parameters(), lr=0.1)  # made during the next epoch
         unfreezes = []
         monkeypatch.setattr(gc, "unfreeze", lambda: unfreezes.append(1))
         found = find_training_state(model)
-        assert found.optimizers == {((0, 1),): body, ((2, 3),): head}
+        assert found.optimizers == {((0, 1),): body, ((2, 3),): head, ((4, 5),): tail}
         assert list(found.schedulers.values()) == [schedule] and list(found.scalers.values()) == [scaler]
         assert unfreezes == [], "the lookup unfroze the heap to list it whole"
     finally:
@@ -111,12 +114,12 @@ def test_state_frozen_by_someone_else_is_still_found():
     """A gc.freeze() the heap module did not make (a library's) freezes what the module never
     saw: the lookup notices and lists the whole heap."""
     from hetero_ray.training import heap
-    from hetero_ray.training.replica_state import TRAINING_STATE_KINDS
 
     model = nn.Linear(2, 2)
     heap._calls = itertools.count()
     try:
-        heap.freeze_heap(remember=TRAINING_STATE_KINDS)
+        heap.freeze_heap()
+        find_training_state(model)  # the lookup that remembers what is frozen
         optimizer, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
         gc.freeze()  # not the module's
         found = find_training_state(model)

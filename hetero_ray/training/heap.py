@@ -18,10 +18,12 @@ epoch's start.
 
 Frozen objects are not listed by ``gc.get_objects()``. So that finding the instances of a
 few classes (:func:`live_instances`: the optimisers, schedulers and scalers a rank left out
-receives from rank 0) need not unfreeze and list the whole heap each time, a freeze
-remembers the instances of the classes it is given, weakly; a lookup then lists only what
-is not frozen. A freeze this module did not make (a ``gc.freeze()`` elsewhere) is noticed
-by a marker object it would have frozen too, and the lookup lists the whole heap.
+receives from rank 0) need not unfreeze and list the whole heap each time, the first
+lookup after a full walk lists it whole and remembers, weakly, the instances it froze
+again; each later freeze adds those of what it freezes, and a later lookup lists only
+what is not frozen. A run that never looks (no rank left out) lists nothing. A freeze
+this module did not make (a ``gc.freeze()`` elsewhere) is noticed by a marker object it
+would have frozen too, and the lookup lists the whole heap.
 """
 
 from __future__ import annotations
@@ -35,22 +37,22 @@ FULL_WALK_EVERY = 8  # epoch starts: the cycles frozen alive are freed at most t
 
 _calls = itertools.count()
 _kinds: tuple[type, ...] = ()  # the classes whose frozen instances are remembered
-_frozen_instances: list[weakref.ref] = []  # those instances, in the order the heap listed them
+# Weak references to every frozen instance of them, in the order the heap listed them;
+# None: not known since the last full walk (the next lookup lists the heap whole).
+_frozen_instances: Optional[list[weakref.ref]] = None
 _marker: Optional[list] = None  # made after this module's last freeze: if it is frozen, someone else froze
 
 
-def freeze_heap(remember: tuple[type, ...] = ()) -> None:
+def freeze_heap() -> None:
     """Collects the garbage, then takes every object alive now out of later collections
-    (the whole heap is walked at the first call and every FULL_WALK_EVERY-th after it),
-    remembering the frozen instances of ``remember`` for :func:`live_instances`."""
-    global _kinds, _marker
-    if next(_calls) % FULL_WALK_EVERY == 0 or remember != _kinds:
+    (the whole heap is walked at the first call and every FULL_WALK_EVERY-th after it)."""
+    global _frozen_instances, _marker
+    if next(_calls) % FULL_WALK_EVERY == 0:
         gc.unfreeze()
-        _frozen_instances.clear()
-        _kinds = remember
+        _frozen_instances = None
     gc.collect()
-    if remember:  # what is about to be frozen: everything not frozen yet
-        _frozen_instances.extend(weakref.ref(o) for o in _instances_of(remember, gc.get_objects()))
+    if _frozen_instances is not None:  # known so far: add what is about to be frozen (not frozen yet)
+        _frozen_instances.extend(_weak(_instances_of(_kinds, gc.get_objects())))
     gc.freeze()
     _marker = []
 
@@ -61,9 +63,9 @@ def live_instances(kinds: tuple[type, ...], collect_frozen: bool = False) -> lis
     rank has freed). ``collect_frozen`` also frees what died while frozen (a cycle: an
     optimiser a loop replaced after an epoch's start), by collecting the whole heap, a walk
     of ~0.1–0.3 s."""
-    global _marker
+    global _frozen_instances, _kinds, _marker
     gc.collect()
-    if not collect_frozen and _marker is not None and kinds == _kinds:
+    if not collect_frozen and _frozen_instances is not None and _marker is not None and kinds == _kinds:
         unfrozen = gc.get_objects()
         if id(_marker) in set(map(id, unfrozen)):  # nothing was frozen since this module's freeze
             frozen = [o for o in (ref() for ref in _frozen_instances) if o is not None]
@@ -72,11 +74,9 @@ def live_instances(kinds: tuple[type, ...], collect_frozen: bool = False) -> lis
     gc.unfreeze()
     if collect_frozen:
         gc.collect()
-    objects = gc.get_objects()
-    found = _instances_of(kinds, objects)
+    found = _instances_of(kinds, gc.get_objects())
     if refreeze:
-        _frozen_instances[:] = [weakref.ref(o) for o in (found if kinds == _kinds else _instances_of(_kinds, objects))]
-        del objects
+        _kinds, _frozen_instances = kinds, _weak(found)
         gc.freeze()
         _marker = []
     return found
@@ -87,6 +87,10 @@ def _instances_of(kinds: tuple[type, ...], objects: list) -> list:
     # Each distinct class is tested once; the walk over the objects stays in C.
     wanted = {kind for kind in set(map(type, objects)) if issubclass(kind, kinds)}
     return list(itertools.compress(objects, map(wanted.__contains__, map(type, objects))))
+
+
+def _weak(objects: list) -> list[weakref.ref]:
+    return [weakref.ref(o) for o in objects]
 
 
 def _unique(objects: list) -> list:

@@ -57,7 +57,7 @@ from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
 from hetero_ray.training.heap import freeze_heap
-from hetero_ray.training.replica_state import TRAINING_STATE_KINDS, StaleRanks, copy_from_rank0
+from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.reporting import check_data_matches
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
@@ -162,7 +162,7 @@ class PlanFollowingLoader:
         start = self.position
         epoch_end = start.global_step - start.step + self.sampler.steps_per_epoch
         self._agree_through(start.global_step, epoch_end)
-        freeze_heap(remember=TRAINING_STATE_KINDS)  # their lookup lists only what is not frozen
+        freeze_heap()
         batches = iter(self._dataloader)  # primes the workers with the first L steps' indices
         try:
             while self.position.epoch == start.epoch:

@@ -16,8 +16,8 @@ receives rank 0's copy of all of it:
 
 The user makes the optimisers, schedulers and scalers, and hands none of them to
 hetero_ray; they are found among the worker's live objects by type, when needed: the
-instances the epoch start's freeze remembered, and those made since
-(:func:`~hetero_ray.training.heap.live_instances`; the whole heap is collected first only
+frozen instances an earlier lookup and the epoch starts' freezes remembered, and those
+made since (:func:`~hetero_ray.training.heap.live_instances`; the whole heap is collected first only
 where two of a kind turn up, one of which may have died while frozen). Ranks may find
 them in another order, so rank 0 sends one table keyed by what is the same on every rank —
 an optimiser by the positions of its parameters in ``model.parameters()``, a scheduler by
@@ -42,7 +42,7 @@ from hetero_ray.errors import UserError
 from hetero_ray.training.heap import live_instances
 
 SOURCE_RANK = 0
-# What a replica's state is made of besides the model; the heap's freezes remember these.
+# What a replica's state is made of besides the model (found by class among the live objects).
 TRAINING_STATE_KINDS = (torch.optim.Optimizer, LRScheduler, torch.amp.GradScaler)
 
 
