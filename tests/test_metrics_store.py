@@ -159,6 +159,25 @@ def test_capabilities_is_a_list_whether_set_now_or_read_from_disk(store, tmp_pat
     assert reopened.capabilities() == nodes
 
 
+def test_a_restarted_store_still_knows_the_current_attempts_workers(tmp_path):
+    """Each rank's pid and node come with its attempt: a restarted store answers workers()
+    as before (the progress line's node-lost check reads it), and a new attempt starts empty."""
+    store = MetricsStore(str(tmp_path), "exp", parquet_flush_interval_s=3600)
+    store.begin_attempt(0, num_workers=2)
+    store.begin_attempt(10, num_workers=2)
+    ranks = [{"rank": r, "pid": 100 + r, "node_id": f"n{r}", "hostname": "h", "device": "cpu", "attempt": 1}
+             for r in (1, 0)]
+    for info in ranks:
+        store.register_worker(info)
+
+    reopened = MetricsStore(str(tmp_path), "exp")
+    assert reopened.workers() == {0: ranks[1], 1: ranks[0]}
+    assert run_files.read_json(os.path.join(str(tmp_path), run_files.ATTEMPTS_FILE))[1]["workers"] == [ranks[1], ranks[0]]
+    reopened.begin_attempt(20, num_workers=2)
+    assert reopened.workers() == {}
+    assert MetricsStore(str(tmp_path), "exp").workers() == {}
+
+
 def test_a_restarted_store_loses_no_row(tmp_path):
     """Rows wait in memory for the next flush; a store that dies before it (no finalize,
     no flush) must not lose them: the write-ahead log brings them back."""

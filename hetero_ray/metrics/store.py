@@ -63,6 +63,10 @@ class MetricsStore:
         self._attempts: list[dict] = self._read(run_files.ATTEMPTS_FILE,
                                                 lambda: run_files.read_json(self._path(run_files.ATTEMPTS_FILE), []),
                                                 []) or []
+        # The current attempt's workers came with it: a restarted store still knows each
+        # rank's pid and node (the progress line's node-lost check, a test's kill).
+        self._workers = {int(w["rank"]): dict(w) for w in
+                         (self._attempts[-1].get("workers", []) if self._attempts else [])}
         nodes = self._read(run_files.NODES_FILE, lambda: run_files.read_json(self._path(run_files.NODES_FILE)), None)
         self._nodes: Optional[list[dict]] = nodes.get("nodes") if isinstance(nodes, dict) else nodes
         self._plans: list[dict] = self._read_small_table(PLANS)
@@ -95,8 +99,13 @@ class MetricsStore:
         self._writer.write_json("attempts.json", run_files.ATTEMPTS_FILE, self._attempts)
 
     def register_worker(self, info: dict) -> None:
-        """A worker of the current attempt: rank, pid, node_id, hostname, device."""
+        """A worker of the current attempt: rank, pid, node_id, hostname, device (kept in
+        the attempt's entry of attempts.json too, for a restart of this store)."""
         self._workers[int(info["rank"])] = dict(info)
+        entry = next((a for a in self._attempts if a["attempt"] == info.get("attempt")), None)
+        if entry is not None:
+            entry["workers"] = [self._workers[rank] for rank in sorted(self._workers)]
+            self._writer.write_json("attempts.json", run_files.ATTEMPTS_FILE, self._attempts)
 
     def add(self, steps: Optional[list[dict]] = None, sample_ids: Optional[list[dict]] = None) -> None:
         """A worker's batch of step rows and (compact) sample-id rows."""
