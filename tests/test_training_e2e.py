@@ -1,6 +1,7 @@
 """End to end on a real local Ray: invariants 1 and 2 through the whole product.
 
-- same math: 3 workers with an uneven split reach the weights of 1 worker;
+- same math: 3 workers with an uneven split reach the weights of 1 worker; in bf16 (the
+  --precision flag) with a plan change they follow its fp32 losses within bf16's rounding;
 - exactly once: with plans changing mid-epoch, sample_ids.parquet holds every index once
   per epoch, and every rank's piece matches the plan in force.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -18,12 +20,20 @@ from hetero_ray.metrics import run_files
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_three_uneven_workers_train_the_weights_of_one(ray_session, fast_config):
+# bf16 keeps 8 bits of mantissa (relative rounding 2^-8 ≈ 0.4 %); a loss of ~1 that drifts
+# through a dozen steps of rounded forward passes stays within a few hundredths.
+BF16_LOSS_TOLERANCE = 0.05
+
+
+def test_three_uneven_workers_train_the_weights_of_one_and_follow_it_in_bf16(ray_session, fast_config):
     from hetero_ray.builtin.driver import run_training
 
     common = dict(model="mlp", num_samples=400, batch_size=48, epochs=2, max_steps=12, seed=3, lr=0.1)
     one = run_training(fast_config(num_workers=1, experiment_name="one", **common))
     three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], experiment_name="three", **common))
+    bf16 = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], precision="bf16", experiment_name="bf16",
+                                    rebalance_interval=1,
+                                    plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}], **common))
 
     assert one.summary["global_steps"] == three.summary["global_steps"] == 12  # crosses the short last window
     weights_one = torch.load(os.path.join(one.run_dir, "model_final.pt"), weights_only=True)
@@ -33,6 +43,21 @@ def test_three_uneven_workers_train_the_weights_of_one(ray_session, fast_config)
     moved = max((weights_one[k] - initial[k]).abs().max().item() for k in weights_one)
     assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
     assert worst < 1e-5, f"3 uneven workers diverged from 1 worker by {worst}"
+
+    bf16_loss, one_loss = _step_losses(bf16.run_dir), _step_losses(one.run_dir)
+    assert len(bf16_loss) == len(one_loss) == 12
+    plans = run_files.read_table(bf16.run_dir, "plans").sort_values("first_global_step")
+    assert [list(s) for s in plans["local_batch_sizes"]] == [[26, 14, 8], [8, 16, 24]]
+    assert np.abs(bf16_loss - one_loss).max() < BF16_LOSS_TOLERANCE, (bf16_loss, one_loss)
+    assert not np.array_equal(bf16_loss, one_loss), "bf16 computed exactly as fp32: autocast did not run"
+
+
+def _step_losses(run_dir: str) -> np.ndarray:
+    """The loss of each global step over the whole global batch: Σ b_i·loss_i / B."""
+    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
+    steps = steps[steps["local_batch_size"] > 0]
+    weighted = (steps["loss"] * steps["local_batch_size"]).groupby(steps["global_step"]).sum()
+    return (weighted / steps.groupby("global_step")["local_batch_size"].sum()).sort_index().to_numpy()
 
 
 def _initial_weights(model: str, seed: int) -> dict:
