@@ -6,8 +6,9 @@ worker processes: a user's own model (with BatchNorm), Dataset and loop.
   global batches;
 - exactly once: every sample once per epoch, through prepare_data_loader(num_workers=2);
 - Ray Train's Result: the user's reported metric in Result.metrics, Result.checkpoint loads;
-- nothing lost: a SIGKILL right after a checkpoint resumes at its exact step, with the
-  user's own checkpoint contents, exactly once, and the weights of one device;
+- nothing lost: a SIGKILL right after a checkpoint, between the plan changes, resumes at
+  its exact step under the plan in force, with the user's own checkpoint contents, exactly
+  once, and the weights of one device;
 - profiled with the user's model: HeteroConfig(profile_model=ProfileModel(...)) probes it
   on every node before the first step; a recipe that fails is said, and training goes on;
 - URI storage, and a TorchConfig that reaches the workers' process group.
@@ -73,42 +74,37 @@ def _assert_exactly_once(run_dir: str) -> None:
     assert (ranks == steps["rank"].nunique()).all(), ranks[ranks != steps["rank"].nunique()]
 
 
-def test_user_loop_with_batchnorm_matches_one_device_under_plan_changes(ray_session, tmp_path):
+def test_a_user_loop_with_batchnorm_under_plan_changes_and_a_sigkill_is_one_device_exactly_once(ray_session, tmp_path):
+    """Two mid-epoch plan changes, and rank 1 SIGKILLed right after the checkpoint of step 3
+    (the first step of the second plan): the run resumes at step 4 under the plan in force,
+    with the user's own checkpoint contents, and ends with one device's weights and
+    BatchNorm statistics, every sample once per epoch."""
+    run_dir = str(tmp_path / "api-bn")
     hetero = HeteroConfig(global_batch_size=BATCH, policy="static", batch_split=(14, 10, 6), rebalance_interval=1,
                           record_sample_ids=True,
                           plan_changes=({"global_step": 3, "local_batch_sizes": [6, 12, 12]},
                                         {"global_step": 7, "local_batch_sizes": [20, 5, 5]}))
-    result = _fit(tmp_path, "api-bn", hetero)
-
-    assert result.metrics["epoch"] == EPOCHS - 1 and "loss" in result.metrics
-    assert "loss" in result.metrics_dataframe.columns
-    _assert_one_device(_final_weights(result))
-    run_dir = str(tmp_path / "api-bn")
-    _assert_exactly_once(run_dir)
-    plans = pd.read_parquet(os.path.join(run_dir, "plans.parquet")).sort_values("first_global_step")
-    assert plans["first_global_step"].tolist() == [0, 3, 7]
-    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
-    assert steps[steps["global_step"] == 4].sort_values("rank")["local_batch_size"].tolist() == [4, 8, 8]  # short window, same rule
-    assert steps[steps["global_step"] == 5].sort_values("rank")["local_batch_size"].tolist() == [6, 12, 12]
-    assert steps["data_time_s"].notna().all() and (steps["busy_time_s"] > 0).all()
-    reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet"))
-    assert [json.loads(m)["epoch"] for m in reports.sort_values("global_step")["metrics"]] == [0, 1]
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        assert json.load(f)["global_steps"] == STEPS
-
-
-def test_sigkill_in_a_user_loop_resumes_at_the_exact_step(ray_session, tmp_path):
-    hetero = HeteroConfig(global_batch_size=BATCH, policy="static", batch_split=(14, 10, 6), record_sample_ids=True)
-    run_dir = str(tmp_path / "api-kill")
     crash = {"at_step": 4, "after_checkpoint": "checkpoint_000000004", "run_dir": run_dir}
-    result = _fit(tmp_path, "api-kill", hetero, checkpoint_every=3, crash=crash)
+    result = _fit(tmp_path, "api-bn", hetero, checkpoint_every=3, crash=crash)
 
     with open(os.path.join(run_dir, "attempts.json")) as f:
         attempts = json.load(f)
     assert [a["start_global_step"] for a in attempts] == [0, 4], attempts  # right after step 3's checkpoint
     assert result.metrics["restored_from"] == 3  # the user's own checkpoint contents came back
+    assert result.metrics["epoch"] == EPOCHS - 1 and "loss" in result.metrics
+    assert "loss" in result.metrics_dataframe.columns
     _assert_one_device(_final_weights(result))
     _assert_exactly_once(run_dir)
+    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
+    sizes = steps.sort_values("rank").groupby("global_step")["local_batch_size"].agg(list)
+    assert sizes[2] == [14, 10, 6] and sizes[3] == [6, 12, 12]
+    assert sizes[4] == [4, 8, 8]  # the epoch's short window, same rule; the first step after the restart
+    assert sizes[5] == [6, 12, 12] and sizes[7] == [20, 5, 5]
+    assert steps["data_time_s"].notna().all() and (steps["busy_time_s"] > 0).all()
+    reports = pd.read_parquet(os.path.join(run_dir, "reports.parquet"))
+    assert {json.loads(m)["epoch"] for m in reports["metrics"]} == {0, 1}  # a report every 3 steps and epoch
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        assert json.load(f)["global_steps"] == STEPS
 
 
 def test_nodes_are_profiled_with_the_users_model_beside_the_workers_start(ray_session, tmp_path):
