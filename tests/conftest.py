@@ -56,19 +56,31 @@ def ray_session():
     ray.shutdown()
 
 
+def _fast_config(output_dir: str, **overrides):
+    from hetero_ray.config import TrainConfig
+
+    values = dict(model="mlp", dataset="synthetic_image", num_samples=256, eval_samples=64,
+                  batch_size=32, epochs=1, num_workers=2, output_dir=output_dir,
+                  checkpoint_every=1000, max_failures=0, policy="static", profile=False)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
 @pytest.fixture
 def fast_config(tmp_path):
     """Builds a small, fast TrainConfig in a temporary output directory."""
-    from hetero_ray.config import TrainConfig
+    return lambda **overrides: _fast_config(str(tmp_path / "runs"), **overrides)
 
-    def make(**overrides) -> TrainConfig:
-        values = dict(model="mlp", dataset="synthetic_image", num_samples=256, eval_samples=64,
-                      batch_size=32, epochs=1, num_workers=2, output_dir=str(tmp_path / "runs"),
-                      checkpoint_every=1000, max_failures=0, policy="static", profile=False)
-        values.update(overrides)
-        return TrainConfig(**values)
 
-    return make
+@pytest.fixture(scope="session")
+def one_worker_run(ray_session, tmp_path_factory):
+    """tests/helpers.py's ONE_DEVICE_JOB on one worker, trained once for the session: one
+    device's weights and losses."""
+    from hetero_ray.builtin.driver import run_training
+    from tests.helpers import ONE_DEVICE_JOB
+
+    return run_training(_fast_config(str(tmp_path_factory.mktemp("one-worker")), num_workers=1,
+                                     experiment_name="one", **ONE_DEVICE_JOB))
 
 
 _KUBERAY_SCHEMA_TESTS = "tests/test_cluster_configs_kuberay.py"

@@ -30,6 +30,12 @@ def free_port() -> int:
 
 # ---- runs ---------------------------------------------------------------------------------
 
+# The built-in job that uneven, balanced and bf16 runs on several ranks are held to
+# (conftest's one_worker_run trains it once on one worker): 3 epochs of ceil(600 / 48) = 13
+# steps, the last a short window of 24.
+ONE_DEVICE_JOB = dict(model="mlp", num_samples=600, batch_size=48, epochs=3, seed=5, lr=0.1)
+
+
 def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_step: int = 0,
                attempt: int = 0, start_wall: float = 1000.0, gpu: bool = False) -> pd.DataFrame:
     """Step rows of a small run: rank i has local batch ``batches[i]`` and busy time ``busy[i]``."""

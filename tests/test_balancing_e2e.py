@@ -14,19 +14,19 @@ import pytest
 import torch
 
 from hetero_ray.metrics import run_files
+from tests.helpers import ONE_DEVICE_JOB
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(ray_session, fast_config):
+def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(one_worker_run, fast_config):
     from hetero_ray.builtin.driver import run_training
 
-    common = dict(model="mlp", num_samples=600, batch_size=48, epochs=3, seed=5, lr=0.1)
-    reference = run_training(fast_config(num_workers=1, experiment_name="reference", **common))
+    reference = one_worker_run
     balanced = run_training(
         fast_config(num_workers=3, experiment_name="optimal", policy="optimal", batch_split=[16, 16, 16],
                     emulate_speeds=[1.0, 0.5, 0.25], emulate_speed_changes=[{"global_step": 20, "rank": 0, "speed": 0.2}],
-                    rebalance_interval=3, record_sample_ids=True, **common),
+                    rebalance_interval=3, record_sample_ids=True, **ONE_DEVICE_JOB),
     )
 
     plans = run_files.read_table(balanced.run_dir, "plans").sort_values("first_global_step")

@@ -16,36 +16,37 @@ import pytest
 import torch
 
 from hetero_ray.metrics import run_files
+from tests.helpers import ONE_DEVICE_JOB
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
+STEPS = 3 * 13  # ONE_DEVICE_JOB: 3 epochs of ceil(600 / 48) steps
 # bf16 keeps 8 bits of mantissa (relative rounding 2^-8 ≈ 0.4 %); a loss of ~1 that drifts
-# through a dozen steps of rounded forward passes stays within a few hundredths.
+# through a few dozen steps of rounded forward passes stays within a few hundredths.
 BF16_LOSS_TOLERANCE = 0.05
 
 
-def test_three_uneven_workers_train_the_weights_of_one_and_follow_it_in_bf16(ray_session, fast_config):
+def test_three_uneven_workers_train_the_weights_of_one_and_follow_it_in_bf16(one_worker_run, fast_config):
     from hetero_ray.builtin.driver import run_training
 
-    common = dict(model="mlp", num_samples=400, batch_size=48, epochs=2, max_steps=12, seed=3, lr=0.1)
-    one = run_training(fast_config(num_workers=1, experiment_name="one", **common))
-    three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], experiment_name="three", **common))
+    one = one_worker_run
+    three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], experiment_name="three", **ONE_DEVICE_JOB))
     bf16 = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], precision="bf16", experiment_name="bf16",
                                     rebalance_interval=1,
-                                    plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}], **common))
+                                    plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}], **ONE_DEVICE_JOB))
 
-    assert one.summary["global_steps"] == three.summary["global_steps"] == 12  # crosses the short last window
+    assert one.summary["global_steps"] == three.summary["global_steps"] == STEPS  # crosses the short last windows
     weights_one = torch.load(os.path.join(one.run_dir, "model_final.pt"), weights_only=True)
     weights_three = torch.load(os.path.join(three.run_dir, "model_final.pt"), weights_only=True)
     worst = max((weights_one[k] - weights_three[k]).abs().max().item() for k in weights_one)
-    initial = _initial_weights("mlp", seed=3)
+    initial = _initial_weights("mlp", seed=ONE_DEVICE_JOB["seed"])
     moved = max((weights_one[k] - initial[k]).abs().max().item() for k in weights_one)
     assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
     assert worst < 1e-5, f"3 uneven workers diverged from 1 worker by {worst}"
 
     bf16_loss, one_loss = _step_losses(bf16.run_dir), _step_losses(one.run_dir)
-    assert len(bf16_loss) == len(one_loss) == 12
+    assert len(bf16_loss) == len(one_loss) == STEPS
     plans = run_files.read_table(bf16.run_dir, "plans").sort_values("first_global_step")
     assert [list(s) for s in plans["local_batch_sizes"]] == [[26, 14, 8], [8, 16, 24]]
     assert np.abs(bf16_loss - one_loss).max() < BF16_LOSS_TOLERANCE, (bf16_loss, one_loss)
