@@ -17,11 +17,12 @@ by Ray (module-level functions, lambdas and ``functools.partial`` all are).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from hetero_ray.errors import ConfigError
+
+if TYPE_CHECKING:  # torch loads where a model is built or stepped, not where a recipe is named
+    import torch
 
 
 def cross_entropy_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
