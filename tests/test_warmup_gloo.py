@@ -70,7 +70,10 @@ def _busy_s(fit: dict, batch_size: int) -> float:
 
 
 def test_a_fast_rank_keeps_the_slow_ranks_company_until_it_has_measured():
-    with mp.Manager() as manager:
+    # The manager's server is spawned, not forked: a fork of this process carries the session's
+    # Ray driver (its sockets, without its threads), and one such fork outlived a test run,
+    # stuck, holding the driver's sockets and whatever file locks the run held.
+    with mp.get_context("spawn").Manager() as manager:
         out = manager.dict()
         mp.spawn(_run, args=(free_port(), out), nprocs=len(SPEEDS), join=True)
         fast, slow = out[0], out[1]
