@@ -53,7 +53,6 @@ class MetricsStore:
         self.experiment_name = experiment_name
         self._remote_run_uri = remote_run_uri  # URI storage: the tables follow each checkpoint there
         self._window = StepWindow(max_recent_steps)
-        self._workers: dict[int, dict] = {}
         self._finalized = False
         # Sets torn parts aside and replays its write-ahead log; never raises (see failure()).
         self._writer = RunWriter(run_dir, parquet_flush_interval_s)
@@ -65,8 +64,8 @@ class MetricsStore:
                                                 []) or []
         # The current attempt's workers came with it: a restarted store still knows each
         # rank's pid and node (the progress line's node-lost check, a test's kill).
-        self._workers = {int(w["rank"]): dict(w) for w in
-                         (self._attempts[-1].get("workers", []) if self._attempts else [])}
+        self._workers: dict[int, dict] = {int(w["rank"]): dict(w) for w in
+                                          (self._attempts[-1].get("workers", []) if self._attempts else [])}
         nodes = self._read(run_files.NODES_FILE, lambda: run_files.read_json(self._path(run_files.NODES_FILE)), None)
         self._nodes: Optional[list[dict]] = nodes.get("nodes") if isinstance(nodes, dict) else nodes
         self._plans: list[dict] = self._read_small_table(PLANS)
@@ -92,7 +91,7 @@ class MetricsStore:
     def note_attempt(self, attempt: int, facts: dict) -> None:
         """Facts about a worker-group start learned after it began (the emulated devices'
         factor, measured by its ranks), added to its entry in attempts.json."""
-        entry = next((a for a in self._attempts if a["attempt"] == int(attempt)), None)
+        entry = self._attempt_entry(int(attempt))
         if entry is None:
             return  # a start this store never registered (a restart lost it): nothing to add to
         entry.update(facts)
@@ -102,7 +101,7 @@ class MetricsStore:
         """A worker of the current attempt: rank, pid, node_id, hostname, device (kept in
         the attempt's entry of attempts.json too, for a restart of this store)."""
         self._workers[int(info["rank"])] = dict(info)
-        entry = next((a for a in self._attempts if a["attempt"] == info.get("attempt")), None)
+        entry = self._attempt_entry(info.get("attempt"))
         if entry is not None:
             entry["workers"] = [self._workers[rank] for rank in sorted(self._workers)]
             self._writer.write_json("attempts.json", run_files.ATTEMPTS_FILE, self._attempts)
@@ -323,6 +322,10 @@ class MetricsStore:
 
     def _current_attempt(self) -> int:
         return len(self._attempts) - 1
+
+    def _attempt_entry(self, attempt: Optional[int]) -> Optional[dict]:
+        """The entry of attempts.json for ``attempt``; None for one this store never registered."""
+        return next((a for a in self._attempts if a["attempt"] == attempt), None)
 
     def _num_workers(self) -> int:
         return self._attempts[-1]["num_workers"] if self._attempts else 0
