@@ -56,16 +56,22 @@ class Handle:
 
 class ScriptedPlanner:
     """``plans``: {first global step: local batch sizes, or (sizes, probe sizes)}; each
-    entry is a new plan version. ``memory_caps``: every rank's cap, or None."""
+    entry is a new plan version. ``memory_caps``: every rank's cap, or None.
+    ``check_after_steps``: {first global step: the plan's Plan.check_after_steps}."""
 
-    def __init__(self, plans: dict[int, Any], memory_caps: Optional[list[int]] = None):
+    def __init__(self, plans: dict[int, Any], memory_caps: Optional[list[int]] = None,
+                 check_after_steps: Optional[dict[int, int]] = None):
         self._entries = sorted(plans.items())
         self._memory_caps = memory_caps
+        self._check_after_steps = check_after_steps or {}
+        self.asked_at: list[int] = []  # the global steps plans were asked for
 
     def plan_for(self, num_workers, global_step, ranks=None, wait_for_capabilities=False, micro_batches=False):
-        version, (_, entry) = max((i, e) for i, e in enumerate(self._entries) if e[0] <= global_step)
+        self.asked_at.append(global_step)
+        version, (first, entry) = max((i, e) for i, e in enumerate(self._entries) if e[0] <= global_step)
         sizes, probes = entry if isinstance(entry[0], (tuple, list)) else (entry, ())
-        reply = Plan(version, tuple(sizes), f"script {version}", tuple(probes)).to_dict()
+        reply = Plan(version, tuple(sizes), f"script {version}", tuple(probes),
+                     self._check_after_steps.get(first, 0)).to_dict()
         if self._memory_caps is not None:
             reply["memory_caps"] = list(self._memory_caps)
         return reply
@@ -130,14 +136,15 @@ class LocalRayTrain:
 
 def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_workers: int, global_batch_size: int,
                    planner: ScriptedPlanner, storage: str, seed: int = 0, restored_checkpoint: Optional[str] = None,
-                   data_feeds: Optional[dict] = None):
+                   data_feeds: Optional[dict] = None, rebalance_interval: int = 1):
     """Runs ``loop(config)`` as ``train_loop_per_worker`` on this rank of the gloo group;
     returns (what it returned, the store, the Ray Train stand-in). ``data_feeds``: the
-    feeds of ``get_dataset_shard`` by dataset name (actor handles)."""
+    feeds of ``get_dataset_shard`` by dataset name (actor handles); ``rebalance_interval``:
+    1 asks for a plan at every step, so a script's plan starts where it says."""
     from hetero_ray.training.reporting import read_state
 
     settings = WorkerSettings(experiment_name="in-process", global_batch_size=global_batch_size, seed=seed,
-                              rebalance_interval=1, device_mode="cpu", record_sample_ids=True,
+                              rebalance_interval=rebalance_interval, device_mode="cpu", record_sample_ids=True,
                               data_feeds=list(data_feeds or ()))
     identity = WorkerIdentity(
         rank=rank, num_workers=num_workers, local_rank=rank, device=torch.device("cpu"), node_id=f"node-{rank}",

@@ -16,6 +16,7 @@ from hetero_ray.planning.balancer import Balancer
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.estimates import ClusterEstimates
 from hetero_ray.planning.moves import BURST_FACTOR, MOVE_LOSS_BOUND, TRIAL_CHECK_STEPS, MeasuredShares
+from hetero_ray.planning.plan import Plan, next_point
 from hetero_ray.planning.policies import PolicyConfig, make_policy
 
 
@@ -133,12 +134,13 @@ def test_the_worst_allowed_speed_at_a_cap_keeps_the_step_within_the_bound():
 
 
 def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed: int = 0,
-         cooldown_steps: int = 0, readings=None) -> dict:
+         cooldown_steps: int = 0, readings=None, trial_checks: bool = True) -> dict:
     """Drives a balancer the way workers do: a step's records arrive as it ends; a proposal
-    is in force from the next rebalance point (a multiple of ``interval``), the newest one
-    when several came. ``busy_fn(step, sizes, cpu_s)`` turns each rank's noisy CPU time
+    is in force from the next rebalance point (a multiple of ``interval``, or a trial's
+    check point: plan.next_point, with no lookahead), the newest one when several came. ``busy_fn(step, sizes, cpu_s)`` turns each rank's noisy CPU time
     (``cpu_s``, from ``sizes``) into its busy time; ``readings(sizes, busy, step_s,
-    plan_first_step)``, if given, adds each rank's CPU reading (cpu_util...) to its row."""
+    plan_first_step)``, if given, adds each rank's CPU reading (cpu_util...) to its row;
+    ``trial_checks=False``: the workers switch at multiples of ``interval`` only."""
     n = len(sizes)
     balancer = Balancer(make_policy("optimal", PolicyConfig(cooldown_steps=cooldown_steps)),
                         rebalance_interval=interval, global_batch_size=sum(sizes))
@@ -146,9 +148,13 @@ def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed
     rng = np.random.default_rng(seed)
     sizes, version, next_version, pending, plan_first_step = tuple(sizes), 0, 1, None, 0
     clock, step_times, in_force, rows_out, proposed_at = 0.0, [], [], [], []
+    point = interval
     for step in range(steps):
-        if step % interval == 0 and pending is not None:  # the workers switch at rebalance points only
-            sizes, version, pending, plan_first_step = pending.local_batch_sizes, pending.version, None, step
+        if step == point:  # the workers switch at rebalance points only
+            agreed = pending or Plan(version, sizes)
+            point = next_point(step, agreed, pending is not None and trial_checks, interval, lookahead_steps=0)
+            sizes, version, pending, plan_first_step = agreed.local_batch_sizes, agreed.version, None, \
+                step if agreed.version != version else plan_first_step
         noise_factors = np.maximum(0.5, 1.0 + noise * rng.standard_normal(n))
         busy = busy_fn(step, sizes, noise_factors)
         step_s = float(max(busy))
@@ -212,23 +218,44 @@ def test_a_move_onto_a_quota_cliff_costs_a_bounded_step_for_one_interval(seed):
             run["proposed_at"]
 
 
-def test_the_same_run_without_bounds_doubles_the_step(monkeypatch):
-    """The scenario above is one the bounds are needed for: with moves unbounded, the first
-    decision's move doubles the step for an interval, and the run falls below 0.9."""
+def test_without_bounds_the_step_doubles_and_without_the_trials_check_point_too_the_run_loses(monkeypatch):
+    """The scenario above needs both: with moves unbounded, the first decision's move doubles
+    the step until its check point undoes it; without that point too, the doubled step lasts
+    to the next rebalance point and the run falls below 0.9."""
     monkeypatch.setattr(moves, "MOVE_LOSS_BOUND", math.inf)
-    run, still = _run(_quota_busy, FIRST_PLAN, steps=150, interval=20), _never_moving(0, 150)
-    assert run["step_times_s"].max() > 1.8 * float(np.median(still["step_times_s"]))
-    assert run["samples_per_s"] < 0.9 * still["samples_per_s"]
+    still = _never_moving(0, 150)
+    base_s = float(np.median(still["step_times_s"]))
+    unbounded = _run(_quota_busy, FIRST_PLAN, steps=150, interval=20)
+    assert unbounded["step_times_s"].max() > 1.8 * base_s
+    assert unbounded["samples_per_s"] >= 0.9 * still["samples_per_s"]
+    unchecked = _run(_quota_busy, FIRST_PLAN, steps=150, interval=20, trial_checks=False)
+    assert unchecked["samples_per_s"] < 0.9 * still["samples_per_s"]
 
 
-def test_a_trial_is_checked_after_a_few_steps_not_half_an_interval():
-    """At interval 40 the half-interval check would come after 20 steps; a trial's comes
-    after TRIAL_CHECK_STEPS, so its rollback is proposed within a few steps of its point."""
-    run = _run(_quota_busy, FIRST_PLAN, steps=100, interval=40, seed=0)
-    trial = next((s, p) for s, p in run["proposed_at"] if p.local_batch_sizes[0] > 63)
-    point = (trial[0] // 40 + 1) * 40
-    rollback = next(s for s, p in run["proposed_at"] if p.reason.startswith("rollback"))
-    assert point + TRIAL_CHECK_STEPS - 1 <= rollback <= point + TRIAL_CHECK_STEPS + 1, (trial, rollback)
+def test_a_worse_trial_is_undone_within_a_few_steps_not_at_the_next_point():
+    """At interval 40 a trial's check comes after TRIAL_CHECK_STEPS of its steps, not half an
+    interval, and the workers ask again once that check can have reached the planner: the
+    shares before it are back in force a few steps after the trial began, not 40."""
+    run = _run(_quota_busy, FIRST_PLAN, steps=130, interval=40, seed=0)
+    step, trial = next((s, p) for s, p in run["proposed_at"] if p.local_batch_sizes[0] > 63)
+    point = (step // 40 + 1) * 40
+    assert run["plans"][point] == trial.local_batch_sizes
+    assert TRIAL_CHECK_STEPS < trial.check_after_steps <= TRIAL_CHECK_STEPS + 3, trial
+    rollback_at, rollback = next((s, p) for s, p in run["proposed_at"] if p.reason.startswith("rollback"))
+    assert point + TRIAL_CHECK_STEPS - 1 <= rollback_at <= point + TRIAL_CHECK_STEPS + 1, (trial, rollback_at)
+    in_force = [run["plans"][s] for s in range(point, point + 40)]
+    assert in_force.count(trial.local_batch_sizes) == trial.check_after_steps, in_force
+    assert run["plans"][point + trial.check_after_steps] == rollback.local_batch_sizes, in_force
+    assert rollback.check_after_steps == 0, "a rollback goes back to shares that were measured: no trial"
+
+
+def test_the_ranks_ask_again_at_a_trials_check_point_only_once_and_only_for_a_change():
+    trial = Plan(3, (70, 186), check_after_steps=7)
+    assert next_point(40, trial, True, 20, lookahead_steps=2) == 49
+    assert next_point(49, trial, False, 20, lookahead_steps=2) == 60, "the same plan again: the next point"
+    assert next_point(40, Plan(3, (70, 186)), True, 20, lookahead_steps=2) == 60
+    assert next_point(55, trial, True, 20, lookahead_steps=2) == 60, "never past the next point"
+    assert Plan.from_dict(trial.to_dict()).check_after_steps == 7
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

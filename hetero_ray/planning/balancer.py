@@ -71,7 +71,8 @@ Before any of that, a move is bounded (:mod:`hetero_ray.planning.moves`): a rank
 given only so much beyond the largest share its curve knows that, if it runs there at a
 third of the speed it showed (a quota's burst), the step grows by at most a quarter. A move
 beyond the known shares is a trial, checked after ``TRIAL_CHECK_STEPS`` steps instead of
-``rollback_check_steps``.
+``rollback_check_steps``; its plan carries a check point (``Plan.check_after_steps``: those
+steps plus the records' lag) where the ranks ask again, so its rollback is in force there.
 
 Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
 cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
@@ -188,10 +189,11 @@ class Proposal:
     reason: str
     row: dict = field(repr=False)  # its decision row, emitted once the outcome is measured
     probe_sizes: tuple[int, ...] = ()  # Plan.probe_sizes
+    check_after_steps: int = 0  # Plan.check_after_steps
 
     def numbered(self, version: int) -> Plan:
         """The plan the shares become as ``version``, which their decision row records."""
-        plan = Plan(version, self.local_batch_sizes, self.reason, self.probe_sizes)
+        plan = Plan(version, self.local_batch_sizes, self.reason, self.probe_sizes, self.check_after_steps)
         self.row["plan_version"] = plan.version
         return plan
 
@@ -241,6 +243,7 @@ class Balancer:
         self.comm = CommEstimates()  # c(G) of the groups of ranks in (planning/comm.py)
         self._steps: collections.OrderedDict[int, _StepInfo] = collections.OrderedDict()
         self._next_point = 0  # the rebalance point the next decision is for
+        self._lead = 1  # steps the workers are ahead of the newest records (_lead_steps)
         self._gap_steps: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
         self._newest_complete = -1
         self._end_global_step: Optional[int] = None
@@ -353,7 +356,8 @@ class Balancer:
         # two points, and the lead of a stall can put the next point past the run's end.
         measuring = self.feed_trial is not None and self.feed_trial.phase == FEEDING
         waiting = self.feed_trial is not None and self.feed_trial.phase == WAITING
-        reach = newest_complete + self._lead_steps(newest_complete, now)  # where the next batch finds the workers
+        self._lead = self._lead_steps(newest_complete, now)
+        reach = newest_complete + self._lead  # where the next batch finds the workers
         if not measuring and self._end_global_step is not None and self._next_point >= self._end_global_step:
             if waiting and self._trial_starts_between_points(newest_complete, out):
                 self._next_point = self._point_after(reach)
@@ -442,17 +446,20 @@ class Balancer:
                "rest_of_step_s": self._rest_of_step_s(info.plan_version)}
         if decision.adopt:
             row["plan_version"] = None  # the planner's to give (Proposal.numbered)
+            # A trial (shares beyond those the curves know: planning/moves.py) is checked
+            # sooner, and the ranks ask again once its check can have reached the planner:
+            # its steps, then the records' lag behind the workers.
+            trial = self._measured.beyond(decision.plan.local_batch_sizes, decision.estimates)
+            self._check_steps = min(self.rollback_check_steps, TRIAL_CHECK_STEPS) if trial else \
+                self.rollback_check_steps
             out.new_plans.append(Proposal(decision.plan.local_batch_sizes, decision.plan.reason, row,
-                                          decision.plan.probe_sizes))
+                                          decision.plan.probe_sizes,
+                                          self._check_steps + self._lead if trial else 0))
             self._waiting_since_version = current.version
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []
             self._predecessor = _Predecessor(sizes, current.version)
             self._in_force = None
-            # a trial (shares beyond those the curves know: planning/moves.py) is checked sooner
-            trial = self._measured.beyond(decision.plan.local_batch_sizes, decision.estimates)
-            self._check_steps = min(self.rollback_check_steps, TRIAL_CHECK_STEPS) if trial else \
-                self.rollback_check_steps
         else:
             out.decision_rows.append(row)
         return True

@@ -6,7 +6,7 @@ just the extra samples: a rank whose steps fit in the quota's burst looks fast, 
 the burst every sample runs at the quota's sustained rate (on the ⅓-core testbed the first
 decision moved 63/193 to 129/127 for a predicted −33 % and the step doubled). So a move is
 sized for the case that the extrapolation is that wrong: the step then gets at most
-``L`` = :data:`MOVE_LOSS_BOUND` longer, for the one interval before the rollback.
+``L`` = :data:`MOVE_LOSS_BOUND` longer, until the rollback at its check point.
 
 A rank's *known* share ``m_i`` is the largest it ran in this worker group whose measured
 busy time its current curve does not put more than :data:`DISPUTE_MARGIN` lower: a share
@@ -28,8 +28,8 @@ all. The balancer gives these caps to the policy beside the others (memory, roll
 quotas), so a move goes as far towards the best split as they allow and must still clear
 the policy's gain threshold. A move that gives a rank more than its known share is a
 *trial*: the balancer checks it after :data:`TRIAL_CHECK_STEPS` steps instead of half an
-interval, and a trial that made the step slower is rolled back at once (in force from the
-next rebalance point: the workers switch plans only there). A trial that held is measured
+interval, and a trial that made the step slower is rolled back at once, in force from the
+trial's own check point (plan.next_point), where the ranks ask the planner again. A trial that held is measured
 at its new shares, so the next decision may go further. Ranks never measured in this group
 get no cap. The bounds yield where they alone would keep the global batch from fitting
 (:func:`lift_to_hold`): a quota that forces a slow rank down leaves its samples nowhere
@@ -48,7 +48,7 @@ from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.estimates import Estimates
 
 # L: the most a move may lengthen the step if the shares it extrapolates to run at the worst
-# speed the rule allows: a worse move costs at most this much, for at most one interval.
+# speed the rule allows: a worse move costs at most this much, until its check point.
 MOVE_LOSS_BOUND = 0.25
 # K: the most a rank's measured speed is assumed to exceed its sustained one (a burst within a
 # ⅓-core quota, as Kubernetes CPU limits give); bounds the growth of ranks idle most of the step.

@@ -29,12 +29,17 @@ class Plan:
         probe_sizes: per rank, the most samples it runs as its probe while left out (0 for
             the ranks in; :mod:`hetero_ray.planning.probes`); empty where the plan's maker
             knew no curves (the loader then probes half the rank's last share).
+        check_after_steps: a trial's (:mod:`hetero_ray.planning.moves`): the ranks ask the
+            planner again this many steps (plus their lookahead) after the plan came into
+            force, so that a trial that made the step worse is undone then rather than at the
+            next rebalance point (:func:`next_point`); 0: at the next rebalance point.
     """
 
     version: int
     local_batch_sizes: tuple[int, ...]
     reason: str = field(default="", compare=False)
     probe_sizes: tuple[int, ...] = field(default=(), compare=False)
+    check_after_steps: int = field(default=0, compare=False)
 
     def __post_init__(self):
         sizes = tuple(int(b) for b in self.local_batch_sizes)
@@ -45,6 +50,8 @@ class Plan:
             raise ValueError(f"local batch sizes must be ≥ 0 with at least one rank in, got {list(sizes)}")
         if self.version < 0:
             raise ValueError(f"plan version must be ≥ 0, got {self.version}")
+        if self.check_after_steps < 0:
+            raise ValueError(f"check_after_steps must be ≥ 0, got {self.check_after_steps}")
         probes = tuple(int(p) for p in self.probe_sizes)
         object.__setattr__(self, "probe_sizes", probes)
         if probes and (len(probes) != len(sizes) or any(p < 0 or (p > 0) != (b == 0) for p, b in zip(probes, sizes))):
@@ -106,15 +113,27 @@ class Plan:
             "local_batch_sizes": list(self.local_batch_sizes),
             "reason": self.reason,
             **({"probe_sizes": list(self.probe_sizes)} if self.probe_sizes else {}),
+            **({"check_after_steps": self.check_after_steps} if self.check_after_steps else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         return cls(int(d["version"]), tuple(d["local_batch_sizes"]), d.get("reason", ""),
-                   tuple(d.get("probe_sizes") or ()))
+                   tuple(d.get("probe_sizes") or ()), int(d.get("check_after_steps", 0)))
 
     def __str__(self) -> str:
         return f"v{self.version} " + "/".join(str(b) for b in self.local_batch_sizes)
+
+
+def next_point(point: int, plan: Plan, changed: bool, interval: int, lookahead_steps: int) -> int:
+    """The rebalance point after ``point``, where the ranks agreed on ``plan`` (``changed``:
+    it replaced another): the next multiple of ``interval``, or a changed trial's check
+    point if that comes sooner. The check point lies ``lookahead_steps`` further on than
+    the check itself, since the ranks agree on a point that many steps before it."""
+    following = (point // interval + 1) * interval
+    if changed and plan.check_after_steps:
+        return min(following, point + plan.check_after_steps + lookahead_steps)
+    return following
 
 
 def largest_remainder(weights: Sequence[float], total: int) -> list[int]:

@@ -52,7 +52,7 @@ import torch
 
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.records import DATA_LOADER_SOURCE
-from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.plan import Plan, next_point
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
@@ -315,8 +315,8 @@ class PlanFollowingLoader:
                 # step after every restart.
                 probe = min(probe, self.memory_caps[rank])
             self._probe_sizes[point] = 0 if share else probe
-            interval = self._session.settings.rebalance_interval
-            self._next_point = (point // interval + 1) * interval
+            self._next_point = next_point(point, plan, current is None or plan.version != current.version,
+                                          self._session.settings.rebalance_interval, self.lookahead_steps)
 
     def _entry_at(self, global_step: int) -> tuple[int, Plan]:
         """(first global step, plan) of the plan in force at ``global_step``."""

@@ -76,10 +76,10 @@ def _ask_until_planned(planner, args: tuple, kwargs: dict, timeout_s: float, wai
 def broadcast_plan(plan: Optional[Plan], rank: int, num_workers: int, device: torch.device,
                    memory_caps: Optional[list[Optional[int]]] = None) -> tuple[Plan, Optional[list[Optional[int]]]]:
     """All ranks: rank 0's ``plan`` and ``memory_caps`` (others pass None), as one tensor
-    [version, b_0, …, b_{n-1}, cap_0, …, cap_{n-1}, probe_0, …, probe_{n-1}] (cap 0: none
-    known; probes all 0: the plan has none)."""
+    [version, b_0, …, b_{n-1}, cap_0, …, cap_{n-1}, probe_0, …, probe_{n-1}, check_after_steps]
+    (cap 0: none known; probes all 0: the plan has none)."""
     n = num_workers
-    buffer = torch.zeros(3 * n + 1, dtype=torch.int64, device=device)
+    buffer = torch.zeros(3 * n + 2, dtype=torch.int64, device=device)
     if rank == 0:
         if plan is None:
             raise RuntimeError("rank 0 has no plan to broadcast")
@@ -88,12 +88,14 @@ def broadcast_plan(plan: Optional[Plan], rank: int, num_workers: int, device: to
         if memory_caps is not None:
             buffer[n + 1:2 * n + 1] = torch.tensor([c or 0 for c in memory_caps], dtype=torch.int64)
         if plan.probe_sizes:
-            buffer[2 * n + 1:] = torch.tensor(plan.probe_sizes, dtype=torch.int64)
+            buffer[2 * n + 1:3 * n + 1] = torch.tensor(plan.probe_sizes, dtype=torch.int64)
+        buffer[3 * n + 1] = plan.check_after_steps
     dist.broadcast(buffer, src=0)
     values = buffer.tolist()
     caps = [c or None for c in values[n + 1:2 * n + 1]]
     caps = caps if any(c is not None for c in caps) else None
     if rank == 0:
         return plan, caps
-    probes = tuple(values[2 * n + 1:])
-    return Plan(values[0], tuple(values[1:n + 1]), probe_sizes=probes if any(probes) else ()), caps
+    probes = tuple(values[2 * n + 1:3 * n + 1])
+    return Plan(values[0], tuple(values[1:n + 1]), probe_sizes=probes if any(probes) else (),
+                check_after_steps=values[3 * n + 1]), caps
