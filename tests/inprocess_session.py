@@ -134,6 +134,23 @@ class LocalRayTrain:
         return self.context
 
 
+def train_linear(data) -> list[int]:
+    """A user's loop in small: a linear model trained by SGD on ``data`` (a dataset or a
+    DataLoader over one) through the worker-side API; returns each step's batch length."""
+    import hetero_ray.train
+
+    model = hetero_ray.train.prepare_model(torch.nn.Linear(4, 2))
+    loader = hetero_ray.train.prepare_data_loader(data)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    for (x,) in loader:
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.append(len(x))
+    return seen
+
+
 def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_workers: int, global_batch_size: int,
                    planner: ScriptedPlanner, storage: str, seed: int = 0, restored_checkpoint: Optional[str] = None,
                    data_feeds: Optional[dict] = None, rebalance_interval: int = 1):

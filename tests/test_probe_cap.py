@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 from tests.helpers import free_port
-from tests.inprocess_session import ScriptedPlanner, run_in_session
+from tests.inprocess_session import ScriptedPlanner, run_in_session, train_linear
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +23,7 @@ PLANS = {0: (2, 10), 2: (12, 0)}  # rank 1's last share 10: half of it, 5, is pa
 
 
 def loop(config: dict) -> list[int]:
-    import hetero_ray.train
-
-    model = hetero_ray.train.prepare_model(nn.Linear(4, 2))
-    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.TensorDataset(torch.randn(48, 4)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    seen = []
-    for (x,) in loader:
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        seen.append(len(x))
-    return seen
+    return train_linear(torch.utils.data.TensorDataset(torch.randn(48, 4)))
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:

@@ -14,10 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 from tests.helpers import free_port
-from tests.inprocess_session import ScriptedPlanner, run_in_session
+from tests.inprocess_session import ScriptedPlanner, run_in_session, train_linear
 
 pytestmark = pytest.mark.slow
 
@@ -33,20 +32,8 @@ PLANS = {
 
 
 def loop(config: dict) -> list[int]:
-    import hetero_ray.train
-
-    model = hetero_ray.train.prepare_model(nn.Linear(4, 2))
     data = torch.utils.data.TensorDataset(torch.randn(NUM_SAMPLES, 4))
-    loader = hetero_ray.train.prepare_data_loader(torch.utils.data.DataLoader(
-        data, num_workers=LOADER_WORKERS, prefetch_factor=PREFETCH))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    seen = []
-    for (x,) in loader:
-        model(x).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        seen.append(len(x))
-    return seen
+    return train_linear(torch.utils.data.DataLoader(data, num_workers=LOADER_WORKERS, prefetch_factor=PREFETCH))
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
