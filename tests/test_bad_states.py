@@ -147,7 +147,13 @@ def corrupt_config(checkpoint_dir: str) -> None:
 
 
 def corrupt_snapshot(checkpoint_dir: str) -> None:
-    with open(os.path.join(os.path.dirname(checkpoint_dir), "checkpoint_manager_snapshot.json"), "w") as f:
+    """Ray Train's snapshot cut short, and no checkpoint before the newest to rebuild it from."""
+    run_dir = os.path.dirname(checkpoint_dir)
+    for name in os.listdir(run_dir):
+        folder = os.path.join(run_dir, name)
+        if name.startswith("checkpoint_") and os.path.isdir(folder) and folder != checkpoint_dir:
+            shutil.rmtree(folder)
+    with open(os.path.join(run_dir, "checkpoint_manager_snapshot.json"), "w") as f:
         f.write('{"latest_checkpoint_result": ')
 
 
@@ -164,7 +170,8 @@ CHECKPOINT_CASES = [
     ("weights of other shapes", other_shapes, [],
      ["do not fit --model mlp", "net.1.weight saved (128, 3072) vs model (256, 3072)"]),
     ("config.json not JSON", corrupt_config, [], ["config.json is not valid JSON"]),
-    ("Ray's checkpoint list not JSON", corrupt_snapshot, [], ["checkpoint_manager_snapshot.json is not valid JSON"]),
+    ("Ray's checkpoint list not JSON", corrupt_snapshot, [],
+     ["checkpoint_manager_snapshot.json is not valid JSON", "no checkpoint folder before the newest"]),
 ]
 
 
@@ -243,18 +250,25 @@ def test_resume_without_config_json_compares_the_checkpoints_settings(trained_ru
 
 @pytest.mark.ray
 @pytest.mark.slow  # a real resumed run
-def test_resume_applies_the_settings_that_may_change(trained_run, tmp_path, capsys):
-    """The finished 1-epoch, 2-worker run goes on for a second epoch on one worker."""
+def test_resume_applies_the_settings_that_may_change_after_a_snapshot_cut_short(trained_run, tmp_path, capsys):
+    """The finished 1-epoch, 2-worker run goes on for a second epoch on one worker — after
+    Ray Train's snapshot was cut short, as a machine lost while Ray rewrote it leaves it: it
+    is rebuilt from the checkpoint folders without the newest (step 8, whose copy the loss
+    may have cut), so the resume continues from step 4, and each step is recorded once."""
     run_dir = copy_run(trained_run, tmp_path, "longer")
+    with open(os.path.join(run_dir, "checkpoint_manager_snapshot.json"), "w"):
+        pass  # Ray truncates, then writes
     code, out, err = run_cli(resume_args(tmp_path, "longer", "--epochs", "2", "--num-workers", "1",
                                          "--max-failures", "0", "--no-verify-checksums"), capsys)
     assert code == 0, out[-3000:] + err[-3000:]
+    assert "checkpoint_manager_snapshot.json was cut short" in out and "checkpoint_000000004" in out, out[-3000:]
     steps = run_files.read_table(run_dir, "steps")
     assert sorted(steps["global_step"].unique()) == list(range(16)), "the second epoch was not trained"
-    assert set(steps[steps["global_step"] >= 8]["rank"]) == {0}, "the resumed run did not use one worker"
+    assert not steps.duplicated(["global_step", "rank"]).any()
+    assert set(steps[steps["global_step"] >= 4]["rank"]) == {0}, "the resumed run did not use one worker"
     with open(os.path.join(run_dir, run_files.ATTEMPTS_FILE)) as f:
         attempts = json.load(f)
-    assert [(a["num_workers"], a["start_global_step"]) for a in attempts] == [(2, 0), (1, 8)], attempts
+    assert [(a["num_workers"], a["start_global_step"]) for a in attempts] == [(2, 0), (1, 4)], attempts
     with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
         summary = json.load(f)
     assert summary["status"] == "finished" and summary["epochs_completed"] == 2, summary
@@ -580,3 +594,26 @@ def test_fit_joins_the_cluster_ray_start_runs_here_only_while_it_answers(monkeyp
     assert running_local_cluster() is None  # the same file, nothing listening any more
     monkeypatch.setattr(ray._private.services, "find_bootstrap_address", lambda temp_dir: None)
     assert running_local_cluster() is None
+
+
+def test_a_snapshot_rebuilt_from_the_folders_is_one_ray_train_restores(tmp_path):
+    """Three checkpoint folders, Ray Train's snapshot cut short: the rebuilt one lists the
+    two before the newest, in order, in Ray Train's own schema; the newest is removed."""
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import _CheckpointManagerState
+
+    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, rebuild_torn_snapshot
+
+    for step, count in ((4, 0), (8, 0), (8, 1)):
+        folder = tmp_path / (f"checkpoint_{step:09d}" + (f"_{count}" if count else ""))
+        folder.mkdir()
+        (folder / "position.json").write_text(json.dumps({"position": {"epoch": 0, "step": step, "global_step": step}}))
+    (tmp_path / "checkpoint_000000002").mkdir()  # no position: not hetero_ray's, not listed
+    (tmp_path / "checkpoint_manager_snapshot.json").write_text('{"checkpoint_results": [')
+
+    assert rebuild_torn_snapshot(str(tmp_path)) == str(tmp_path / "checkpoint_000000008")
+    snapshot = _CheckpointManagerState.model_validate_json((tmp_path / "checkpoint_manager_snapshot.json").read_text())
+    assert [r.checkpoint_dir_name for r in snapshot.checkpoint_results] == ["checkpoint_000000004",
+                                                                           "checkpoint_000000008"]
+    assert snapshot.latest_checkpoint_result.metrics["global_step"] == 8 and snapshot.current_report_index == 2
+    assert latest_checkpoint_dir(str(tmp_path)) == str(tmp_path / "checkpoint_000000008")
+    assert not (tmp_path / "checkpoint_000000008_1").exists()

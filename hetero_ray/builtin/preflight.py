@@ -14,7 +14,9 @@ from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
-from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, ray_train_dir
+from hetero_ray.runtime.checkpoints import (
+    RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, ray_train_dir, rebuild_torn_snapshot,
+)
 
 
 def run_dir_of(config: TrainConfig) -> str:
@@ -80,10 +82,15 @@ def check_resumable(run_dir: str, config: TrainConfig) -> None:
                         "with the version that started it, or start a new run under another --name")
     try:
         checkpoint_dir = latest_checkpoint_dir(run_dir) if os.path.isdir(run_dir) else None
-    except ValueError as e:  # Ray Train's list of checkpoints, cut short or edited
+    except ValueError as e:  # Ray Train's list of checkpoints, cut short (a lost machine) or edited
         snapshot = os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)
-        raise UserError(f"--resume: {snapshot} is not valid JSON ({e}), so the run's latest checkpoint is "
-                        "unknown; start a new run with another --name") from None
+        checkpoint_dir = rebuild_torn_snapshot(run_dir)
+        if checkpoint_dir is None:
+            raise UserError(f"--resume: {snapshot} is not valid JSON ({e}) and no checkpoint folder before the "
+                            "newest one holds a position, so the run's latest checkpoint is unknown; start a new "
+                            "run with another --name") from None
+        print(f"[hetero_ray] {snapshot} was cut short ({e}); rebuilt from the checkpoint folders, the newest "
+              f"left out (its copy may have been cut too): resuming from {checkpoint_dir}", flush=True)
     if checkpoint_dir is None:
         raise UserError(
             f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --storage-path "

@@ -7,9 +7,11 @@ question of a run directory; Ray Train's checkpoint snapshot answers it.
 from __future__ import annotations
 
 import os
+import re
+from typing import Optional
 
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
-from hetero_ray.metrics.run_files import read_json
+from hetero_ray.metrics.run_files import read_json, write_json
 from hetero_ray.training.checkpoint_names import POSITION_FILE
 
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
@@ -33,6 +35,60 @@ def latest_checkpoint_dir(run_dir: str) -> str | None:
 # A checkpoint of hetero_ray's: the built-in loop's position file, or the state a user
 # loop's checkpoint carries (hetero_ray.train.report).
 _POSITION_MARKERS = (POSITION_FILE, os.path.join("hetero_ray", "state.json"))
+
+
+def rebuild_torn_snapshot(run_dir: str) -> Optional[str]:
+    """Replaces a snapshot cut short by one listing the run's checkpoint folders; returns
+    the one a resume then continues from (None: there is none, and nothing was written).
+
+    Ray Train rewrites its snapshot in place (it truncates the file, then writes it), so a
+    driver or machine lost in that moment leaves it empty or cut short, and Ray Train could
+    restore nothing. The folders still hold the checkpoints it listed. The newest is left
+    out: the loss may have cut its copy (a later report's upload runs while the one before
+    it is registered), and it is removed, as a finished run removes the folders Ray Train
+    never registered (a resumed run could otherwise copy a new checkpoint into it). Each one
+    listed carries its position as its metrics. Written whole or not at all (fsync, then
+    rename).
+    """
+    import shutil
+
+    import ray
+
+    train_dir = ray_train_dir(run_dir)
+    found = []
+    for name in os.listdir(train_dir):
+        match = _CHECKPOINT_DIR.fullmatch(name)
+        position = _position(os.path.join(train_dir, name)) if match else None
+        if position is not None:
+            found.append(((int(match.group(1)), int(match.group(2) or 0)), name, position))
+    ordered = [(name, position) for _, name, position in sorted(found)]
+    kept = ordered[:-1]
+    if not kept:
+        return None
+    results = [{"version": 0, "checkpoint_dir_name": name, "metrics": position} for name, position in kept]
+    write_json(os.path.join(train_dir, RAY_CHECKPOINT_SNAPSHOT), {
+        "ray_version": ray.__version__, "checkpoint_results": results,
+        "checkpoint_report_indices": list(range(len(results))), "latest_checkpoint_result": results[-1],
+        "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(results),
+        "validated_checkpoint_dir_names": [], "timed_out_validation_checkpoint_dir_names": [],
+        "failed_validation_checkpoint_dir_names": []})
+    shutil.rmtree(os.path.join(train_dir, ordered[-1][0]), ignore_errors=True)
+    return os.path.join(train_dir, kept[-1][0])
+
+
+_CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)(?:_(\d+))?")
+
+
+def _position(checkpoint_dir: str) -> Optional[dict]:
+    """The position a hetero_ray checkpoint resumes at (None: none readable there)."""
+    for marker in _POSITION_MARKERS:
+        try:
+            position = (read_json(os.path.join(checkpoint_dir, marker)) or {}).get("position")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(position, dict):
+            return position
+    return None
 
 
 def ray_train_dir(run_dir: str) -> str:
