@@ -137,7 +137,8 @@ def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed
          cooldown_steps: int = 0, readings=None, trial_checks: bool = True) -> dict:
     """Drives a balancer the way workers do: a step's records arrive as it ends; a proposal
     is in force from the next rebalance point (a multiple of ``interval``, or a trial's
-    check point: plan.next_point, with no lookahead), the newest one when several came. ``busy_fn(step, sizes, cpu_s)`` turns each rank's noisy CPU time
+    check point: plan.next_point, with no lookahead), the newest one when several came.
+    ``busy_fn(step, sizes, cpu_s)`` turns each rank's noisy CPU time
     (``cpu_s``, from ``sizes``) into its busy time; ``readings(sizes, busy, step_s,
     plan_first_step)``, if given, adds each rank's CPU reading (cpu_util...) to its row;
     ``trial_checks=False``: the workers switch at multiples of ``interval`` only."""
@@ -151,10 +152,11 @@ def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed
     point = interval
     for step in range(steps):
         if step == point:  # the workers switch at rebalance points only
-            agreed = pending or Plan(version, sizes)
-            point = next_point(step, agreed, pending is not None and trial_checks, interval, lookahead_steps=0)
-            sizes, version, pending, plan_first_step = agreed.local_batch_sizes, agreed.version, None, \
-                step if agreed.version != version else plan_first_step
+            changed = pending is not None
+            point = next_point(step, pending or Plan(version, sizes), changed and trial_checks, interval,
+                               lookahead_steps=0)
+            if changed:
+                sizes, version, pending, plan_first_step = pending.local_batch_sizes, pending.version, None, step
         noise_factors = np.maximum(0.5, 1.0 + noise * rng.standard_normal(n))
         busy = busy_fn(step, sizes, noise_factors)
         step_s = float(max(busy))

@@ -243,7 +243,6 @@ class Balancer:
         self.comm = CommEstimates()  # c(G) of the groups of ranks in (planning/comm.py)
         self._steps: collections.OrderedDict[int, _StepInfo] = collections.OrderedDict()
         self._next_point = 0  # the rebalance point the next decision is for
-        self._lead = 1  # steps the workers are ahead of the newest records (_lead_steps)
         self._gap_steps: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
         self._newest_complete = -1
         self._end_global_step: Optional[int] = None
@@ -356,13 +355,13 @@ class Balancer:
         # two points, and the lead of a stall can put the next point past the run's end.
         measuring = self.feed_trial is not None and self.feed_trial.phase == FEEDING
         waiting = self.feed_trial is not None and self.feed_trial.phase == WAITING
-        self._lead = self._lead_steps(newest_complete, now)
-        reach = newest_complete + self._lead  # where the next batch finds the workers
+        lead = self._lead_steps(newest_complete, now)
+        reach = newest_complete + lead  # where the next batch finds the workers
         if not measuring and self._end_global_step is not None and self._next_point >= self._end_global_step:
             if waiting and self._trial_starts_between_points(newest_complete, out):
                 self._next_point = self._point_after(reach)
             return out  # the run ends before the next point: nothing left to decide for
-        if (reach >= self._next_point or measuring) and self._decide(newest_complete, out):
+        if (reach >= self._next_point or measuring) and self._decide(newest_complete, out, lead):
             self._next_point = self._point_after(reach)  # else: try again with the next batch
         elif waiting and self._trial_starts_between_points(newest_complete, out):
             self._next_point = self._point_after(reach)
@@ -407,9 +406,9 @@ class Balancer:
             out.decision_rows.append(row)
             self._awaiting_outcome, self._achieved = None, []
 
-    def _decide(self, newest_complete: int, out: BalancerOutput) -> bool:
+    def _decide(self, newest_complete: int, out: BalancerOutput, lead: int) -> bool:
         """Decides on the plan the newest full step up to ``newest_complete`` ran; False
-        when there is none."""
+        when there is none. ``lead``: the steps the workers are ahead of the newest records."""
         global_step = self._newest_full_step(newest_complete)
         if global_step is None:
             return False
@@ -454,7 +453,7 @@ class Balancer:
                 self.rollback_check_steps
             out.new_plans.append(Proposal(decision.plan.local_batch_sizes, decision.plan.reason, row,
                                           decision.plan.probe_sizes,
-                                          self._check_steps + self._lead if trial else 0))
+                                          self._check_steps + lead if trial else 0))
             self._waiting_since_version = current.version
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []

@@ -29,8 +29,8 @@ quotas), so a move goes as far towards the best split as they allow and must sti
 the policy's gain threshold. A move that gives a rank more than its known share is a
 *trial*: the balancer checks it after :data:`TRIAL_CHECK_STEPS` steps instead of half an
 interval, and a trial that made the step slower is rolled back at once, in force from the
-trial's own check point (plan.next_point), where the ranks ask the planner again. A trial that held is measured
-at its new shares, so the next decision may go further. Ranks never measured in this group
+trial's own check point (plan.next_point), where the ranks ask the planner again. A trial
+that held is measured at its new shares, so the next decision may go further. Ranks never measured in this group
 get no cap. The bounds yield where they alone would keep the global batch from fitting
 (:func:`lift_to_hold`): a quota that forces a slow rank down leaves its samples nowhere
 else to go, and the plan in force is then the one known to be bad. Pure: rows in, caps out.

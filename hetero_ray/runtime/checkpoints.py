@@ -7,12 +7,11 @@ question of a run directory; Ray Train's checkpoint snapshot answers it.
 from __future__ import annotations
 
 import os
-import re
 from typing import Optional
 
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.metrics.run_files import read_json, write_json
-from hetero_ray.training.checkpoint_names import POSITION_FILE
+from hetero_ray.training.checkpoint_names import POSITION_FILE, checkpoint_order
 
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
@@ -57,10 +56,10 @@ def rebuild_torn_snapshot(run_dir: str) -> Optional[str]:
     train_dir = ray_train_dir(run_dir)
     found = []
     for name in os.listdir(train_dir):
-        match = _CHECKPOINT_DIR.fullmatch(name)
-        position = _position(os.path.join(train_dir, name)) if match else None
+        order = checkpoint_order(name)
+        position = _position(os.path.join(train_dir, name)) if order is not None else None
         if position is not None:
-            found.append(((int(match.group(1)), int(match.group(2) or 0)), name, position))
+            found.append((order, name, position))
     ordered = [(name, position) for _, name, position in sorted(found)]
     kept = ordered[:-1]
     if not kept:
@@ -76,9 +75,6 @@ def rebuild_torn_snapshot(run_dir: str) -> Optional[str]:
     return os.path.join(train_dir, kept[-1][0])
 
 
-_CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)(?:_(\d+))?")
-
-
 def _position(checkpoint_dir: str) -> Optional[dict]:
     """The position a hetero_ray checkpoint resumes at (None: none readable there)."""
     for marker in _POSITION_MARKERS:
@@ -86,7 +82,7 @@ def _position(checkpoint_dir: str) -> Optional[dict]:
             position = (read_json(os.path.join(checkpoint_dir, marker)) or {}).get("position")
         except (ValueError, AttributeError):
             continue
-        if isinstance(position, dict):
+        if isinstance(position, dict) and position:
             return position
     return None
 
@@ -116,12 +112,8 @@ def describe_latest(run_dir: str) -> str:
         directory = None
     if directory is None:
         return "the last checkpoint reported"
-    for marker in _POSITION_MARKERS:
-        try:
-            position = (read_json(os.path.join(directory, marker)) or {}).get("position")
-        except ValueError:
-            continue
-        if position:
-            return (f"the checkpoint at global step {position.get('global_step')} "
-                    f"(epoch {position.get('epoch')}, step {position.get('step')}): {directory}")
+    position = _position(directory)
+    if position:
+        return (f"the checkpoint at global step {position.get('global_step')} "
+                f"(epoch {position.get('epoch')}, step {position.get('step')}): {directory}")
     return f"the checkpoint in {directory}"

@@ -21,6 +21,13 @@ def checkpoint_dir_name(global_step: int, count: int) -> str:
     return name if count == 0 else f"{name}_{count}"
 
 
+def checkpoint_order(name: str) -> Optional[tuple[int, int]]:
+    """(global step, count) of a checkpoint folder's name, which order the folders; None
+    for a name that is not one."""
+    match = _CHECKPOINT_NAME.fullmatch(name)
+    return None if match is None else (int(match.group(1)), int(match.group(2) or 0))
+
+
 def next_checkpoint_count(global_step: int, taken_here: int, restored_name: Optional[str]) -> int:
     """Which count the next checkpoint at ``global_step`` takes: after the ``taken_here``
     this worker group took, and after the checkpoint it resumed from (``restored_name``).
@@ -31,7 +38,7 @@ def next_checkpoint_count(global_step: int, taken_here: int, restored_name: Opti
     Older checkpoints never clash: their steps are smaller, or at the same step their
     counts are smaller than the restored one's.
     """
-    match = _CHECKPOINT_NAME.fullmatch(restored_name or "")
-    if match and int(match.group(1)) == global_step:
-        return max(taken_here, int(match.group(2) or 0) + 1)
+    order = checkpoint_order(restored_name or "")
+    if order is not None and order[0] == global_step:
+        return max(taken_here, order[1] + 1)
     return taken_here
