@@ -83,3 +83,20 @@ def test_what_the_controller_unpickles_imports_no_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", check, str(pickled)], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=REPO_ROOT), check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+
+
+@pytest.mark.parametrize("start", [
+    "from hetero_ray.runtime.planner_actor import PlannerActor; "
+    "PlannerActor(None, run_dir, launch_id='l', global_batch_size=8, policy='optimal', rebalance_interval=20)",
+    "from hetero_ray.metrics.store import MetricsStore; MetricsStore(run_dir, 'e')",
+], ids=["planner", "metrics store"])
+def test_the_runs_own_actors_start_without_torch_or_ray_train(start, tmp_path):
+    """The planner and the metrics store are a process each in every run; a name imported
+    from the workers' modules once made the planner import torch, Ray Train and Ray Data
+    (~2 CPU-seconds of each run's start on a loaded machine)."""
+    check = (f"import sys; run_dir = sys.argv[1]; {start}; "
+             "print(sorted({m.split('.')[0] if m.startswith('torch') else m for m in sys.modules "
+             "if m.startswith('torch') or m in ('ray.train', 'ray.data')}))")
+    out = subprocess.run([sys.executable, "-c", check, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=REPO_ROOT), check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -27,10 +27,10 @@ from typing import Optional
 
 from hetero_ray.metrics.run_files import ATTEMPTS_FILE, PLANNER_STATE_FILE, read_json, write_json
 from hetero_ray.planning.planner import Planner
+from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+from hetero_ray.training.checkpoint_names import BALANCER_STATE_FILE, STATE_DIR
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_STATE_FILE = "balancer_state.json"  # the built-in loop's, at a checkpoint's top level
 
 
 class PlannerActor:
@@ -155,11 +155,8 @@ class PlannerActor:
 def _checkpoint_state_path(run_dir: str) -> Optional[str]:
     """The planner's part of the newest checkpoint: at its top level (built-in runs) or
     beside a user loop's files."""
-    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
-    from hetero_ray.training.reporting import BALANCER_STATE_FILE, STATE_DIR
-
     directory = latest_checkpoint_dir(run_dir)
     if not directory:
         return None
-    candidates = [os.path.join(directory, CHECKPOINT_STATE_FILE), os.path.join(directory, STATE_DIR, BALANCER_STATE_FILE)]
+    candidates = [os.path.join(directory, BALANCER_STATE_FILE), os.path.join(directory, STATE_DIR, BALANCER_STATE_FILE)]
     return next((p for p in candidates if os.path.exists(p)), None)

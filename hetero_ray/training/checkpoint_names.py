@@ -8,6 +8,8 @@ import re
 from typing import Optional
 
 POSITION_FILE = "position.json"  # readable without torch, e.g. to pick the latest checkpoint
+STATE_DIR = "hetero_ray"  # a user loop's checkpoint keeps hetero_ray's files in this folder
+BALANCER_STATE_FILE = "balancer_state.json"  # the planner's estimates (a built-in checkpoint's top level)
 
 # Checkpoint folders are named after the position they resume at: ``checkpoint_<global
 # step>``, plus ``_<n>`` for the n-th further checkpoint at the same step (a report with

@@ -34,15 +34,18 @@ import torch.distributed as dist
 
 from hetero_ray.errors import UserError
 from hetero_ray.training.answers import answer
-from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
+from hetero_ray.training.checkpoint_names import (
+    BALANCER_STATE_FILE,
+    STATE_DIR,
+    checkpoint_dir_name,
+    next_checkpoint_count,
+)
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.session import WorkerSession
 
 logger = logging.getLogger("hetero_ray.worker")
 
-STATE_DIR = "hetero_ray"  # inside each checkpoint
 STATE_FILE = "state.json"
-BALANCER_STATE_FILE = "balancer_state.json"
 STATE_FORMAT_VERSION = 1
 TABLE_COPY_TIMEOUT_S = 120.0  # the tables' copy to URI storage, before a checkpoint
 
