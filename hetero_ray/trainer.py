@@ -152,6 +152,10 @@ class HeteroTrainer:
         """Checks, then trains; ``held`` keeps the run directory's lock until fit() returns."""
         hetero, job = self._hetero, self._job
         resuming = run.continues_a_run()
+        if resuming and run.remote_run_uri is None:  # a snapshot a lost driver cut short: rebuilt, said
+            note = checkpoints.repair_torn_snapshot(run.run_dir, job.words.start_afresh)
+            if note:
+                self._emit(note)
         if job.check_run_dir is not None:
             job.check_run_dir()
         elif not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):

@@ -24,7 +24,8 @@ import time
 import pytest
 
 from hetero_ray.metrics import run_files
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, registered_checkpoint_names
+from hetero_ray.training.checkpoint_names import checkpoint_order
 from tests.helpers import assert_stopped_run
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,11 +36,12 @@ JOB = ["--model", "mlp", "--num-samples", "8192", "--eval-samples", "64", "--glo
 ENV = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
 
 
-def stop_mid_run(run_dir: str, driver: subprocess.Popen, send) -> None:
-    """Calls ``send()`` once a checkpoint is registered (the run can be resumed from it)."""
+def stop_mid_run(run_dir: str, driver: subprocess.Popen, send, checkpoints: int = 1) -> None:
+    """Calls ``send()`` once ``checkpoints`` are registered (the run can be resumed from them)."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and driver.poll() is None:
-        if os.path.isdir(run_dir) and latest_checkpoint_dir(run_dir):
+        if os.path.isdir(run_dir) and latest_checkpoint_dir(run_dir) \
+                and len(registered_checkpoint_names(run_dir)) >= checkpoints:
             break
         time.sleep(0.2)
     assert driver.poll() is None, "the run ended before it could be stopped:\n" + driver.stdout.read()[-3000:]
@@ -143,13 +145,16 @@ def test_a_stop_the_driver_did_not_see_was_ray_trains_ctrl_c():
 @pytest.mark.slow
 def test_a_stopped_hetero_trainer_says_interrupted_and_fit_again_continues(tmp_path):
     """The public API the same way: examples/own_model.py (HeteroTrainer, a checkpoint per
-    epoch) stopped by Ctrl-C after its first checkpoint, then run again under its name."""
+    epoch of 5 steps) stopped by Ctrl-C after its second checkpoint, then run again under its
+    name, with Ray Train's snapshot emptied in between as a driver lost while Ray rewrote it
+    leaves it: fit() rebuilds it from the folders, the newest left out, and continues from
+    the one before, each step once."""
     args = [sys.executable, "examples/own_model.py", "--num-workers", "2", "--epochs", "40", "--num-samples", "480",
             "--loader-workers", "0", "--emulate-speeds", "0.25,0.25", "--storage-path", str(tmp_path), "--name", "api"]
     run_dir = str(tmp_path / "api")
     driver = subprocess.Popen(args, cwd=REPO_ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, start_new_session=True)
-    stop_mid_run(run_dir, driver, lambda: os.killpg(driver.pid, signal.SIGINT))
+    stop_mid_run(run_dir, driver, lambda: os.killpg(driver.pid, signal.SIGINT), checkpoints=2)
     output, _ = driver.communicate(timeout=180)
 
     assert driver.returncode != 0 and "RunInterrupted: interrupted by SIGINT" in output, output[-3000:]
@@ -160,12 +165,20 @@ def test_a_stopped_hetero_trainer_says_interrupted_and_fit_again_continues(tmp_p
     recorded = sorted(run_files.read_table(run_dir, "steps")["global_step"].unique())
     assert recorded == list(range(len(recorded))) and 0 < len(recorded) < 40 * 5, recorded
 
-    again = subprocess.run([*args[:args.index("--epochs") + 1], "2", *args[args.index("--epochs") + 2:]],
+    registered = sorted(registered_checkpoint_names(run_dir), key=checkpoint_order)
+    resumes_at = checkpoint_order(registered[-2])[0]
+    open(os.path.join(run_dir, RAY_CHECKPOINT_SNAPSHOT), "w").close()
+    epochs = checkpoint_order(registered[-1])[0] // 5 + 1  # past the newest checkpoint, the one left out
+    again = subprocess.run([*args[:args.index("--epochs") + 1], str(epochs), *args[args.index("--epochs") + 2:]],
                            cwd=REPO_ROOT, env=ENV, text=True, capture_output=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"{RAY_CHECKPOINT_SNAPSHOT} was cut short" in again.stdout, again.stdout[-3000:]
     with open(os.path.join(run_dir, run_files.ATTEMPTS_FILE)) as f:
         attempts = json.load(f)
-    assert len(attempts) == 2 and attempts[1]["start_global_step"] > 0, attempts
+    assert len(attempts) == 2 and attempts[1]["start_global_step"] == resumes_at > 0, (attempts, registered)
+    steps = run_files.read_table(run_dir, "steps")
+    once = steps.groupby(["global_step", "rank"]).size()
+    assert sorted(steps["global_step"].unique()) == list(range(epochs * 5)) and (once == 1).all(), once[once > 1]
 
 
 @pytest.mark.ray

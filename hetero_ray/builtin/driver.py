@@ -60,8 +60,10 @@ def run_training(config: TrainConfig, *, emit: Callable[[str], None] = print) ->
     """
     run_dir = preflight.run_dir_of(config)
     if config.resume and os.path.isdir(run_dir):  # a run still going there: refuse before reading it
-        run_lock.acquire(run_dir, CLI_WORDS.locked_advice).release()
-    preflight.check(config)
+        with run_lock.acquire(run_dir, CLI_WORDS.locked_advice):  # and a torn snapshot is rebuilt under it
+            preflight.check(config)
+    else:
+        preflight.check(config)
     if config.download:  # once, here: workers downloading into one folder would collide
         from hetero_ray.builtin.data import download_dataset
 

@@ -14,9 +14,7 @@ from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
-from hetero_ray.runtime.checkpoints import (
-    RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, ray_train_dir, rebuild_torn_snapshot,
-)
+from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, repair_torn_snapshot
 
 
 def run_dir_of(config: TrainConfig) -> str:
@@ -80,17 +78,15 @@ def check_resumable(run_dir: str, config: TrainConfig) -> None:
         raise UserError(f"--resume: {run_dir} was written by an earlier hetero_ray, which kept Ray Train's "
                         f"checkpoints in {RAY_TRAIN_SUBDIR}/ (this one keeps them beside the tables); continue it "
                         "with the version that started it, or start a new run under another --name")
-    try:
-        checkpoint_dir = latest_checkpoint_dir(run_dir) if os.path.isdir(run_dir) else None
-    except ValueError as e:  # Ray Train's list of checkpoints, cut short (a lost machine) or edited
-        snapshot = os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)
-        checkpoint_dir = rebuild_torn_snapshot(run_dir)
-        if checkpoint_dir is None:
-            raise UserError(f"--resume: {snapshot} is not valid JSON ({e}) and no checkpoint folder before the "
-                            "newest one holds a position, so the run's latest checkpoint is unknown; start a new "
-                            "run with another --name") from None
-        print(f"[hetero_ray] {snapshot} was cut short ({e}); rebuilt from the checkpoint folders, the newest "
-              f"left out (its copy may have been cut too): resuming from {checkpoint_dir}", flush=True)
+    checkpoint_dir = None
+    if os.path.isdir(run_dir):
+        try:
+            note = repair_torn_snapshot(run_dir, "start again under another --name")
+        except UserError as e:
+            raise UserError(f"--resume: {e}") from None
+        if note:
+            print(note, flush=True)
+        checkpoint_dir = latest_checkpoint_dir(run_dir)
     if checkpoint_dir is None:
         raise UserError(
             f"--resume: nothing to resume in {run_dir} (no checkpoint there). Check --storage-path "

@@ -10,6 +10,7 @@ import os
 from typing import Optional
 
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
+from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import read_json, write_json
 from hetero_ray.training.checkpoint_names import POSITION_FILE, checkpoint_order
 
@@ -73,6 +74,28 @@ def rebuild_torn_snapshot(run_dir: str) -> Optional[str]:
         "failed_validation_checkpoint_dir_names": []})
     shutil.rmtree(os.path.join(train_dir, ordered[-1][0]), ignore_errors=True)
     return os.path.join(train_dir, kept[-1][0])
+
+
+def repair_torn_snapshot(run_dir: str, start_afresh: str) -> Optional[str]:
+    """Before a run continues: where Ray Train's snapshot was cut short, rebuilds it
+    (:func:`rebuild_torn_snapshot`) and returns the line that says so; None where it reads.
+    The built-in job's --resume and a user's fit() again meet the same torn file.
+
+    Raises:
+        UserError: it cannot be read and no checkpoint folder before the newest holds a
+            position to rebuild it from (``start_afresh``: what to do instead).
+    """
+    try:
+        latest_checkpoint_dir(run_dir)
+        return None
+    except ValueError as e:  # Ray Train's list of checkpoints, cut short (a lost machine) or edited
+        snapshot = os.path.join(ray_train_dir(run_dir), RAY_CHECKPOINT_SNAPSHOT)
+        checkpoint_dir = rebuild_torn_snapshot(run_dir)
+        if checkpoint_dir is None:
+            raise UserError(f"{snapshot} is not valid JSON ({e}) and no checkpoint folder before the newest one "
+                            f"holds a position, so the run's latest checkpoint is unknown; {start_afresh}") from None
+        return (f"[hetero_ray] {snapshot} was cut short ({e}); rebuilt from the checkpoint folders, the newest "
+                f"left out (its copy may have been cut too): resuming from {checkpoint_dir}")
 
 
 def _position(checkpoint_dir: str) -> Optional[dict]:
