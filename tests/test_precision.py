@@ -65,6 +65,11 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         scaler.unscale_(optimizer)  # what scaler.step does first
         torch.save({"grads": [p.grad for p in model.parameters()], "scale": scaler.get_scale()},
                    os.path.join(out_dir, f"rank{rank}.pt"))
+        # Every rank done before any tears its group down: rank 0, which hosts the group's
+        # store, once aborted in its teardown while a peer was still connected (SIGABRT,
+        # "terminate called without an active exception"). Not in `finally`: a rank that
+        # raised would leave the others waiting here.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
