@@ -12,7 +12,7 @@ from typing import Optional
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.metrics.run_files import read_json, write_json
-from hetero_ray.training.checkpoint_names import POSITION_FILE, checkpoint_order
+from hetero_ray.training.checkpoint_names import POSITION_FILE, STATE_DIR, STATE_FILE, checkpoint_order
 
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
@@ -34,7 +34,7 @@ def latest_checkpoint_dir(run_dir: str) -> str | None:
 
 # A checkpoint of hetero_ray's: the built-in loop's position file, or the state a user
 # loop's checkpoint carries (hetero_ray.train.report).
-_POSITION_MARKERS = (POSITION_FILE, os.path.join("hetero_ray", "state.json"))
+_POSITION_MARKERS = (POSITION_FILE, os.path.join(STATE_DIR, STATE_FILE))
 
 
 def rebuild_torn_snapshot(run_dir: str) -> Optional[str]:

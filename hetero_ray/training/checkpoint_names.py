@@ -8,8 +8,9 @@ import re
 from typing import Optional
 
 POSITION_FILE = "position.json"  # readable without torch, e.g. to pick the latest checkpoint
-STATE_DIR = "hetero_ray"  # a user loop's checkpoint keeps hetero_ray's files in this folder
-BALANCER_STATE_FILE = "balancer_state.json"  # the planner's estimates (a built-in checkpoint's top level)
+STATE_DIR = "hetero_ray"  # a checkpoint keeps hetero_ray's files in this folder
+STATE_FILE = "state.json"  # in STATE_DIR: where the run resumes (its "position") and the ranks' state
+BALANCER_STATE_FILE = "balancer_state.json"  # in STATE_DIR (at the top level in older built-in runs)
 
 # Checkpoint folders are named after the position they resume at: ``checkpoint_<global
 # step>``, plus ``_<n>`` for the n-th further checkpoint at the same step (a report with

@@ -37,6 +37,7 @@ from hetero_ray.training.answers import answer
 from hetero_ray.training.checkpoint_names import (
     BALANCER_STATE_FILE,
     STATE_DIR,
+    STATE_FILE,
     checkpoint_dir_name,
     next_checkpoint_count,
 )
@@ -45,7 +46,6 @@ from hetero_ray.training.session import WorkerSession
 
 logger = logging.getLogger("hetero_ray.worker")
 
-STATE_FILE = "state.json"
 STATE_FORMAT_VERSION = 1
 TABLE_COPY_TIMEOUT_S = 120.0  # the tables' copy to URI storage, before a checkpoint
 
