@@ -78,11 +78,8 @@ def test_what_the_controller_unpickles_imports_no_torch(tmp_path):
     trainer = _trainer()
     pickled = tmp_path / "controller_parts.pkl"
     pickled.write_bytes(ray.cloudpickle.dumps((trainer._create_default_callbacks(), trainer.train_run_context)))
-    check = ("import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read()); "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
-    out = subprocess.run([sys.executable, "-c", check, str(pickled)], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=REPO_ROOT), check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+    _assert_loads_none_of("import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read())", str(pickled),
+                          heavy=("torch",))
 
 
 @pytest.mark.parametrize("start", [
@@ -94,9 +91,14 @@ def test_the_runs_own_actors_start_without_torch_or_ray_train(start, tmp_path):
     """The planner and the metrics store are a process each in every run; a name imported
     from the workers' modules once made the planner import torch, Ray Train and Ray Data
     (~2 CPU-seconds of each run's start on a loaded machine)."""
-    check = (f"import sys; run_dir = sys.argv[1]; {start}; "
-             "print(sorted({m.split('.')[0] if m.startswith('torch') else m for m in sys.modules "
-             "if m.startswith('torch') or m in ('ray.train', 'ray.data')}))")
-    out = subprocess.run([sys.executable, "-c", check, str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, env=dict(os.environ, PYTHONPATH=REPO_ROOT), check=True)
+    _assert_loads_none_of(f"import sys; run_dir = sys.argv[1]; {start}", str(tmp_path),
+                          heavy=("torch", "ray.train", "ray.data"))
+
+
+def _assert_loads_none_of(code: str, argument: str, heavy: tuple[str, ...]) -> None:
+    """Runs ``code`` in a fresh Python (``argument`` as sys.argv[1]) and checks that it
+    loaded no module whose name starts with one of ``heavy`` (torch: torchvision too)."""
+    check = f"{code}; import sys; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
+    out = subprocess.run([sys.executable, "-c", check, argument], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=REPO_ROOT), check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
