@@ -17,6 +17,10 @@ PLANNER_ROLE = "planner"
 METRICS_STORE_ROLE = "metrics_store"
 
 
+# The dataset that follows the plan, as in Ray Train's examples: HeteroTrainer(datasets={"train": ...}).
+TRAIN_DATASET = "train"
+
+
 def data_feed_role(dataset_name: str) -> str:
     """The role of the feed that reads ``HeteroTrainer(datasets={dataset_name: ...})``."""
     return f"data-{dataset_name}"

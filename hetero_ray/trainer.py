@@ -35,7 +35,7 @@ from ray.train import CheckpointConfig, DataConfig, FailureConfig, Result, RunCo
 from hetero_ray.config import _EXPERIMENT_NAME, default_experiment_name
 from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
-    DEFAULT_PLACEMENT_TIMEOUT_S, PLACEMENT_TIMEOUT_S_ENV_VAR, env_float,
+    DEFAULT_PLACEMENT_TIMEOUT_S, PLACEMENT_TIMEOUT_S_ENV_VAR, TRAIN_DATASET, env_float,
 )
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
@@ -49,7 +49,6 @@ from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.job import API_JOB, JobFacts
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.runtime.ray_data import RunDatasets
-from hetero_ray.training.dataset_shard import TRAIN_DATASET
 from hetero_ray.training.entry import call_for, takes_config
 from hetero_ray.training.session import WorkerSettings
 

@@ -18,6 +18,7 @@ from ray.train.v2._internal.data_integration.interfaces import DatasetShardMetad
 from hetero_ray.runtime.cluster_view import ClusterViewRefresh
 from hetero_ray.runtime.datasets_callback import DatasetsCallbackWithoutManager, NoDatasets
 from hetero_ray.runtime.failures import RunGuard
+from hetero_ray.runtime.ray_data import RunDatasets
 from hetero_ray.runtime.torch_backend import ControllerTorchConfig, TorchBackendAtArmsLength
 from hetero_ray.runtime.torch_trainer import LeanTorchTrainer
 
@@ -74,8 +75,9 @@ def test_a_backend_it_does_not_drive_keeps_rays_torch_config():
 
 def test_what_the_controller_unpickles_imports_no_torch(tmp_path):
     """Ray Train's controller gets the default callbacks and the run context; importing torch
-    to unpickle them cost every run's start ~2.4 CPU-seconds before any worker started."""
-    trainer = _trainer()
+    to unpickle them cost every run's start ~2.4 CPU-seconds before any worker started. The
+    run context carries HeteroTrainer's dataset config, whose module once reached torch too."""
+    trainer = _trainer(dataset_config=RunDatasets(None).data_config())
     pickled = tmp_path / "controller_parts.pkl"
     pickled.write_bytes(ray.cloudpickle.dumps((trainer._create_default_callbacks(), trainer.train_run_context)))
     _assert_loads_none_of("import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read())", str(pickled),

@@ -16,7 +16,7 @@ from ray.data import Dataset
 from ray.train import DataConfig
 
 from hetero_ray.errors import ConfigError
-from hetero_ray.training.dataset_shard import TRAIN_DATASET
+from hetero_ray.constants import TRAIN_DATASET
 
 
 class RunDatasets:

@@ -26,7 +26,6 @@ from hetero_ray.training.answers import answer
 from hetero_ray.training.loader_door import say_batch_size
 from hetero_ray.training.session import WorkerSession
 
-TRAIN_DATASET = "train"  # the dataset that follows the plan, as in Ray Train's examples
 _FEED_TIMEOUT_S = 600.0  # a first request counts the rows: the pipeline runs once
 
 
