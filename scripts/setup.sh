@@ -22,10 +22,19 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "setup: creating $VENV and installing the pinned requirements (torch is ~3 GB the first time)…"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet -r requirements-dev.txt
-  "$VENV/bin/python" -m pip install --quiet --no-deps -e .
+  # uv fetches and unpacks the ~3 GB in parallel: ~15 s where pip takes ~90 s. The same pins
+  # either way; pip alone where uv cannot be had.
+  if "$VENV/bin/python" -m pip install --quiet uv 2>/dev/null; then
+    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python")
+    uninstall=("$VENV/bin/uv" pip uninstall --quiet --python "$VENV/bin/python")
+  else
+    install=("$VENV/bin/python" -m pip install --quiet)
+    uninstall=("$VENV/bin/python" -m pip uninstall --quiet -y)
+  fi
+  "${install[@]}" -r requirements-dev.txt
+  "${install[@]}" --no-deps -e .
   # torch warns in every process when the deprecated `pynvml` shim is present; we use nvidia-ml-py.
-  "$VENV/bin/python" -m pip uninstall --quiet -y pynvml >/dev/null 2>&1 || true
+  "${uninstall[@]}" pynvml >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip check
   echo "$want" > "$STAMP"
 else
