@@ -25,7 +25,9 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   # uv fetches and unpacks the ~3 GB in parallel: ~15 s where pip takes ~90 s. The same pins
   # either way; pip alone where uv cannot be had.
   if "$VENV/bin/python" -m pip install --quiet uv 2>/dev/null; then
-    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python")
+    # --compile-bytecode: pip writes the .pyc files as it installs; uv only when told, and a
+    # machine with PYTHONDONTWRITEBYTECODE=1 would compile torch and Ray in every process.
+    install=("$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python")
     uninstall=("$VENV/bin/uv" pip uninstall --quiet --python "$VENV/bin/python")
   else
     install=("$VENV/bin/python" -m pip install --quiet)
