@@ -1,9 +1,10 @@
 """End to end on a real local Ray: invariants 1 and 2 through the whole product.
 
-- same math: 3 workers with an uneven split reach the weights of 1 worker; in bf16 (the
-  --precision flag) with a plan change they follow its fp32 losses within bf16's rounding;
-- exactly once: with plans changing mid-epoch, sample_ids.parquet holds every index once
-  per epoch, and every rank's piece matches the plan in force.
+- same math: 3 workers with an uneven split whose plan changes mid-epoch twice reach the
+  weights of 1 worker; in bf16 (the --precision flag) with a plan change they follow its
+  fp32 losses within bf16's rounding;
+- exactly once: in that same fp32 run, sample_ids.parquet holds every index once per
+  epoch, every rank's piece matches the plan in force, and every rank runs every step.
 """
 
 from __future__ import annotations
@@ -27,11 +28,18 @@ STEPS = 3 * 13  # ONE_DEVICE_JOB: 3 epochs of ceil(600 / 48) steps
 BF16_LOSS_TOLERANCE = 0.05
 
 
-def test_three_uneven_workers_train_the_weights_of_one_and_follow_it_in_bf16(one_worker_run, fast_config):
+def test_uneven_workers_under_plan_changes_train_each_sample_once_to_one_workers_weights_and_in_bf16(
+        one_worker_run, fast_config):
     from hetero_ray.builtin.driver import run_training
 
     one = one_worker_run
-    three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], experiment_name="three", **ONE_DEVICE_JOB))
+    # Plan changes mid-epoch 0 and mid-epoch 1 (13 steps an epoch), the second one giving
+    # rank 0 the largest share; the last window of each epoch is short (24 of 48).
+    three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], experiment_name="three",
+                                     rebalance_interval=1, record_sample_ids=True,
+                                     plan_changes=[{"global_step": 4, "local_batch_sizes": [8, 16, 24]},
+                                                   {"global_step": 17, "local_batch_sizes": [30, 10, 8]}],
+                                     **ONE_DEVICE_JOB))
     bf16 = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], precision="bf16", experiment_name="bf16",
                                     rebalance_interval=1,
                                     plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}], **ONE_DEVICE_JOB))
@@ -44,6 +52,8 @@ def test_three_uneven_workers_train_the_weights_of_one_and_follow_it_in_bf16(one
     moved = max((weights_one[k] - initial[k]).abs().max().item() for k in weights_one)
     assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
     assert worst < 1e-5, f"3 uneven workers diverged from 1 worker by {worst}"
+    _assert_every_sample_once_at_the_plans_shares(three.run_dir, num_samples=ONE_DEVICE_JOB["num_samples"],
+                                                  plans=[(0, [26, 14, 8]), (4, [8, 16, 24]), (17, [30, 10, 8])])
 
     bf16_loss, one_loss = _step_losses(bf16.run_dir), _step_losses(one.run_dir)
     assert len(bf16_loss) == len(one_loss) == STEPS
@@ -70,30 +80,18 @@ def _initial_weights(model: str, seed: int) -> dict:
     return build_model(model, spec).state_dict()
 
 
-def test_plan_changes_mid_epoch_keep_exactly_once(ray_session, fast_config):
-    from hetero_ray.builtin.driver import run_training
-
-    config = fast_config(
-        num_workers=3, num_samples=290, batch_size=30, epochs=2, rebalance_interval=1,
-        record_sample_ids=True, experiment_name="plans",
-        plan_changes=[{"global_step": 4, "local_batch_sizes": [5, 10, 15]},
-                      {"global_step": 13, "local_batch_sizes": [20, 5, 5]}],
-    )
-    result = run_training(config)
-
-    ids = pd.read_parquet(os.path.join(result.run_dir, "sample_ids.parquet"))
+def _assert_every_sample_once_at_the_plans_shares(run_dir: str, num_samples: int, plans: list) -> None:
+    """Each epoch trains every sample once; the plans took effect at their steps; every rank
+    ran every step; each rank's piece of each step holds as many samples as its share."""
+    ids = pd.read_parquet(os.path.join(run_dir, "sample_ids.parquet"))
     for epoch, rows in ids.groupby("epoch"):
-        assert len(rows) == 290 and rows["sample_index"].nunique() == 290, f"epoch {epoch}"
-        assert set(rows["sample_index"]) == set(range(290))
-
-    plans = run_files.read_table(result.run_dir, "plans").sort_values("first_global_step")
-    assert plans["first_global_step"].tolist() == [0, 4, 13]
-    assert [list(s) for s in plans["local_batch_sizes"]] == [[10, 10, 10], [5, 10, 15], [20, 5, 5]]
-
-    steps = pd.read_parquet(os.path.join(result.run_dir, "steps.parquet"))
-    assert steps.groupby("rank")["global_step"].count().tolist() == [20, 20, 20]  # equal step counts
-    at_step_5 = steps[steps["global_step"] == 5].sort_values("rank")["local_batch_size"].tolist()
-    assert at_step_5 == [5, 10, 15]
+        assert len(rows) == num_samples and set(rows["sample_index"]) == set(range(num_samples)), f"epoch {epoch}"
+    recorded = run_files.read_table(run_dir, "plans").sort_values("first_global_step")
+    assert list(zip(recorded["first_global_step"], map(list, recorded["local_batch_sizes"]))) == plans
+    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
+    assert steps.groupby("rank")["global_step"].count().tolist() == [STEPS] * 3  # equal step counts
+    first, sizes = plans[-1]
+    assert steps[steps["global_step"] == first + 1].sort_values("rank")["local_batch_size"].tolist() == sizes
     per_piece = ids.groupby(["global_step", "rank"]).size()
-    sizes = steps.set_index(["global_step", "rank"])["local_batch_size"]
-    assert (per_piece.reindex(sizes.index, fill_value=0) == sizes).all()
+    shares = steps.set_index(["global_step", "rank"])["local_batch_size"]
+    assert (per_piece.reindex(shares.index, fill_value=0) == shares).all()
