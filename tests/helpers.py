@@ -165,3 +165,26 @@ def assert_stopped_run(output: str, returncode: int, args: list[str], run_dir: s
     assert summary["global_steps"] == len(recorded)
     assert not os.path.exists(os.path.join(run_dir, run_files.MODEL_FILE)), "a stopped run has no final model"
     return recorded
+
+
+def built_in_job_trainer(monkeypatch, tmp_path, name: str, *flags: str):
+    """`hetero-ray train --model mlp FLAGS` built as the driver builds it, not run (no Ray):
+    the TorchTrainer HeteroTrainer would run, and the settings each worker gets."""
+    import hetero_ray.trainer
+    from hetero_ray.builtin.driver import _device_mode, builtin_trainer
+    from hetero_ray.cli.main import build_parser
+    from hetero_ray.cli.train import config_from_args
+    from hetero_ray.runtime import storage
+
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # the driver sets it
+    worker_settings: dict = {}
+    real_call_for = hetero_ray.trainer.call_for
+    monkeypatch.setattr(hetero_ray.trainer, "call_for",
+                        lambda loop, settings: worker_settings.update(settings) or real_call_for(loop, settings))
+    config = config_from_args(build_parser().parse_args(
+        ["train", "--model", "mlp", "--storage-path", str(tmp_path), "--name", name, *flags]))
+    # Without --worker-devices the driver asks the running cluster for GPUs: here there is none.
+    device_mode = _device_mode(config) if config.worker_devices is not None else "cpu"
+    trainer = builtin_trainer(config, device_mode)._torch_trainer(storage.resolve(str(tmp_path), name, None),
+                                                                  device_mode, first_plan_wait_s=0.0)
+    return trainer, worker_settings

@@ -12,6 +12,7 @@ from hetero_ray.constants import DEVICE_LABEL
 from hetero_ray.runtime.cluster import NodeResources, placeable_workers, unmatched_selectors
 from hetero_ray.runtime.progress import restart_message
 from hetero_ray.training.devices import choose_device
+from tests.helpers import built_in_job_trainer
 
 
 @pytest.mark.parametrize("mode,label,local_rank,gpus,kind,index,hide", [
@@ -64,23 +65,8 @@ def test_the_built_in_jobs_worker_devices_place_each_worker_by_its_label(monkeyp
     with one label selector per worker, in the workers' settings as mixed devices (built as
     the driver builds it, not run: that placement on labelled nodes trains is
     tests/test_mixed_devices.py's fit through the API, which the built-in job goes through)."""
-    import hetero_ray.trainer
-    from hetero_ray.builtin.driver import _device_mode, builtin_trainer
-    from hetero_ray.cli.main import build_parser
-    from hetero_ray.cli.train import config_from_args
-    from hetero_ray.runtime import storage
-
-    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # the driver sets it
-    worker_settings = {}
-    real_call_for = hetero_ray.trainer.call_for
-    monkeypatch.setattr(hetero_ray.trainer, "call_for",
-                        lambda loop, settings: worker_settings.update(settings) or real_call_for(loop, settings))
-    config = config_from_args(build_parser().parse_args(
-        ["train", "--model", "mlp", "--num-workers", "2", "--worker-devices", "gpu,cpu",
-         "--storage-path", str(tmp_path), "--name", "mixed"]))
-    device_mode = _device_mode(config)
-    trainer = builtin_trainer(config, device_mode)._torch_trainer(storage.resolve(str(tmp_path), "mixed", None),
-                                                                  device_mode, first_plan_wait_s=0.0)
-    assert device_mode == "mixed" and worker_settings["device_mode"] == "mixed"
+    trainer, worker_settings = built_in_job_trainer(monkeypatch, tmp_path, "mixed", "--num-workers", "2",
+                                                    "--worker-devices", "gpu,cpu")
+    assert worker_settings["device_mode"] == "mixed"
     assert trainer.scaling_config.label_selector == [{DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "cpu"}]
     assert not trainer.scaling_config.use_gpu  # Ray reserves GPUs only when every worker has one

@@ -16,6 +16,7 @@ import torch
 from hetero_ray import HeteroConfig, HeteroTrainer
 from hetero_ray.errors import UserError
 from hetero_ray.training.reporting import check_loss_is_finite
+from tests.helpers import built_in_job_trainer
 
 
 @pytest.mark.parametrize("loss", [math.nan, math.inf, -math.inf, torch.tensor(math.nan), torch.tensor([math.inf])])
@@ -96,21 +97,7 @@ def test_registering_a_start_with_a_store_that_never_answers_times_out_saying_wh
 def test_the_cli_flag_reaches_every_worker_of_the_built_in_job(monkeypatch, tmp_path, flags, allowed):
     """The flag is in the settings each worker of `hetero-ray train`'s job gets (built as
     the driver builds them; no Ray needed: the trainer is only made, not run)."""
-    import hetero_ray.trainer
-    from hetero_ray.builtin.driver import builtin_trainer
-    from hetero_ray.cli.main import build_parser
-    from hetero_ray.cli.train import config_from_args
-    from hetero_ray.runtime import storage
-
-    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # the driver sets it
-    worker_settings = {}
-    real_call_for = hetero_ray.trainer.call_for
-    monkeypatch.setattr(hetero_ray.trainer, "call_for",
-                        lambda loop, settings: worker_settings.update(settings) or real_call_for(loop, settings))
-    config = config_from_args(build_parser().parse_args(
-        ["train", "--model", "mlp", "--storage-path", str(tmp_path), "--name", "nan", *flags]))
-    builtin_trainer(config, "cpu")._torch_trainer(storage.resolve(str(tmp_path), "nan", None), "cpu",
-                                                  first_plan_wait_s=0.0)
+    _, worker_settings = built_in_job_trainer(monkeypatch, tmp_path, "nan", *flags)
     assert worker_settings["allow_non_finite_loss"] is allowed
 
 
