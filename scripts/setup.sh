@@ -22,7 +22,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   echo "setup: creating $VENV and installing the pinned requirements (torch is ~3 GB the first time)…"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  # uv fetches and unpacks the ~3 GB in parallel: ~15 s where pip takes ~90 s. The same pins
+  # uv fetches and unpacks the ~3 GB in parallel: ~40 s where pip takes ~90 s. The same pins
   # either way; pip alone where uv cannot be had.
   if "$VENV/bin/python" -m pip install --quiet uv 2>/dev/null; then
     # --compile-bytecode: pip writes the .pyc files as it installs; uv only when told, and a

@@ -183,7 +183,7 @@ def built_in_job_trainer(monkeypatch, tmp_path, name: str, *flags: str):
                         lambda loop, settings: worker_settings.update(settings) or real_call_for(loop, settings))
     config = config_from_args(build_parser().parse_args(
         ["train", "--model", "mlp", "--storage-path", str(tmp_path), "--name", name, *flags]))
-    # Without --worker-devices the driver asks the running cluster for GPUs: here there is none.
+    # Without --worker-devices the driver asks the running cluster for GPUs; no Ray runs here.
     device_mode = _device_mode(config) if config.worker_devices is not None else "cpu"
     trainer = builtin_trainer(config, device_mode)._torch_trainer(storage.resolve(str(tmp_path), name, None),
                                                                   device_mode, first_plan_wait_s=0.0)

@@ -15,8 +15,8 @@ from typing import Any, Optional
 from ray.data import Dataset
 from ray.train import DataConfig
 
-from hetero_ray.errors import ConfigError
 from hetero_ray.constants import TRAIN_DATASET
+from hetero_ray.errors import ConfigError
 
 
 class RunDatasets:
