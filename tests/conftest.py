@@ -56,6 +56,14 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture
+def session_ray_address(ray_session) -> str:
+    """The session Ray's address: a subprocess driver given it as RAY_ADDRESS joins this
+    cluster, as a driver on a running cluster does, where starting a local Ray of its own
+    (~6 s here) is not what the test is about."""
+    return ray_session.get_runtime_context().gcs_address
+
+
 def _fast_config(output_dir: str, **overrides):
     from hetero_ray.config import TrainConfig
 

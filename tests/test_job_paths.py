@@ -84,14 +84,15 @@ def test_bad_flags_still_fail_as_the_cli_does(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_job_driver_writes_its_run_outside_the_working_dir_copy(tmp_path):
+def test_a_job_driver_writes_its_run_outside_the_working_dir_copy(tmp_path, session_ray_address):
     """`python jobs/train.py` started the way Ray's job supervisor starts it: from a copy
-    of the working dir (which Ray deletes later), with RAY_JOB_CONFIG_JSON_ENV_VAR set."""
+    of the working dir (which Ray deletes later), with RAY_JOB_CONFIG_JSON_ENV_VAR set and
+    RAY_ADDRESS naming the running cluster."""
     copy = tmp_path / "runtime_resources" / "working_dir_files" / "hetero_ray"
     shutil.copytree(REPO_ROOT, copy,
-                    ignore=shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__", "*.egg-info"))
+                    ignore=shutil.ignore_patterns(".venv", ".git", "runs", "*.egg-info"))  # bytecode too: as fast as the original
     results = tmp_path / "results"
-    env = {**os.environ, **in_job(results), "RAY_ADDRESS": "", "PYTHONPATH": str(copy)}
+    env = {**os.environ, **in_job(results), "RAY_ADDRESS": session_ray_address, "PYTHONPATH": str(copy)}
     completed = subprocess.run(
         [sys.executable, "jobs/train.py", "--model", "mlp", "--num-samples", "128", "--eval-samples", "32",
          "--global-batch-size", "32", "--epochs", "1", "--num-workers", "2", "--no-profile", "--policy", "static",

@@ -127,7 +127,7 @@ def _each_step_once(run_dir: str) -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_second_driver_is_refused_and_a_sigkilled_driver_with_a_torn_part_resumes(tmp_path):
+def test_a_second_driver_is_refused_and_a_sigkilled_driver_with_a_torn_part_resumes(tmp_path, session_ray_address):
     """A second driver on a running run exits 2 before it writes anything; then the first
     driver's whole process group (its local Ray included) is killed at once, as a lost
     machine would; a part is left at 0 bytes; then --resume runs to the end, each step once."""
@@ -159,9 +159,11 @@ def test_a_second_driver_is_refused_and_a_sigkilled_driver_with_a_torn_part_resu
     torn = os.path.join(steps_parts, f"part-{max(numbers, default=0) + 100:08d}.parquet")
     open(torn, "wb").close()
 
-    # the rest at full speed: the speeds may change at a resume (they only pad the steps)
+    # the rest at full speed: the speeds may change at a resume (they only pad the steps); on
+    # the session's Ray, as on another machine's cluster (the killed driver's went with it)
     resumed = subprocess.run([sys.executable, "-m", "hetero_ray", *args, "--resume", *FULL_SPEED], cwd=REPO_ROOT,
-                             env=ENV, text=True, capture_output=True, timeout=300)
+                             env={**ENV, "RAY_ADDRESS": session_ray_address}, text=True, capture_output=True,
+                             timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming from the checkpoint at global step" in resumed.stdout
     with open(os.path.join(run_dir, run_files.SUMMARY_FILE)) as f:
