@@ -183,7 +183,7 @@ def _cluster(nodes: int, cpus: int, quota: float | None, gpu_node: bool = False)
 @contextlib.contextmanager
 def _labelled_cluster(log_dir: str, nodes: int, cpus: int, quota: float | None):
     """As local_cluster, with the head labelled a GPU machine and the others CPU-only."""
-    from benchmarks.local_cluster import free_port, start_node, stop_nodes, wait_for_nodes
+    from benchmarks.local_cluster import free_port, start_node, stop_nodes, wait_for_nodes, wait_for_port
     from hetero_ray.constants import DEVICE_LABEL
 
     address = f"127.0.0.1:{free_port()}"
@@ -191,7 +191,7 @@ def _labelled_cluster(log_dir: str, nodes: int, cpus: int, quota: float | None):
     try:
         ray_nodes.append(start_node(port=int(address.split(":")[1]), num_cpus=cpus, log_dir=log_dir,
                                     labels={DEVICE_LABEL: "gpu"}))
-        time.sleep(3)  # the GCS must listen before workers join
+        wait_for_port(int(address.split(":")[1]))  # the GCS must listen before workers join
         for i in range(nodes - 1):
             ray_nodes.append(start_node(address=address, num_cpus=cpus, log_dir=log_dir, labels={DEVICE_LABEL: "cpu"},
                                         cpu_quota=quota if i == nodes - 2 else None))

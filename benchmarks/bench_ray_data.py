@@ -282,7 +282,8 @@ def two_nodes(args) -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
     import ray
 
-    from benchmarks.local_cluster import cgroup_unusable_reason, free_port, set_cpu_quota, start_node, stop_nodes, wait_for_nodes
+    from benchmarks.local_cluster import (cgroup_unusable_reason, free_port, set_cpu_quota, start_node, stop_nodes,
+                                          wait_for_nodes, wait_for_port)
 
     reason = cgroup_unusable_reason()
     if reason:
@@ -294,7 +295,7 @@ def two_nodes(args) -> None:
         nodes = [start_node(port=port, num_cpus=2, resources={"train_node": 1, "slot": 1}, cpu_quota=args.node_cores,
                             log_dir=logs)]
         try:
-            time.sleep(3)
+            wait_for_port(port)  # the GCS must listen before the other node joins
             nodes.append(start_node(address=address, num_cpus=2, resources={"data_node": 1, "slot": 1},
                                     cpu_quota=args.node_cores, log_dir=logs))
             wait_for_nodes(address, 2, nodes)

@@ -36,6 +36,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_port(port: int, timeout_s: float = 60) -> None:
+    """Until something listens on 127.0.0.1:``port``: a head's GCS, before nodes join it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} {timeout_s:g} s after the head started")
+        time.sleep(0.1)
+
+
 def cgroup_unusable_reason() -> Optional[str]:
     """Why a cgroup-capped node cannot be made here, or None."""
     if os.geteuid() != 0:
@@ -222,7 +234,7 @@ def local_cluster(log_dir: str, worker_cpus: list[int], head_cpus: int = 1,
     nodes: list[RayNode] = []
     try:
         nodes.append(start_node(port=port, num_cpus=head_cpus, log_dir=log_dir))
-        time.sleep(3)  # the GCS must listen before workers join
+        wait_for_port(port)  # the GCS must listen before workers join
         for i, cpus in enumerate(worker_cpus):
             quota = cpu_quota_last if i == len(worker_cpus) - 1 else None
             nodes.append(start_node(address=address, num_cpus=cpus, cpu_quota=quota, log_dir=log_dir))
