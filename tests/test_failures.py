@@ -12,8 +12,8 @@ same standard as an uninterrupted run of it, trained once for the module:
 Scenarios: the metrics-store actor killed, then a training worker SIGKILLed, in one run;
 the planner killed once the balancer's plan is in force (training goes on through both
 actors' deaths); the driver stopped by Ctrl-C three times and resumed by the `--resume`
-command it printed; a whole node lost with elastic training (a real 3-node cluster of `ray start`
-processes).
+command it printed; a whole node lost with elastic training (a real 3-node cluster of
+`ray start` processes).
 """
 
 from __future__ import annotations
