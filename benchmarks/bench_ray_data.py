@@ -87,16 +87,16 @@ class Rows(torch.utils.data.Dataset):
         return torch.from_numpy(row["x"][0]), int(row["label"][0])
 
 
-def make_model() -> torch.nn.Module:
+def make_model(hidden: int = 256) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
-                               torch.nn.Tanh(), torch.nn.Linear(256, 4))
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.Tanh(), torch.nn.Linear(hidden, 4))
 
 
 def hetero_loop(config: dict) -> None:
     import hetero_ray.train
 
-    model = hetero_ray.train.prepare_model(make_model())
+    model = hetero_ray.train.prepare_model(make_model(config["hidden"]))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     if config["source"] == "ray_data":
         shard = hetero_ray.train.get_dataset_shard("train")
@@ -127,7 +127,7 @@ def plain_loop(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    model = ray.train.torch.prepare_model(make_model())
+    model = ray.train.torch.prepare_model(make_model(config["hidden"]))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     shard = ray.train.get_dataset_shard("train")
     local_batch = config["global_batch_size"] // ray.train.get_context().get_world_size()
@@ -166,6 +166,7 @@ def hetero_fit(args, storage: str, name: str, source: str, speeds, order_seed=No
     from hetero_ray import HeteroConfig, HeteroTrainer
 
     config = {"source": source, "num_rows": args.num_rows, "transform_ms": args.transform_ms, "lr": args.lr,
+              "hidden": args.hidden,
               "epochs": args.epochs, "loader_workers": args.loader_workers, "order_seed": order_seed}
     if datasets is None and source == "ray_data":
         datasets = {"train": pipeline(args.num_rows, args.transform_ms)}
@@ -216,7 +217,7 @@ def plain_fit(args, storage: str, num_workers: int) -> float:
     from ray.train.torch import TorchTrainer
 
     result_path = os.path.join(storage, "plain.json")
-    trainer = TorchTrainer(plain_loop, train_loop_config={"lr": args.lr, "epochs": args.epochs,
+    trainer = TorchTrainer(plain_loop, train_loop_config={"lr": args.lr, "epochs": args.epochs, "hidden": args.hidden,
                                                           "global_batch_size": args.global_batch_size,
                                                           "result_path": result_path},
                            datasets={"train": pipeline(args.num_rows, args.transform_ms)},
@@ -234,6 +235,7 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--transform-ms", type=float, default=0.2, help="CPU work per row, in the pipeline")
+    p.add_argument("--hidden", type=int, default=256, help="the model's hidden width (its weights grow as its square)")
     p.add_argument("--loader-workers", type=int, default=1, help="the map-style run's DataLoader processes")
     p.add_argument("--emulate-speeds", default="1,0.5", help="the throughput runs' workers")
     p.add_argument("--identical-workers", type=int, default=2, help="the final-loss runs' workers")
