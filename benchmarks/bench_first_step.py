@@ -191,7 +191,7 @@ def _labelled_cluster(log_dir: str, nodes: int, cpus: int, quota: float | None):
     try:
         ray_nodes.append(start_node(port=int(address.split(":")[1]), num_cpus=cpus, log_dir=log_dir,
                                     labels={DEVICE_LABEL: "gpu"}))
-        wait_for_port(int(address.split(":")[1]))  # the GCS must listen before workers join
+        wait_for_port(int(address.split(":")[1]), ray_nodes[0])  # the GCS must listen before workers join
         for i in range(nodes - 1):
             ray_nodes.append(start_node(address=address, num_cpus=cpus, log_dir=log_dir, labels={DEVICE_LABEL: "cpu"},
                                         cpu_quota=quota if i == nodes - 2 else None))

@@ -297,7 +297,7 @@ def two_nodes(args) -> None:
         nodes = [start_node(port=port, num_cpus=2, resources={"train_node": 1, "slot": 1}, cpu_quota=args.node_cores,
                             log_dir=logs)]
         try:
-            wait_for_port(port)  # the GCS must listen before the other node joins
+            wait_for_port(port, nodes[0])  # the GCS must listen before the other node joins
             nodes.append(start_node(address=address, num_cpus=2, resources={"data_node": 1, "slot": 1},
                                     cpu_quota=args.node_cores, log_dir=logs))
             wait_for_nodes(address, 2, nodes)

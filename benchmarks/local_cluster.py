@@ -36,15 +36,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout_s: float = 60) -> None:
-    """Until something listens on 127.0.0.1:``port``: a head's GCS, before nodes join it."""
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def wait_for_port(port: int, head: "RayNode", timeout_s: float = 60) -> None:
+    """Until the head's GCS listens on ``port``, before nodes join it; a head whose `ray start`
+    exited is started again, as :func:`wait_for_nodes` does for every node."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+    while not listening(port):
+        if not head.start_again_if_exited():
+            raise RuntimeError(f"the head node exited while starting, {head.starts} times:\n{head.log()}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} {timeout_s:g} s after the head started")
+            raise TimeoutError(f"nothing listens on 127.0.0.1:{port} {timeout_s:g} s after the head started:\n"
+                               f"{head.log()}")
         time.sleep(0.1)
 
 
@@ -234,7 +242,7 @@ def local_cluster(log_dir: str, worker_cpus: list[int], head_cpus: int = 1,
     nodes: list[RayNode] = []
     try:
         nodes.append(start_node(port=port, num_cpus=head_cpus, log_dir=log_dir))
-        wait_for_port(port)  # the GCS must listen before workers join
+        wait_for_port(port, nodes[0])  # the GCS must listen before workers join
         for i, cpus in enumerate(worker_cpus):
             quota = cpu_quota_last if i == len(worker_cpus) - 1 else None
             nodes.append(start_node(address=address, num_cpus=cpus, cpu_quota=quota, log_dir=log_dir))

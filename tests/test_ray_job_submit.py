@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from benchmarks.local_cluster import listening
 from hetero_ray.constants import DEVICE_LABEL
 from tests.helpers import free_port
 
@@ -44,12 +44,6 @@ NODE_START_TIMEOUT_S = 90
 JOB_TIMEOUT_S = 300  # ~45 s on an idle 2-core machine; generous for a shared, loaded one
 CPUS_PER_NODE = 2
 STOP_GRACE_S = 2  # `ray start` drains up to 30 s on SIGTERM; a test cluster need not
-
-
-def _listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
 
 
 class Node:
@@ -140,7 +134,7 @@ def script_cluster():
                                    "--temp-dir", os.path.join(temp_dir, "h"), "--",
                                    f"--dashboard-agent-listen-port={free_port()}", *small], head_env, temp_dir))
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
-        while not _listening(gcs_port):
+        while not listening(gcs_port):
             nodes[0].check_alive()
             if time.monotonic() > deadline:
                 pytest.fail(f"the head's GCS did not listen on {gcs_port}:\n{nodes[0].log()}")
