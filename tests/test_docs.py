@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
 from hetero_ray.cli.main import build_parser
+from tests.helpers import help_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO_ROOT, "docs")
@@ -185,8 +184,7 @@ def _help_commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("command", _help_commands(), ids=" ".join)
 def test_every_documented_cli_answers_help(command):
-    result = subprocess.run([sys.executable, *command, "--help"], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    result = help_of(*command)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
 

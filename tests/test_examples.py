@@ -15,14 +15,13 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import torch
 
 from tests.cifar_files import write_cifar10
+from tests.helpers import help_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -137,8 +136,7 @@ def test_ray_data_trains_on_shares_and_evaluates_every_row(ray_session, tmp_path
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_example_runs_standalone_with_help(script):
-    done = subprocess.run([sys.executable, os.path.join("examples", f"{script}.py"), "--help"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = help_of(f"examples/{script}.py")
     assert done.returncode == 0, done.stderr
     assert "--global-batch-size" in done.stdout and "ray job submit --working-dir ." in done.stdout
     assert "--use-gpu" in done.stdout and "--worker-devices" in done.stdout  # every example can ask for GPUs

@@ -23,8 +23,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
-import sys
 import warnings
 from dataclasses import dataclass
 
@@ -37,6 +35,7 @@ transformers = pytest.importorskip("transformers")
 
 from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
+from tests.helpers import help_of  # noqa: E402
 from tests.hf_models import (  # noqa: E402
     EPOCHS, SEED, TokenSequences, make_dataset, make_model, one_device_trainer, training_args,
 )
@@ -232,9 +231,6 @@ def test_a_killed_worker_resumes_the_trainer_mid_epoch_exactly_once(ray_session,
     assert len(reports) >= STEPS  # every log of the Trainer reached the run's table
 
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_example_fine_tunes_in_bf16_on_emulated_speeds(ray_session, tmp_path):
@@ -253,8 +249,7 @@ def test_example_fine_tunes_in_bf16_on_emulated_speeds(ray_session, tmp_path):
 
 
 def test_example_runs_standalone_with_help():
-    done = subprocess.run([sys.executable, os.path.join("examples", "hf_trainer.py"), "--help"], cwd=REPO_ROOT,
-                          env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=300)
+    done = help_of("examples/hf_trainer.py")
     assert done.returncode == 0, done.stderr
     assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -29,6 +27,7 @@ lightning = pytest.importorskip("lightning")
 
 from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
+from tests.helpers import help_of  # noqa: E402
 from tests.lightning_models import EPOCHS, SEED, BatchNormClassifier, one_device_trainer  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,8 +180,7 @@ def test_ray_trains_recipe_names_are_all_here():
 
 
 def test_example_runs_standalone_with_help():
-    done = subprocess.run([sys.executable, os.path.join("examples", "lightning_module.py"), "--help"], cwd=REPO_ROOT,
-                          env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=300)
+    done = help_of("examples/lightning_module.py")
     assert done.returncode == 0, done.stderr
     assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
     assert "--global-batch-size" in done.stdout and "--use-gpu" in done.stdout
