@@ -237,7 +237,7 @@ def _steps_held(folder) -> dict[str, list[int]]:
     return held
 
 
-def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_crash(ray_session, tmp_path):
+def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_crash(session_ray_address, tmp_path):
     """The tables follow each checkpoint to the URI: a driver SIGKILLed mid-run, then fit()
     under the same name on another machine (another output_dir), ends with every step of
     the run once in the URI's tables — not just the steps after the resume.
@@ -258,7 +258,7 @@ def test_uri_storage_keeps_the_tables_beside_each_checkpoint_through_a_driver_cr
     remote, uri = tmp_path / "bucket", f"file://{tmp_path / 'bucket'}"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     driver = subprocess.Popen([sys.executable, "-m", "tests.uri_driver", uri, str(tmp_path / "first")], cwd=repo,
-                              env={**os.environ, "RAY_ADDRESS": ""}, stdout=subprocess.DEVNULL,
+                              env={**os.environ, "RAY_ADDRESS": session_ray_address}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     run_remote = remote / uri_driver.NAME
     try:
