@@ -1,5 +1,6 @@
 """A driver stopped while the nodes are profiled before the first step (as with GPUs), run
-as its own process by tests/test_interrupted_runs.py: ``python -m tests.stop_while_profiling RUN_DIR``.
+as its own process by tests/test_interrupted_runs.py: ``python -m tests.stop_while_profiling RUN_DIR``,
+on the cluster RAY_ADDRESS names (a local Ray of its own without it).
 
 It runs the lifecycle every run shares (runtime/lifecycle.py) with profiling before the
 first step and a model whose build takes seconds, so a signal lands in profiling. It exits
@@ -14,15 +15,19 @@ import os
 import sys
 import time
 
-import ray
+from hetero_ray.runtime.auth import prepare_auth_env
 
-from hetero_ray import ProfileModel
-from hetero_ray.constants import RAY_NAMESPACE
-from hetero_ray.errors import RunInterrupted
-from hetero_ray.metrics import run_files
-from hetero_ray.profiling.profile_config import ProfileConfig
-from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
-from tests.api_jobs import make_model, random_batch
+prepare_auth_env(None)  # RAY_ADDRESS's cluster asks for the token, when it has one; Ray reads this on import
+
+import ray  # noqa: E402
+
+from hetero_ray import ProfileModel  # noqa: E402
+from hetero_ray.constants import RAY_NAMESPACE  # noqa: E402
+from hetero_ray.errors import RunInterrupted  # noqa: E402
+from hetero_ray.metrics import run_files  # noqa: E402
+from hetero_ray.profiling.profile_config import ProfileConfig  # noqa: E402
+from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle  # noqa: E402
+from tests.api_jobs import make_model, random_batch  # noqa: E402
 
 NAME = "stopped-while-profiling"
 BUILD_S = 30.0  # the profiler builds the model this long: the stop lands in profiling on any machine
@@ -34,7 +39,7 @@ def slow_model():
 
 
 def main(run_dir: str) -> int:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, logging_level="ERROR")
+    ray.init(namespace=RAY_NAMESPACE, logging_level="ERROR")  # RAY_ADDRESS's cluster: the test's session
     os.makedirs(run_dir)
     run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {"name": NAME})
     spec = RunSpec(

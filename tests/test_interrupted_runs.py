@@ -3,8 +3,9 @@ Ctrl-C once to the public API's example; Ctrl-C three times quickly, with the ``
 it prints run to the end, is tests/test_failures.py's driver-stopped case (held to the
 uninterrupted run's weights, by the same standard as here).
 
-The SIGTERM case starts ``python -m hetero_ray train`` as a subprocess (its own local Ray and
-signal handlers, as a person's shell would), waits for a registered checkpoint, sends the
+The SIGTERM case starts ``python -m hetero_ray train`` as a subprocess on the session's Ray
+(a job's driver on a running cluster, with its own signal handlers), waits for a registered
+checkpoint, sends the
 signal(s), and holds the run to: summary.json says ``interrupted`` and by which signal;
 the steps recorded so far are readable and count from step 0 without a gap; no final
 model; the driver exits 128 + the signal (130, 143) and prints the exact ``--resume``
@@ -51,12 +52,14 @@ def stop_mid_run(run_dir: str, driver: subprocess.Popen, send, checkpoints: int 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_run_stopped_by_sigterm_says_interrupted(tmp_path):
-    """SIGTERM to the entrypoint process, as `ray job stop` sends it."""
+def test_a_run_stopped_by_sigterm_says_interrupted(tmp_path, session_ray_address):
+    """SIGTERM to the entrypoint process, as `ray job stop` sends it to a driver on a
+    running cluster (here the session's)."""
     signum = signal.SIGTERM
     args = ["train", *JOB, "--storage-path", str(tmp_path), "--name", "stopped"]
     run_dir = str(tmp_path / "stopped")
-    driver = subprocess.Popen([sys.executable, "-m", "hetero_ray", *args], cwd=REPO_ROOT, env=ENV, text=True,
+    driver = subprocess.Popen([sys.executable, "-m", "hetero_ray", *args], cwd=REPO_ROOT,
+                              env={**ENV, "RAY_ADDRESS": session_ray_address}, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     stop_mid_run(run_dir, driver, lambda: os.kill(driver.pid, signum))
     stopped_at = time.monotonic()
@@ -167,15 +170,15 @@ def test_a_stopped_hetero_trainer_says_interrupted_and_fit_again_continues(tmp_p
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_stop_while_the_nodes_are_profiled_before_the_first_step(tmp_path):
+def test_a_stop_while_the_nodes_are_profiled_before_the_first_step(tmp_path, session_ray_address):
     """With GPUs the nodes are profiled before the first step. A Ctrl-C 2 s into it writes the
     summary ("interrupted"), leaves no actor of the run alive, and exits 128 + the signal.
     (SIGTERM takes the same handler outside fit(): test_a_stop_signal_outside_fit_stops_the_driver.)"""
     signum = signal.SIGINT
     run_dir = tmp_path / "run"
     driver = subprocess.Popen([sys.executable, "-m", "tests.stop_while_profiling", str(run_dir)], cwd=REPO_ROOT,
-                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+                              env={**ENV, "RAY_ADDRESS": session_ray_address}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         seen = ""
         for line in driver.stdout:  # the profiler is being built on the node: 2 s into profiling
