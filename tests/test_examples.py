@@ -1,6 +1,7 @@
 """The examples/ scripts run as a user runs them, only tiny: each example's ``main(argv)`` with
 small flags, in this process on the session's Ray (``HeteroTrainer`` uses an initialised
-Ray; a subprocess per example would start its own, ~10 s more each).
+Ray; a subprocess per example would start its own, ~10 s more each). own_model trains as a
+Ray job instead (tests/test_ray_job_submit.py), held to the same checks.
 
 Each run must finish with the expected global steps (``summary.json``), hand back the
 reported metrics in ``Result.metrics`` and a ``Result.checkpoint`` that loads into the
@@ -57,20 +58,6 @@ def _assert_loads(model: torch.nn.Module, weights: dict) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(weights)  # strict: every key, every shape
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()), "the checkpoint changed nothing"
-
-
-def test_own_model_trains_with_emulated_speeds(ray_session, tmp_path, capsys):
-    own_model = _example("own_model")
-    result = own_model.main(_small_flags(tmp_path, "own", "--num-samples", str(NUM_SAMPLES),
-                                         "--emulate-speeds", "1,0.5"))  # and 2 DataLoader processes a rank
-
-    steps = EPOCHS * STEPS_PER_EPOCH
-    assert _summary(tmp_path, "own")["global_steps"] == steps
-    assert result.metrics["epoch"] == EPOCHS - 1 and result.metrics["global_steps"] == steps
-    assert result.metrics["loss"] > 0
-    _assert_loads(own_model.make_model(), _checkpoint_state(result)["model"])
-    printed = capsys.readouterr().out
-    assert f"run files: {tmp_path / 'own'}" in printed and "final metrics: {" in printed
 
 
 def test_resnet_cifar_trains_one_epoch_on_cifar_format_files(ray_session, tmp_path):

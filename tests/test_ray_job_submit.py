@@ -243,17 +243,30 @@ def test_ray_job_submit_trains_and_writes_the_run_directory(script_cluster, tmp_
 def test_an_example_runs_as_a_ray_job(script_cluster, tmp_path):
     """What each example's docstring promises: `ray job submit --working-dir . -- python
     examples/X.py` trains (a HeteroTrainer inside the job's driver) and leaves its run.
-    One example shows the job path; each example's own training is tests/test_examples.py's,
-    on the session's Ray (resnet_cifar here too cost 47 s of the suite)."""
+    One example shows the job path, and is that example's training test: own_model on
+    emulated speeds, 2 DataLoader processes a rank, its checkpoint loading into its model.
+    The other examples train in tests/test_examples.py, on the session's Ray."""
+    import torch
+
+    from examples.own_model import make_model
+    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+
     example = "own_model"
-    flags = ["--num-workers", "2", "--global-batch-size", "32", "--epochs", "1", "--loader-workers", "0",
-             "--storage-path", str(tmp_path / "runs"), "--name", example, "--num-samples", "128"]
+    flags = ["--num-workers", "2", "--global-batch-size", "48", "--epochs", "2", "--emulate-speeds", "1,0.5",
+             "--storage-path", str(tmp_path / "runs"), "--name", example, "--num-samples", "200"]
     submit = _ray_cli(script_cluster, "job", "submit", "--address", script_cluster["dashboard"],
                       "--working-dir", REPO_ROOT, "--", "python", f"examples/{example}.py", *flags,
                       timeout_s=JOB_TIMEOUT_S)
     assert submit.returncode == 0, submit.stdout[-5000:] + submit.stderr[-3000:]
-    assert "final metrics: {" in submit.stdout, submit.stdout[-3000:]
-    with open(tmp_path / "runs" / example / "summary.json") as f:
+    run_dir = tmp_path / "runs" / example
+    assert f"run files: {run_dir}" in submit.stdout and "final metrics: {" in submit.stdout, submit.stdout[-3000:]
+    assert "'epoch': 1" in submit.stdout and "'global_steps': 10" in submit.stdout, submit.stdout[-3000:]
+    with open(run_dir / "summary.json") as f:
         summary = json.load(f)
     assert summary["status"] == "finished", summary
-    assert summary["global_steps"] == 4  # 128 samples, 32 a step
+    assert summary["global_steps"] == 10  # 2 epochs of ceil(200 / 48) = 5 steps
+    state = torch.load(os.path.join(latest_checkpoint_dir(str(run_dir)), "state.pt"), weights_only=True)
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(state["model"])  # strict: every key, every shape
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()), "the checkpoint changed nothing"
