@@ -24,10 +24,11 @@ demo: setup
 lint: setup
 	$(VENV)/bin/lint-imports
 
-## The whole test suite (unit, real local Ray, real gloo groups, browser), after the layers check.
+## The whole test suite (unit, real local Ray, real gloo groups, browser), after the layers check:
+## the tests without Ray run beside the others, in their idle moments (scripts/test.sh).
 test: setup-browser bytecode
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -W ignore::DeprecationWarning --durations=30
+	scripts/test.sh -q -W ignore::DeprecationWarning --durations=30
 
 test-fast: setup bytecode
 	$(VENV)/bin/lint-imports

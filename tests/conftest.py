@@ -39,6 +39,9 @@ def _ray_auth_mode_stays_as_it_was():
 @pytest.fixture(scope="session")
 def ray_session():
     """A real local Ray for the whole session (startup costs 5–10 s here; share it)."""
+    if os.environ.get("HETERO_RAY_TESTS_WITHOUT_RAY"):  # scripts/test.sh's second process
+        pytest.fail("this test uses the session's Ray but is not marked pytest.mark.ray: mark it, so that "
+                    "scripts/test.sh runs it with the other Ray tests")
     import ray
 
     from hetero_ray.constants import RAY_NAMESPACE

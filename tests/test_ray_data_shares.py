@@ -21,7 +21,7 @@ from hetero_ray.constants import RAY_NAMESPACE
 from tests.inprocess_session import ScriptedPlanner, run_cases_on_ranks, run_in_session
 from tests.ray_data_jobs import LR, MOMENTUM, SEED, augment, features, make_model, one_device, restore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray Data's datasets need the session's Ray
 
 NUM_WORKERS, NUM_ROWS, GLOBAL_BATCH, EPOCHS = 3, 70, 16, 2  # 5 steps an epoch, the last of 6 rows
 FEED_NAME = "test-ray-data/data-train"
