@@ -23,12 +23,11 @@ else
   lowest=(nice -n 19)
 fi
 log=$(mktemp "${TMPDIR:-/tmp}/hetero_ray_tests_without_ray.XXXXXX")
-trap 'rm -f "$log"' EXIT
 
 # The cache plugin would have both processes write .pytest_cache at once; only this one does.
 HETERO_RAY_TESTS_WITHOUT_RAY=1 "${lowest[@]}" "$PY" -m pytest -m "not ray" -p no:cacheprovider "$@" >"$log" 2>&1 &
 without_ray=$!
-# Ctrl-C or a stopped CI ends both.
+# Ctrl-C or a stopped CI ends both; the log goes either way.
 trap 'kill "$without_ray" 2>/dev/null; rm -f "$log"' EXIT
 
 echo "test: the tests that need Ray here; the others beside them at the lowest CPU priority (${lowest[*]}), shown after"

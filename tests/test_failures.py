@@ -264,11 +264,12 @@ def test_a_planner_killed_once_balanced_restores_its_estimates_and_serves_the_pl
 
 def test_driver_stopped_and_resumed(reference, tmp_path, session_ray_address):
     """Ctrl-C three times quickly, as an impatient person sends it through a terminal to the
-    driver's process group, after the checkpoint at step 20: the run says it was interrupted
-    (tests/test_interrupted_runs.py's standard; the Ctrl-Cs after the first are noted, not
-    obeyed), and the ``--resume`` command it prints continues it to the uninterrupted run's
-    weights. (Ctrl-C once: test_interrupted_runs.py's HeteroTrainer case.)"""
-    env = {**os.environ, "RAY_ADDRESS": "", "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
+    driver's process group, after the checkpoint at step 20, to a driver on a running
+    cluster (the session's): the run says it was interrupted (tests/test_interrupted_runs.py's
+    standard; the Ctrl-Cs after the first are noted, not obeyed), and the ``--resume``
+    command it prints continues it to the uninterrupted run's weights. (Ctrl-C once to a
+    driver with a local Ray of its own: test_interrupted_runs.py's HeteroTrainer case.)"""
+    env = {**os.environ, "RAY_ADDRESS": session_ray_address, "HETERO_RAY_PROGRESS_INTERVAL_S": "1"}
     # ~0.1 s a step (mlp's ~2 ms at 0.02): the 40 steps after the checkpoint outlast the Ctrl-C's way in
     args = ["train", *CLI_JOB, "--num-workers", "2", "--emulate-speeds", "0.02,0.02", "--policy", "static",
             "--storage-path", str(tmp_path), "--name", "stopped"]
@@ -289,11 +290,9 @@ def test_driver_stopped_and_resumed(reference, tmp_path, session_ray_address):
     first_output, _ = driver.communicate(timeout=120)
     assert_stopped_run(first_output, driver.returncode, args, str(run_dir), signal.SIGINT, TOTAL_STEPS)
 
-    # as printed; the rest at full speed (the speeds may change at a resume: they only pad the steps),
-    # on the session's Ray (the stopped driver's own went with it; any cluster can continue a run)
+    # as printed; the rest at full speed (the speeds may change at a resume: they only pad the steps)
     resume = printed_resume_command(first_output)
-    resumed = subprocess.run([sys.executable, *resume[1:], "--emulate-speeds", "1,1"], cwd=REPO_ROOT,
-                             env={**env, "RAY_ADDRESS": session_ray_address},
+    resumed = subprocess.run([sys.executable, *resume[1:], "--emulate-speeds", "1,1"], cwd=REPO_ROOT, env=env,
                              text=True, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming from the checkpoint at global step" in resumed.stdout
