@@ -4,12 +4,12 @@ on a real local Ray with real gloo groups.
 - same math: a tiny GPT-2 (built from a config, nothing downloaded) whose loss the
   Trainer counts in tokens across ranks, on token sequences of different lengths, 3
   workers with an uneven split and a mid-run plan change, one killed and restarted
-  mid-epoch; and a tiny BERT sequence classifier whose ``forward`` takes ``**kwargs`` (so
-  the Trainer passes it ``num_items_in_batch`` and scales its loss for DDP) but returns the
-  plain mean, on 4 workers at shares 2/6/10/14: each ends with the weights of one
-  ``Trainer`` on one device on the same global batches, and logs its loss (and BERT its
-  evaluation loss). The third kind, a plain model's local mean, and every kind under left-out
-  ranks and bf16, are tests/test_promise_matrix_hf.py's (in-process ranks, no Ray);
+  mid-epoch, ends with the weights of one ``Trainer`` on one device on the same global
+  batches and logs its loss. The other kinds (a plain model's local mean; a BERT
+  classifier whose ``forward`` takes ``**kwargs``, so the Trainer passes it
+  ``num_items_in_batch`` and scales its loss for DDP, but returns the plain mean), every
+  kind under plan changes, left-out ranks and bf16, and the Trainer's evaluation losses,
+  are tests/test_promise_matrix_hf.py's (in-process ranks on a real gloo group, no Ray);
 - which of those kinds a loss is, measured from what twice the items do to it;
 - the Trainer's logs and checkpoint reach Ray Train's ``Result``;
 - every sample once per epoch (that without hetero_ray's weighting the same shares do not
@@ -42,7 +42,6 @@ from tests.hf_models import (  # noqa: E402
 
 NUM_SAMPLES, BATCH = 66, 24  # 3 steps an epoch, the last a short window of 18
 STEPS = EPOCHS * 3
-EVAL_SEED, EVAL_SAMPLES = 1, 32  # 8 a rank among 4, in the Trainer's default evaluation batch of 8
 TOLERANCE = 1e-5  # float32 over 6 SGD steps; the unweighted run is off by far more (asserted)
 
 
@@ -66,9 +65,6 @@ class Shares:
 
 # 3 workers, a plan change at step 4, a short last window: the suite's main run.
 UNEVEN = Shares(NUM_SAMPLES, BATCH, (12, 8, 4), ({"global_step": 4, "local_batch_sizes": [4, 8, 12]},))
-# The issue's shares (Ray Train's BERT example, ported): 4 workers, no plan change; the
-# last window of each epoch is short (16, split 1/3/5/7).
-ISSUE_SHARES = Shares(80, 32, (2, 6, 10, 14))
 
 
 class CrashAfterCheckpoint(transformers.TrainerCallback):
@@ -95,13 +91,6 @@ def trainer_loop(config: dict) -> None:
     model = make_model(config["kind"])
     trainer = hetero_ray.train.prepare_trainer(transformers.Trainer(
         model=model, args=args, train_dataset=dataset, callbacks=callbacks))
-    if config.get("eval_samples"):
-        # Before and after training, each reaching the run's reports table.
-        evaluation = make_dataset(config["kind"], config["eval_samples"], seed=EVAL_SEED)
-        trainer.evaluate(evaluation)
-        trainer.train()
-        trainer.evaluate(evaluation)
-        return
     checkpoint = hetero_ray.train.get_checkpoint()
     if checkpoint is None:
         trainer.train()
@@ -145,16 +134,6 @@ def _worst_difference(weights: dict, reference: dict) -> float:
     return max((reference[k].float() - weights[k].float()).abs().max().item() for k in weights)
 
 
-def _one_device_eval_loss(weights: dict) -> float:
-    import tempfile
-
-    model = make_model("kwargs_mean_loss")
-    model.load_state_dict(weights)
-    with tempfile.TemporaryDirectory() as directory:
-        trainer = transformers.Trainer(model=model, args=training_args(directory))
-        return trainer.evaluate(make_dataset("kwargs_mean_loss", EVAL_SAMPLES, seed=EVAL_SEED))["eval_loss"]
-
-
 _REFERENCES: dict = {}
 
 
@@ -170,35 +149,6 @@ def reference(kind: str, shares: Shares = UNEVEN):
         assert len(losses) == shares.steps
         _REFERENCES[key] = weights, losses
     return _REFERENCES[key]
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_classifier_whose_forward_takes_kwargs_matches_one_device_at_the_issues_shares(ray_session, tmp_path):
-    """BERT's ``forward`` takes ``**kwargs``, so the Trainer passes it ``num_items_in_batch``
-    and multiplies its loss by n for DDP's equal average; but BERT returns the plain mean
-    of its local batch. Undone as for a loss counted in items (the bridge's rule before it
-    told the two apart), every rank's mean counted the same whatever its share (the issue):
-    0.10 off one device after two epochs, and 4 times its logged and evaluation losses."""
-    weights, losses = reference("kwargs_mean_loss", ISSUE_SHARES)
-    result = _fit(tmp_path, "hf-kwargs", "kwargs_mean_loss", ISSUE_SHARES, eval_samples=EVAL_SAMPLES)
-    steps = pd.read_parquet(os.path.join(str(tmp_path / "hf-kwargs"), "steps.parquet"))
-    shares = steps.sort_values("rank").groupby("global_step")["local_batch_size"].apply(list)
-    assert shares[0] == [2, 6, 10, 14] and shares[2] == [1, 3, 5, 7]  # the short last window
-
-    worst = _worst_difference(_final_weights(result), weights)
-    print(f"kwargs_mean_loss: shares 2/6/10/14 vs one device: largest weight difference {worst:.2e}")
-    assert worst < TOLERANCE, f"shares 2/6/10/14 diverged from one device by {worst:g}"
-    assert result.metrics["loss"] == pytest.approx(losses[-1], rel=1e-4)
-    assert result.metrics["step"] == ISSUE_SHARES.steps
-    # The Trainer's evaluation on 4 ranks multiplied this loss by 4 as well (before the first
-    # training step too, when the loss has not been judged yet).
-    reports = pd.read_parquet(os.path.join(str(tmp_path / "hf-kwargs"), "reports.parquet"))
-    logs = [json.loads(metrics) for metrics in reports.sort_values("wall_time")["metrics"]]
-    evaluated = pd.Series([log["eval_loss"] for log in logs if "eval_loss" in log]).drop_duplicates().tolist()
-    expected = [_one_device_eval_loss(make_model("kwargs_mean_loss").state_dict()), _one_device_eval_loss(weights)]
-    print(f"evaluation loss before and after training: {evaluated} on 4 ranks, {expected} on one device")
-    assert evaluated == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.ray
