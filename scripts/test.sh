@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole suite as `make test` runs it: two pytest processes at once.
 #
-#   scripts/test.sh [PYTEST ARGS…]     (the arguments go to both)
+#   scripts/test.sh [PYTEST ARGS…]     (the arguments go to both; not -m, which each
+#                                       process sets: for a marker of your own, run pytest)
 #
 # The tests marked `ray` (a real local Ray: fits, drivers, clusters) hold the machine about
 # 80 % busy: their processes wait on actors starting, signals, lost nodes. The others (the
