@@ -36,6 +36,16 @@ def help_of(*command: str) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "PYTHONPATH": REPO_ROOT})
 
 
+def assert_loads(model, weights: dict) -> None:
+    """``weights`` load strictly into ``model`` (every key, every shape) and change it: a
+    checkpoint that fits the model and holds what training made."""
+    import torch
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights)  # strict: every key, every shape
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()), "the checkpoint changed nothing"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (a gloo group's rendezvous, a server)."""
     with socket.socket() as s:

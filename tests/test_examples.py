@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.cifar_files import write_cifar10
-from tests.helpers import help_of
+from tests.helpers import assert_loads, help_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -54,12 +54,6 @@ def _checkpoint_state(result) -> dict:
         return torch.load(os.path.join(directory, "state.pt"), weights_only=True)
 
 
-def _assert_loads(model: torch.nn.Module, weights: dict) -> None:
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(weights)  # strict: every key, every shape
-    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()), "the checkpoint changed nothing"
-
-
 def test_resnet_cifar_trains_one_epoch_on_cifar_format_files(ray_session, tmp_path):
     from torchvision.models import resnet18
 
@@ -72,7 +66,7 @@ def test_resnet_cifar_trains_one_epoch_on_cifar_format_files(ray_session, tmp_pa
     steps = 4  # ceil(200 / 64): three full windows and one of 8
     assert _summary(tmp_path / "runs", "resnet")["global_steps"] == steps
     assert result.metrics["epoch"] == 0 and result.metrics["global_steps"] == steps
-    _assert_loads(resnet18(num_classes=10), _checkpoint_state(result)["model"])
+    assert_loads(resnet18(num_classes=10), _checkpoint_state(result)["model"])
 
 
 def test_resnet_cifar_refuses_unpublished_files_before_starting(tmp_path):
@@ -118,7 +112,7 @@ def test_ray_data_trains_on_shares_and_evaluates_every_row(ray_session, tmp_path
     assert result.metrics["epoch"] == EPOCHS - 1 and 0 <= result.metrics["val_accuracy"] <= 1
     rows = pd.read_parquet(tmp_path / "rd" / "steps.parquet")
     assert rows.groupby("global_step")["local_batch_size"].sum().iloc[0] == BATCH
-    _assert_loads(ray_data.make_model(), _checkpoint_state(result)["model"])
+    assert_loads(ray_data.make_model(), _checkpoint_state(result)["model"])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

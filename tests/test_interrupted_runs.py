@@ -5,11 +5,10 @@ uninterrupted run's weights, by the same standard as here).
 
 The SIGTERM case starts ``python -m hetero_ray train`` as a subprocess on the session's Ray
 (a job's driver on a running cluster, with its own signal handlers), waits for a registered
-checkpoint, sends the
-signal(s), and holds the run to: summary.json says ``interrupted`` and by which signal;
-the steps recorded so far are readable and count from step 0 without a gap; no final
-model; the driver exits 128 + the signal (130, 143) and prints the exact ``--resume``
-command (the same whichever signal stopped the run).
+checkpoint, sends the signal(s), and holds the run to: summary.json says ``interrupted``
+and by which signal; the steps recorded so far are readable and count from step 0 without
+a gap; no final model; the driver exits 128 + the signal (130, 143) and prints the exact
+``--resume`` command (the same whichever signal stopped the run).
 
 Below them, :class:`StopSignals` on its own, with real signals sent to this process.
 """
