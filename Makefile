@@ -32,7 +32,7 @@ test: setup-browser bytecode
 
 test-fast: setup bytecode
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not slow" -W ignore::DeprecationWarning
+	TEST_MARKER="not slow" scripts/test.sh -q -W ignore::DeprecationWarning --durations=10
 
 ## Every process of a run (driver, each Ray actor and worker) imports ~110 of the project's
 ## modules; without bytecode on disk each compiles them again (~0.2 s of CPU a process), and

@@ -3,6 +3,8 @@
 #
 #   scripts/test.sh [PYTEST ARGS…]     (the arguments go to both; not -m, which each
 #                                       process sets: for a marker of your own, run pytest)
+#   TEST_MARKER="not slow" scripts/test.sh …   (what `make test-fast` runs: each process
+#                                       keeps only its tests that also match TEST_MARKER)
 #
 # The tests marked `ray` (a real local Ray: fits, drivers, clusters) hold the machine about
 # 80 % busy: their processes wait on actors starting, signals, lost nodes. The others (the
@@ -23,16 +25,18 @@ if command -v chrt >/dev/null && chrt --idle 0 true 2>/dev/null; then
 else
   lowest=(nice -n 19)
 fi
+ray_marker="ray${TEST_MARKER:+ and ($TEST_MARKER)}"
+no_ray_marker="not ray${TEST_MARKER:+ and ($TEST_MARKER)}"
 log=$(mktemp "${TMPDIR:-/tmp}/hetero_ray_tests_without_ray.XXXXXX")
 
 # The cache plugin would have both processes write .pytest_cache at once; only this one does.
-HETERO_RAY_TESTS_WITHOUT_RAY=1 "${lowest[@]}" "$PY" -m pytest -m "not ray" -p no:cacheprovider "$@" >"$log" 2>&1 &
+HETERO_RAY_TESTS_WITHOUT_RAY=1 "${lowest[@]}" "$PY" -m pytest -m "$no_ray_marker" -p no:cacheprovider "$@" >"$log" 2>&1 &
 without_ray=$!
 # Ctrl-C or a stopped CI ends both; the log goes either way.
 trap 'kill "$without_ray" 2>/dev/null; rm -f "$log"' EXIT
 
 echo "test: the tests that need Ray here; the others beside them at the lowest CPU priority (${lowest[*]}), shown after"
-"$PY" -m pytest -m ray "$@"
+"$PY" -m pytest -m "$ray_marker" "$@"
 with_ray_rc=$?
 
 echo
