@@ -53,6 +53,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_gloo_ranks(work, world_size: int, *args) -> list:
+    """``work(rank, world_size, *args)`` on every rank of one real gloo group, a process
+    each; returns what each rank's call returned, in rank order. ``work`` must be a
+    module-level function (the ranks are spawned processes, which import it).
+
+    Each rank sees the environment Ray Train gives a worker (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: Accelerate reads them) and one torch thread
+    (the ranks share the machine's cores). A rank that raises ends the run with its
+    traceback; the others are stopped.
+    """
+    import tempfile
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="gloo_ranks_") as out_dir:
+        mp.spawn(_gloo_rank, args=(work, world_size, free_port(), out_dir, args), nprocs=world_size, join=True)
+        return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(world_size)]
+
+
+def _gloo_rank(rank: int, work, world_size: int, port: int, out_dir: str, args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        result = work(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # Every rank done before any tears the group down: rank 0, which hosts the group's
+        # store, once aborted in its teardown while a peer was still connected (SIGABRT,
+        # "terminate called without an active exception"). Not in `finally`: a rank that
+        # raised would leave the others waiting here.
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 # ---- runs ---------------------------------------------------------------------------------
 
 # The built-in job that uneven, balanced and bf16 runs on several ranks are held to

@@ -21,12 +21,9 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import traceback
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hetero_ray.planning.plan import Plan
 from hetero_ray.training import session as session_module
@@ -185,33 +182,22 @@ def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_
 
 def run_cases_on_ranks(run_case: Callable[[dict, int, str], dict], cases: list[dict], name_of: Callable[[dict], str],
                        num_workers: int, out_dir: str) -> list[dict]:
-    """Every case on ``num_workers`` ranks of one real gloo group, in order; returns each
-    rank's ``{case name: run_case(case, rank, case folder)}``. A case that raises on a rank
-    stops the run there (the group's collectives are out of step after it), with its
-    traceback under its name. The ranks see Ray Train's environment variables (RANK,
-    WORLD_SIZE, …), which Accelerate reads."""
-    from tests.helpers import free_port
+    """Every case on ``num_workers`` ranks of one real gloo group (``tests.helpers.on_gloo_ranks``),
+    in order; returns each rank's ``{case name: run_case(case, rank, case folder)}``. A case
+    that raises on a rank stops the run there (the group's collectives are out of step after
+    it), named in the error."""
+    from tests.helpers import on_gloo_ranks
 
-    mp.spawn(_case_worker, args=(run_case, cases, name_of, num_workers, free_port(), out_dir), nprocs=num_workers,
-             join=True)
-    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(num_workers)]
+    return on_gloo_ranks(_run_cases, num_workers, run_case, cases, name_of, out_dir)
 
 
-def _case_worker(rank: int, run_case, cases, name_of, num_workers: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)  # the ranks share the machine's cores
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(num_workers), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(num_workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_workers)
+def _run_cases(rank: int, num_workers: int, run_case, cases, name_of, out_dir: str) -> dict:
     results = {}
-    try:
-        for case in cases:
-            name = name_of(case)
-            try:
-                results[name] = run_case(case, rank, os.path.join(out_dir, name))
-            except Exception:  # noqa: BLE001 - reported under the case's name, then the run stops
-                results[name] = {"error": traceback.format_exc()}
-                raise
-            gc.collect()  # a case's optimisers and scalers must not be found by the next one's copy
-    finally:
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.destroy_process_group()
+    for case in cases:
+        name = name_of(case)
+        try:
+            results[name] = run_case(case, rank, os.path.join(out_dir, name))
+        except Exception as error:
+            raise RuntimeError(f"case {name!r} failed on rank {rank}") from error
+        gc.collect()  # a case's optimisers and scalers must not be found by the next one's copy
+    return results

@@ -10,19 +10,15 @@ float32 on ONE device already differs from float64 by ~1e-3 (relative), more tha
 tolerance that would show exactness.
 """
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.builtin.data import DataSpec
 from hetero_ray.builtin.models import build_model, compute_loss
 from hetero_ray.training.batchnorm import convert_batchnorm
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 LOCAL_BATCH_SIZES = [7, 3, 2]
 GLOBAL_BATCH_SIZE = sum(LOCAL_BATCH_SIZES)
@@ -61,14 +57,8 @@ def _rank_gradient(rank: int, convert: bool) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        grads = {"converted": _rank_gradient(rank, True), "local": _rank_gradient(rank, False)}
-        torch.save(grads, os.path.join(out_dir, f"grad{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _gradients(rank: int, world_size: int) -> dict:
+    return {"converted": _rank_gradient(rank, True), "local": _rank_gradient(rank, False)}
 
 
 def _relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
@@ -77,11 +67,9 @@ def _relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.slow  # three gloo ranks and one device through a real ResNet-18: ~20 s
-def test_resnet18_gradient_with_unequal_shares_is_one_devices(tmp_path):
-    port = free_port()
-    mp.spawn(_worker, args=(len(LOCAL_BATCH_SIZES), port, str(tmp_path)), nprocs=len(LOCAL_BATCH_SIZES), join=True)
+def test_resnet18_gradient_with_unequal_shares_is_one_devices():
+    per_rank = on_gloo_ranks(_gradients, len(LOCAL_BATCH_SIZES))
     expected = one_device_gradient()
-    per_rank = [torch.load(tmp_path / f"grad{r}.pt") for r in range(len(LOCAL_BATCH_SIZES))]
 
     for grads in per_rank:
         assert _relative_error(grads["converted"], expected) < 1e-9

@@ -5,16 +5,11 @@ gradient that one process computes on all 12 samples; DDP's default equal-weight
 must not (that is the bug the weighted hook exists to fix).
 """
 
-import os
-
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 LOCAL_BATCH_SIZES = [7, 3, 2]
 GLOBAL_BATCH_SIZE = sum(LOCAL_BATCH_SIZES)
@@ -52,25 +47,13 @@ def _rank_gradient(rank: int, weighted: bool) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters()]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        grads = {"weighted": _rank_gradient(rank, True), "unweighted": _rank_gradient(rank, False)}
-        torch.save(grads, os.path.join(out_dir, f"grad{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _gradients(rank: int, world_size: int) -> dict:
+    return {"weighted": _rank_gradient(rank, True), "unweighted": _rank_gradient(rank, False)}
 
 
-def distributed_gradients(tmp_path) -> list[dict]:
-    port = free_port()
-    mp.spawn(_worker, args=(len(LOCAL_BATCH_SIZES), port, str(tmp_path)),
-             nprocs=len(LOCAL_BATCH_SIZES), join=True)
-    return [torch.load(tmp_path / f"grad{r}.pt") for r in range(len(LOCAL_BATCH_SIZES))]
-
-
-def test_weighted_hook_gives_the_full_batch_gradient(tmp_path):
+def test_weighted_hook_gives_the_full_batch_gradient():
     expected = full_batch_gradient()
-    per_rank = distributed_gradients(tmp_path)
+    per_rank = on_gloo_ranks(_gradients, len(LOCAL_BATCH_SIZES))
 
     for grads in per_rank:  # every rank holds the same, correct gradient
         for got, want in zip(grads["weighted"], expected):

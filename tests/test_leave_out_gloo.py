@@ -21,7 +21,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -31,7 +30,7 @@ from hetero_ray.training.model_prep import _FORWARD_BUFFER_SYNC
 from hetero_ray.training.rejoin import Groups
 from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 from tests.test_sync_batchnorm import LEARNING_RATE, MODELS, make_batches, train_on_one_device
 
 pytestmark = pytest.mark.slow
@@ -106,23 +105,14 @@ def groups_over_many_plans(rank: int) -> dict:
     return record
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)  # three processes share two cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        groups = groups_over_many_plans(rank)  # first: what it holds is measured from a process with no group
-        torch.save({"groups": groups, **{name: train_on_ranks(rank, name) for name in MODELS}},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, world_size: int) -> dict:
+    groups = groups_over_many_plans(rank)  # first: what it holds is measured from a process with no group
+    return {"groups": groups, **{name: train_on_ranks(rank, name) for name in MODELS}}
 
 
 @pytest.fixture(scope="module")
-def per_rank(tmp_path_factory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("leave_out")
-    port = free_port()
-    mp.spawn(_worker, args=(WORLD_SIZE, port, str(out_dir)), nprocs=WORLD_SIZE, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
+def per_rank() -> list[dict]:
+    return on_gloo_ranks(_rank, WORLD_SIZE)
 
 
 def _max_error(got, want) -> float:

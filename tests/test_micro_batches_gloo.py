@@ -10,18 +10,14 @@ weights of one process that trained on the whole global batches. The caps reach 
 rank with the plan (:func:`~hetero_ray.training.plan_sync.broadcast_plan`).
 """
 
-import os
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.planning.plan import Plan
 from hetero_ray.training.micro_batches import MicroBatchPolicy, accumulate, split_batch
 from hetero_ray.training.plan_sync import broadcast_plan
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 SHARES = [32, 8, 13]
 CAPS = [8, None, 4]
@@ -56,37 +52,31 @@ def one_device() -> dict:
     return model.state_dict()
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        plan, caps = broadcast_plan(Plan(3, tuple(SHARES)) if rank == 0 else None, rank, world_size,
-                                    torch.device("cpu"), CAPS if rank == 0 else None)
-        model = DistributedDataParallel(make_model(), bucket_cap_mb=0.001)  # several buckets, as a real model
-        state = WeightedAllReduceState(weight=rank_weight(plan.local_batch_sizes[rank], GLOBAL_BATCH_SIZE))
-        model.register_comm_hook(state, weighted_allreduce_hook)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        policy = MicroBatchPolicy(synced_batchnorm=False, rank=rank)
-        start = sum(SHARES[:rank])
-        micro_sizes = []
-        for step in range(STEPS):
-            inputs, targets = global_batch(step)
-            share = (inputs[start:start + SHARES[rank]], targets[start:start + SHARES[rank]])
-            sizes = policy.sizes(SHARES[rank], caps[rank], None)
-            micro_sizes.append(sizes)
-            for micro_inputs, micro_targets in accumulate(model, state, split_batch(share, sizes), sizes):
-                loss_of(model, micro_inputs, micro_targets).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        torch.save({"weights": model.module.state_dict(), "caps": caps, "micro_sizes": micro_sizes,
-                    "all_reduces": state.backward_passes}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, world_size: int) -> dict:
+    plan, caps = broadcast_plan(Plan(3, tuple(SHARES)) if rank == 0 else None, rank, world_size,
+                                torch.device("cpu"), CAPS if rank == 0 else None)
+    model = DistributedDataParallel(make_model(), bucket_cap_mb=0.001)  # several buckets, as a real model
+    state = WeightedAllReduceState(weight=rank_weight(plan.local_batch_sizes[rank], GLOBAL_BATCH_SIZE))
+    model.register_comm_hook(state, weighted_allreduce_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    policy = MicroBatchPolicy(synced_batchnorm=False, rank=rank)
+    start = sum(SHARES[:rank])
+    micro_sizes = []
+    for step in range(STEPS):
+        inputs, targets = global_batch(step)
+        share = (inputs[start:start + SHARES[rank]], targets[start:start + SHARES[rank]])
+        sizes = policy.sizes(SHARES[rank], caps[rank], None)
+        micro_sizes.append(sizes)
+        for micro_inputs, micro_targets in accumulate(model, state, split_batch(share, sizes), sizes):
+            loss_of(model, micro_inputs, micro_targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"weights": model.module.state_dict(), "caps": caps, "micro_sizes": micro_sizes,
+            "all_reduces": state.backward_passes}
 
 
-def test_shares_past_the_cap_in_micro_batches_end_with_the_weights_of_one_device(tmp_path):
-    port = free_port()
-    mp.spawn(_worker, args=(len(SHARES), port, str(tmp_path)), nprocs=len(SHARES), join=True)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(len(SHARES))]
+def test_shares_past_the_cap_in_micro_batches_end_with_the_weights_of_one_device():
+    results = on_gloo_ranks(_rank, len(SHARES))
 
     assert all(r["caps"] == CAPS for r in results)  # every rank learned every cap with the plan
     assert results[0]["micro_sizes"] == [[8, 8, 8, 8]] * STEPS

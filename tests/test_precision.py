@@ -8,17 +8,12 @@ every precision against one device in every combination: tests/test_promise_matr
 
 from __future__ import annotations
 
-import os
-
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.training.precision import PRECISIONS, Precision
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 LOCAL_BATCH_SIZES = [7, 3, 2]
 
@@ -49,38 +44,26 @@ def _own_fp16_gradient(rank: int) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        model = DistributedDataParallel(_model(), bucket_cap_mb=0.001)
-        model.register_comm_hook(WeightedAllReduceState(weight=rank_weight(LOCAL_BATCH_SIZES[rank], 12)),
-                                 weighted_allreduce_hook)
-        precision = Precision.named("fp16", torch.device("cpu"))
-        scaler = precision.make_scaler()
-        inputs, targets = _piece(rank)
-        with precision.autocast():
-            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-        scaler.scale(loss).backward()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        scaler.unscale_(optimizer)  # what scaler.step does first
-        torch.save({"grads": [p.grad for p in model.parameters()], "scale": scaler.get_scale()},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
-        # Every rank done before any tears its group down: rank 0, which hosts the group's
-        # store, once aborted in its teardown while a peer was still connected (SIGABRT,
-        # "terminate called without an active exception"). Not in `finally`: a rank that
-        # raised would leave the others waiting here.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _fp16_gradient_on_ranks(rank: int, world_size: int) -> dict:
+    model = DistributedDataParallel(_model(), bucket_cap_mb=0.001)
+    model.register_comm_hook(WeightedAllReduceState(weight=rank_weight(LOCAL_BATCH_SIZES[rank], 12)),
+                             weighted_allreduce_hook)
+    precision = Precision.named("fp16", torch.device("cpu"))
+    scaler = precision.make_scaler()
+    inputs, targets = _piece(rank)
+    with precision.autocast():
+        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+    scaler.scale(loss).backward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler.unscale_(optimizer)  # what scaler.step does first
+    return {"grads": [p.grad for p in model.parameters()], "scale": scaler.get_scale()}
 
 
-def test_fp16_with_a_grad_scaler_keeps_the_weighting_exact(tmp_path):
-    port = free_port()
-    mp.spawn(_worker, args=(3, port, str(tmp_path)), nprocs=3, join=True)
+def test_fp16_with_a_grad_scaler_keeps_the_weighting_exact():
+    per_rank = on_gloo_ranks(_fp16_gradient_on_ranks, 3)
     expected = [sum(rank_weight(b, 12) * g for b, g in zip(LOCAL_BATCH_SIZES, grads))
                 for grads in zip(*(_own_fp16_gradient(rank) for rank in range(3)))]
-    for rank in range(3):
-        saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+    for rank, saved in enumerate(per_rank):
         assert saved["scale"] > 1.0, "the scaler did not scale: the test would not exercise it"
         worst = max((g - e).abs().max().item() for g, e in zip(saved["grads"], expected))
         assert worst < 1e-6, f"rank {rank}: the unscaled, weighted gradient is off by {worst}"

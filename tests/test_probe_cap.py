@@ -6,14 +6,10 @@ the same step after every restart. Two ranks of a real gloo group, in-process se
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 from tests.inprocess_session import ScriptedPlanner, run_in_session, train_linear
 
 pytestmark = pytest.mark.slow
@@ -26,20 +22,13 @@ def loop(config: dict) -> list[int]:
     return train_linear(torch.utils.data.TensorDataset(torch.randn(48, 4)))
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        seen, store, _ = run_in_session(loop, {}, rank=rank, num_workers=2, global_batch_size=12,
-                                        planner=ScriptedPlanner(PLANS, CAPS), storage=out_dir)
-        torch.save({"seen": seen, "probes": [row["probe_batch_size"] for row in store.steps]},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, world_size: int, out_dir: str) -> dict:
+    seen, store, _ = run_in_session(loop, {}, rank=rank, num_workers=world_size, global_batch_size=12,
+                                    planner=ScriptedPlanner(PLANS, CAPS), storage=out_dir)
+    return {"seen": seen, "probes": [row["probe_batch_size"] for row in store.steps]}
 
 
 def test_a_probe_stays_within_the_rank_memory_cap(tmp_path):
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
-    rank1 = torch.load(tmp_path / "rank1.pt")
+    rank1 = on_gloo_ranks(_rank, 2, str(tmp_path))[1]
     assert rank1["seen"] == [10, 10, 3, 3]  # in for two steps, then probes of min(10 // 2, cap 3)
     assert rank1["probes"] == [0, 0, 3, 3]

@@ -9,12 +9,9 @@ whole step, so the H100 waited for them at every plan agreement.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hetero_ray.planning.balancer import Balancer
 from hetero_ray.planning.cost_model import curve_busy_time_s
@@ -22,7 +19,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import OptimalPolicy, PolicyConfig
 from hetero_ray.planning.probes import PROBE_BUDGET, probe_sizes
 from hetero_ray.training.plan_sync import broadcast_plan
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 NAN = math.nan
 
@@ -64,24 +61,18 @@ def test_a_plan_keeps_its_probe_sizes_through_its_dict_and_refuses_ones_that_do_
             Plan(2, (512, 0, 0), "", probes)
 
 
-def _broadcast(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        received = []
-        for sent in (Plan(4, (40, 0, 0), "optimal", (0, 3, 5)), Plan(5, (20, 10, 10))):
-            plan, caps = broadcast_plan(sent if rank == 0 else None, rank, world_size, torch.device("cpu"),
-                                        [None, 7, None] if rank == 0 else None)
-            received.append((plan.version, plan.local_batch_sizes, plan.probe_sizes, caps))
-        torch.save(received, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _broadcast(rank: int, world_size: int) -> list:
+    received = []
+    for sent in (Plan(4, (40, 0, 0), "optimal", (0, 3, 5)), Plan(5, (20, 10, 10))):
+        plan, caps = broadcast_plan(sent if rank == 0 else None, rank, world_size, torch.device("cpu"),
+                                    [None, 7, None] if rank == 0 else None)
+        received.append((plan.version, plan.local_batch_sizes, plan.probe_sizes, caps))
+    return received
 
 
-def test_every_rank_receives_rank_0s_probe_sizes_with_its_plan(tmp_path):
-    port = free_port()
-    mp.spawn(_broadcast, args=(3, port, str(tmp_path)), nprocs=3, join=True)
-    for rank in range(3):
-        assert torch.load(tmp_path / f"rank{rank}.pt") == [
+def test_every_rank_receives_rank_0s_probe_sizes_with_its_plan():
+    for received in on_gloo_ranks(_broadcast, 3):
+        assert received == [
             (4, (40, 0, 0), (0, 3, 5), [None, 7, None]),
             (5, (20, 10, 10), (), [None, 7, None]),
         ]

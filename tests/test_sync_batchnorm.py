@@ -9,13 +9,11 @@ spawn costs seconds here); the tests below compare its results with one device.
 
 import inspect
 import logging
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -24,7 +22,7 @@ from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.model_prep import prepare_model
 from hetero_ray.training.session import LoopParts
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 WORLD_SIZE = 3
 LOCAL_BATCH_SIZES = [7, 3, 2]
@@ -224,22 +222,13 @@ SCENARIOS = {
 }
 
 
-def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)  # three processes share two cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        results = {name: scenario(rank) for name, scenario in SCENARIOS.items()}
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _scenarios(rank: int, world_size: int) -> dict:
+    return {name: scenario(rank) for name, scenario in SCENARIOS.items()}
 
 
 @pytest.fixture(scope="module")
-def per_rank(tmp_path_factory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("sync_batchnorm")
-    port = free_port()
-    mp.spawn(_worker, args=(WORLD_SIZE, port, str(out_dir)), nprocs=WORLD_SIZE, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
+def per_rank() -> list[dict]:
+    return on_gloo_ranks(_scenarios, WORLD_SIZE)
 
 
 def _max_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:

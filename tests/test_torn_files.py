@@ -11,7 +11,6 @@ import os
 
 import pandas as pd
 import pyarrow as pa
-import pytest
 
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import SCHEMAS

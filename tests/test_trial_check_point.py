@@ -12,10 +12,8 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 from tests.inprocess_session import ScriptedPlanner, run_in_session, train_linear
 
 pytestmark = pytest.mark.slow
@@ -36,28 +34,21 @@ def loop(config: dict) -> list[int]:
     return train_linear(torch.utils.data.DataLoader(data, num_workers=LOADER_WORKERS, prefetch_factor=PREFETCH))
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        results = {}
-        for case, plans in PLANS.items():
-            planner = ScriptedPlanner(plans, check_after_steps={TRIAL_POINT: CHECK_AFTER})
-            seen, store, _ = run_in_session(loop, {}, rank=rank, num_workers=2, global_batch_size=GLOBAL_BATCH,
-                                            planner=planner, storage=os.path.join(out_dir, case),
-                                            rebalance_interval=INTERVAL)
-            results[case] = {"seen": seen, "asked_at": planner.asked_at,
-                             "sample_ids": [i for row in store.sample_ids for i in row["sample_indices"]]}
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, world_size: int, out_dir: str) -> dict:
+    results = {}
+    for case, plans in PLANS.items():
+        planner = ScriptedPlanner(plans, check_after_steps={TRIAL_POINT: CHECK_AFTER})
+        seen, store, _ = run_in_session(loop, {}, rank=rank, num_workers=world_size, global_batch_size=GLOBAL_BATCH,
+                                        planner=planner, storage=os.path.join(out_dir, case),
+                                        rebalance_interval=INTERVAL)
+        results[case] = {"seen": seen, "asked_at": planner.asked_at,
+                         "sample_ids": [i for row in store.sample_ids for i in row["sample_indices"]]}
+    return results
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("trial-check")
-    mp.spawn(_worker, args=(free_port(), str(out_dir)), nprocs=2, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(2)]
+    return on_gloo_ranks(_rank, 2, str(tmp_path_factory.mktemp("trial-check")))
 
 
 def test_a_trial_rolled_back_at_its_check_point_switches_every_rank_there(ranks):

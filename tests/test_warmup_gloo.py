@@ -6,18 +6,15 @@ fails still releases the others (no hang)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.profiling.recipe import ProfileModel
 from hetero_ray.training.emulation import SpeedEmulator
 from hetero_ray.training.warmup import measure_rank, until_all_ranks_done
-from tests.helpers import free_port
+from tests.helpers import on_gloo_ranks
 
 SPEEDS = (1.0, 0.25)
 
@@ -32,10 +29,7 @@ def _broken(batch_size):
     raise ValueError("no data")
 
 
-def _run(rank: int, port: int, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=len(SPEEDS))
+def _run(rank: int, world_size: int) -> dict:
     seen: dict = {"held_steps": 0}
 
     def hold(step):
@@ -61,8 +55,7 @@ def _run(rank: int, port: int, out) -> None:
     started = time.monotonic()
     second = measure_rank(recipe, torch.device("cpu"), [8, 32], SpeedEmulator(), SPEEDS[rank], time_budget_s=0.5,
                           hold=until_all_ranks_done)
-    out[rank] = dict(seen, fit=fit, second=second, second_s=time.monotonic() - started)
-    dist.destroy_process_group()
+    return dict(seen, fit=fit, second=second, second_s=time.monotonic() - started)
 
 
 def _busy_s(fit: dict, batch_size: int) -> float:
@@ -70,13 +63,7 @@ def _busy_s(fit: dict, batch_size: int) -> float:
 
 
 def test_a_fast_rank_keeps_the_slow_ranks_company_until_it_has_measured():
-    # The manager's server is spawned, not forked: a fork of this process carries the session's
-    # Ray driver (its sockets, without its threads), and one such fork outlived a test run,
-    # stuck, holding the driver's sockets and whatever file locks the run held.
-    with mp.get_context("spawn").Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_run, args=(free_port(), out), nprocs=len(SPEEDS), join=True)
-        fast, slow = out[0], out[1]
+    fast, slow = on_gloo_ranks(_run, len(SPEEDS))
     assert fast["fit"] is not None and slow["fit"] is not None
     # A quarter of the speed shows in the step: at the largest size both measured, the slow
     # rank's curve is well above the fast one's. (Their slopes alone are a few microseconds a
