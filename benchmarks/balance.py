@@ -27,7 +27,7 @@ from benchmarks.balance_analysis import (  # noqa: E402
     FACTORS, ROLLING_STEPS, PolicyRun, analyse, cluster_throughput, cold_start_figures, jitter_ceiling,
     own_throughputs, steady_samples_per_s,
 )
-from hetero_ray.config import POLICIES  # noqa: E402
+from hetero_ray.planning.policies import policy_names  # noqa: E402
 from hetero_ray.errors import ConfigError, UserError  # noqa: E402
 from hetero_ray.flags import float_list, speed_change  # noqa: E402
 from hetero_ray.formatting import format_table  # noqa: E402
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=192, help="global batch (default %(default)s)")
     parser.add_argument("--steps", type=int, default=160, help="steps per policy (default %(default)s)")
     parser.add_argument("--rebalance-interval", type=int, default=20, help="(default %(default)s)")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated (default %(default)s)")
+    parser.add_argument("--policies", default=",".join(policy_names()), help="comma-separated (default %(default)s)")
     parser.add_argument("--speed-change", type=speed_change, metavar="STEP:RANK:SPEED",
                         help="also run optimal with this emulated slowdown mid-run (adaptation)")
     parser.add_argument("--homogeneous-check", action="store_true",
@@ -70,9 +70,9 @@ def check_args(args: argparse.Namespace) -> None:
         args.emulate_speeds = None
     args.num_workers = args.num_workers or (len(args.emulate_speeds) if args.emulate_speeds else 2)
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in args.policies if p not in POLICIES]
+    unknown = [p for p in args.policies if p not in policy_names()]
     if unknown or not args.policies:
-        raise ConfigError(f"--policies must be a comma-separated subset of {', '.join(POLICIES)}; got {unknown}")
+        raise ConfigError(f"--policies must be a comma-separated subset of {', '.join(policy_names())}; got {unknown}")
     if args.emulate_speeds and len(args.emulate_speeds) != args.num_workers:
         raise ConfigError(f"--emulate-speeds has {len(args.emulate_speeds)} values but --num-workers is {args.num_workers}")
     if args.speed_change and args.speed_change["rank"] >= args.num_workers:

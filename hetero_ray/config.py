@@ -31,6 +31,7 @@ from hetero_ray.flags import (
     float_list, flag_name, int_list, label_selectors, plan_change, setting, speed_change, str_list,
     worker_range,
 )
+from hetero_ray.planning.policies import DEFAULT_POLICY, policy_names
 from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S, probe_batch_sizes_around
 
 MODELS = ("mlp", "simple_cnn", "resnet18", "resnet50", "gpt_tiny")
@@ -38,7 +39,6 @@ DATASETS = ("synthetic_image", "synthetic_text", "cifar10", "cifar100")
 TEXT_MODELS = frozenset({"gpt_tiny"})
 TEXT_DATASETS = frozenset({"synthetic_text"})
 FILE_DATASETS = frozenset({"cifar10", "cifar100"})  # read from --data-dir
-POLICIES = ("static", "proportional", "dynamic", "optimal")  # = planning.policies.POLICY_NAMES
 OPTIMIZERS = ("sgd", "adamw")
 PRECISIONS = ("fp32", "bf16", "fp16")  # = training.precision.PRECISIONS
 LR_SCHEDULES = ("cosine", "constant")
@@ -198,7 +198,7 @@ class PlanConfig:
     """How the global batch is shared out, and when the shares may change."""
 
     # optimal: minimise the predicted step time with the fitted cost model.
-    policy: str = setting("optimal", _one_of(POLICIES))
+    policy: str = setting(DEFAULT_POLICY, _one_of(policy_names()))  # the built-in ones; any registered one passes
     batch_split: Optional[list[int]] = setting(
         None, "explicit initial shares, e.g. 40,24 (sum = --global-batch-size)", type=int_list)
     # Often enough to follow a device, rare enough to measure (rank 0 fetches + broadcasts).
@@ -212,7 +212,7 @@ class PlanConfig:
         type=plan_change, metavar="STEP:B0,B1,...", repeat=True, aliases=("--plan-change",))
 
     def __post_init__(self):
-        validate.choice("--policy", self.policy, POLICIES)
+        validate.choice("--policy", self.policy, policy_names())
         if self.batch_split is not None:
             # Shares of the global batch: TrainConfig checks them against --global-batch-size and the ranks.
             _store(self, batch_split=validate.int_list("--batch-split", self.batch_split))

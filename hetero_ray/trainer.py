@@ -40,6 +40,7 @@ from hetero_ray.constants import (
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics import run_files
+from hetero_ray.planning.policies import policy_class, policy_names
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.profiling.profile_config import ProfileConfig
 from hetero_ray.runtime import actors, checkpoints, cluster, node_checks, run_dir, run_lock, storage
@@ -253,7 +254,7 @@ class HeteroTrainer:
         return RunSpec(
             experiment_name=self._name,
             run_dir=run.run_dir,
-            planner_settings=dict(global_batch_size=hetero.global_batch_size, policy=hetero.policy,
+            planner_settings=dict(global_batch_size=hetero.global_batch_size, policy=policy_class(hetero.policy),
                                   rebalance_interval=hetero.rebalance_interval, batch_split=hetero.batch_split,
                                   plan_changes=hetero.plan_changes, policy_config=hetero.policy_config(),
                                   feed_trial=self._feed_trial, feed_trial_steps=hetero.feed_trial_steps),
@@ -324,7 +325,7 @@ def _feed_trial_mode(hetero_config: HeteroConfig, datasets: RunDatasets) -> str:
     """The planner's ``feed_trial``: "auto" where it applies, "on" when asked for, else "off"."""
     asked = hetero_config.feed_trial
     reads_ray_data = TRAIN_DATASET in datasets.feeds
-    adaptive = hetero_config.policy in ("dynamic", "optimal")
+    adaptive = policy_class(hetero_config.policy).adapts
     if asked is True:
         if not reads_ray_data:
             raise ConfigError("HeteroConfig(feed_trial=True) measures ranks feeding a Ray Data pipeline, but "
@@ -332,9 +333,13 @@ def _feed_trial_mode(hetero_config: HeteroConfig, datasets: RunDatasets) -> str:
                               "unset")
         if not adaptive:
             raise ConfigError(f"HeteroConfig(feed_trial=True) changes the plan, which policy={hetero_config.policy!r} "
-                              "never does; use policy='optimal' or 'dynamic', or leave feed_trial unset")
+                              f"never does; use policy={_adaptive_policies()}, or leave feed_trial unset")
         return "on"
     return "auto" if asked is None and reads_ray_data and adaptive else "off"
+
+
+def _adaptive_policies() -> str:
+    return " or ".join(repr(name) for name in policy_names() if policy_class(name).adapts)
 
 
 def _worker_range(num_workers) -> tuple[int, int]:

@@ -6,6 +6,7 @@ Helpers live here, not in a test module, so that no test module imports another.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -91,6 +92,26 @@ def _gloo_rank(rank: int, work, world_size: int, port: int, out_dir: str, args: 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+# ---- profiles -----------------------------------------------------------------------------
+
+# A real profile: resnet18 on an H100, probed at 8…64 (tests/data).
+H100_PROFILE = os.path.join(REPO_ROOT, "tests", "data", "h100_resnet18_nodes.json")
+
+
+def h100_document() -> dict:
+    return json.loads(open(H100_PROFILE).read())
+
+
+def with_cpu_probe(document: dict, beta_s_per_sample: float = 5e-4) -> dict:
+    """The H100 profile with its node's CPU probed as a line (what the real run lacked)."""
+    document = copy.deepcopy(document)
+    cpu = next(d for d in document["nodes"][0]["devices"] if d["kind"] == "cpu")
+    cpu.update(alpha_s=0.001, beta_s_per_sample=beta_s_per_sample, floor_s=0.0, fit_shape="line",
+               max_batch_size=4000, probe=[{"batch_size": b, "busy_time_s": 0.001 + beta_s_per_sample * b}
+                                           for b in (8, 16, 32, 64)])
+    return document
 
 
 # ---- runs ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from hetero_ray.planning import (
     StaticPolicy,
     fit_curve,
     make_policy,
+    policy_names,
     run_policy,
     solve_split,
 )
@@ -329,8 +330,8 @@ def test_policy_config_rejects_bad_values(kwargs, match):
 
 def test_make_policy():
     assert isinstance(make_policy(), OptimalPolicy)
-    assert [make_policy(name).name for name in ("static", "proportional", "dynamic", "optimal")] == [
-        "static", "proportional", "dynamic", "optimal"]
+    assert policy_names() == ("static", "proportional", "dynamic", "optimal")  # the built-in ones, in order
+    assert [make_policy(name).name for name in policy_names()] == list(policy_names())
     with pytest.raises(ConfigError, match="policy must be one of static, proportional, dynamic, optimal"):
         make_policy("fastest")
     with pytest.raises(ConfigError, match="cannot give 4 ranks"):

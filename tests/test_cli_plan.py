@@ -15,23 +15,7 @@ import pytest
 
 from hetero_ray.profiling.capability import CpuInfo, DeviceCapability, NodeCapability, write_nodes_json
 from tests import cli
-
-H100_PROFILE = pathlib.Path(__file__).parent / "data" / "h100_resnet18_nodes.json"
-
-
-def h100_document() -> dict:
-    return json.loads(H100_PROFILE.read_text())
-
-
-def with_cpu_probe(document: dict, beta_s_per_sample: float = 5e-4) -> dict:
-    """The H100 profile with its node's CPU probed as a line (what the real run lacked)."""
-    document = copy.deepcopy(document)
-    cpu = next(d for d in document["nodes"][0]["devices"] if d["kind"] == "cpu")
-    cpu.update(alpha_s=0.001, beta_s_per_sample=beta_s_per_sample, floor_s=0.0, fit_shape="line",
-               max_batch_size=4000, probe=[{"batch_size": b, "busy_time_s": 0.001 + beta_s_per_sample * b}
-                                           for b in (8, 16, 32, 64)])
-    return document
-
+from tests.helpers import H100_PROFILE, h100_document, with_cpu_probe
 
 def write(tmp_path, document, name="nodes.json") -> str:
     path = tmp_path / name

@@ -42,7 +42,7 @@ _WORKER_RE = re.compile(r"^(?:(?P<node>[^:*]+):)?(?P<kind>cpu|gpu)(?:\*(?P<count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hetero_ray.planning.policies import DEFAULT_POLICY, POLICY_NAMES
+    from hetero_ray.planning.policies import DEFAULT_POLICY, policy_names
 
     parser.add_argument("--profile", required=True, metavar="FILE",
                         help="a nodes.json written by `hetero-ray profile --model M --json FILE`")
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="check that the profile probed this model (default: whatever it probed)")
     parser.add_argument("--workers", metavar="SPEC",
                         help="ranks as [NODE:]KIND[*COUNT],… e.g. gpu,cpu*3 (default: one per probed device)")
-    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICY_NAMES,
+    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=policy_names(),
                         help=f"the policy whose first plan to show (default {DEFAULT_POLICY})")
     parser.add_argument("--allreduce-ms", type=float, metavar="MS",
                         help="the gradient all-reduce of a step with every rank in, in ms (a run's least "
@@ -207,6 +207,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     from hetero_ray.planning.capacity import rank_capacities
     from hetero_ray.planning.cost_model import curve_busy_time_s
     from hetero_ray.planning.planner import Planner
+    from hetero_ray.planning.policies import policy_class
     from hetero_ray.planning.rank_facts import RankFacts
 
     nodes = document["nodes"]
@@ -246,7 +247,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     if allreduce_s is not None:
         comm = _comm_estimates(len(rank_node_ids), allreduce_s)
         communication = with_communication(capacities, global_batch_size, comm, allreduce_s)
-        if policy == "optimal":
+        if policy_class(policy).weighs_communication:
             sizes, reason = communication["local_batch_sizes"], communication["reason"]
     gpu_index = _gpu_indices(nodes, rank_node_ids, rank_kinds)
     ranks = [{"rank": r, "node_id": node_id, "kind": kind, "index": gpu_index[r],

@@ -21,7 +21,6 @@ from hetero_ray.planning.cost_model import CurveFit, fit_curve
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
 from hetero_ray.planning.policies import (
     DEFAULT_POLICY,
-    POLICY_NAMES,
     Decision,
     DynamicPolicy,
     OptimalPolicy,
@@ -30,6 +29,9 @@ from hetero_ray.planning.policies import (
     ProportionalPolicy,
     StaticPolicy,
     make_policy,
+    policy_class,
+    policy_names,
+    register_policy,
 )
 from hetero_ray.planning.simulation import SimulatedCluster, SimulationResult, run_policy
 from hetero_ray.planning.solver import continuous_split, predicted_step_time_s, solve_split
@@ -43,7 +45,6 @@ __all__ = [
     "Estimates",
     "CurveFit",
     "OptimalPolicy",
-    "POLICY_NAMES",
     "Policy",
     "PolicyConfig",
     "ProportionalPolicy",
@@ -55,7 +56,10 @@ __all__ = [
     "continuous_split",
     "fit_curve",
     "make_policy",
+    "policy_class",
+    "policy_names",
     "predicted_step_time_s",
+    "register_policy",
     "run_policy",
     "solve_split",
     "solve_subset_split",

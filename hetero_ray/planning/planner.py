@@ -48,13 +48,13 @@ keeps the faster (planning/feed_trial.py).
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
 from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities, rank_memory_caps
 from hetero_ray.planning.feed_trial import DEFAULT_WINDOW_STEPS, FeedTrial, feed_candidates, ranks_words
 from hetero_ray.planning.plan import Plan
-from hetero_ray.planning.policies import PolicyConfig, make_policy
+from hetero_ray.planning.policies import PolicyConfig, make_policy, register_policy
 from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,9 @@ logger = logging.getLogger(__name__)
 class Planner:
     """Args:
         global_batch_size: ``B``, the same for every plan.
-        policy: one of :data:`hetero_ray.planning.policies.POLICY_NAMES`.
+        policy: a registered policy's name (:func:`hetero_ray.planning.policies.policy_names`),
+            or its class: the driver hands the class, which Ray pickles, so that a policy
+            registered in the user's script is known in this actor's process too.
         rebalance_interval: steps between rebalance points.
         batch_split: an explicit first plan (it wins for its number of workers).
         plan_changes: scripted changes ``{"global_step", "local_batch_sizes"}``, applied at
@@ -75,7 +77,7 @@ class Planner:
         feed_trial_steps: the steps each of the trial's two windows measures.
     """
 
-    def __init__(self, global_batch_size: int, policy: str, rebalance_interval: int,
+    def __init__(self, global_batch_size: int, policy: Union[str, type], rebalance_interval: int,
                  batch_split: Optional[Sequence[int]] = None, plan_changes: Optional[Sequence[dict]] = None,
                  policy_config: Optional[dict] = None, feed_trial: str = "off",
                  feed_trial_steps: int = DEFAULT_WINDOW_STEPS):
@@ -84,6 +86,8 @@ class Planner:
         self._feed_trial, self._feed_trial_steps = feed_trial, int(feed_trial_steps)
         self.global_batch_size = global_batch_size
         self.batch_split = list(batch_split) if batch_split else None
+        if isinstance(policy, type):
+            policy = register_policy(policy).name
         self.policy = make_policy(policy, PolicyConfig(**(policy_config or {})))
         self.balancer = Balancer(self.policy, rebalance_interval, global_batch_size=global_batch_size)
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
@@ -285,7 +289,7 @@ class Planner:
                 return Plan(version, first.local_batch_sizes, f"{self.policy.name}: shares by the CPU cores each "
                             f"rank can use ({cores}), before any step is timed")
         caps = None if measured is None else [c.max_batch_size for c in measured]
-        if caps is not None and (self.policy.name == "static"
+        if caps is not None and (not self.policy.uses_capabilities
                                  or sum(c or self.global_batch_size for c in caps) < self.global_batch_size):
             caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
         if self._micro_batches:
@@ -306,7 +310,7 @@ class Planner:
         """Profiles that came after the first plan of the group in force (the CPU-only nodes
         of a GPU cluster): a rank without a memory cap gets its device's, where the caps can
         still hold the global batch. An explicit split and ``static`` use no caps."""
-        if self._plan is None or self._placement is None or self.policy.name == "static" or self._micro_batches:
+        if self._plan is None or self._placement is None or not self.policy.uses_capabilities or self._micro_batches:
             return  # (with micro-batches a share past a cap is cut, not held)
         node_ids, kinds = self._placement
         if len(node_ids) != self._plan.num_workers or (
@@ -325,7 +329,7 @@ class Planner:
     def _first_plan_uses_capabilities(self, num_workers: int) -> bool:
         """An explicit split and ``static``'s equal one use no profiles (nor caps)."""
         explicit = self.batch_split is not None and len(self.batch_split) == num_workers
-        return not explicit and self.policy.name != "static"
+        return not explicit and self.policy.uses_capabilities
 
     def _group_memory_caps(self, num_workers, rank_node_ids, rank_device_kinds) -> Optional[list[Optional[int]]]:
         """The ranks' memory caps by the one rule (planning/capacity.py); None: none known."""

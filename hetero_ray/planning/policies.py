@@ -73,7 +73,6 @@ from hetero_ray.planning.solver import proportional_split, solve_split
 from hetero_ray.planning.probes import probe_sizes
 from hetero_ray.planning.subset import CommCost, solve_subset_split
 
-POLICY_NAMES = ("static", "proportional", "dynamic", "optimal")
 DEFAULT_POLICY = "optimal"
 # A rank this many standard errors (of the difference of the two levels) faster than the
 # slowest is not what made the slowest one the largest: it is no contender (see above).
@@ -198,8 +197,44 @@ class Policy(Protocol):
                   step_time_s: float) -> tuple[int, ...]: ...
 
 
+_REGISTERED: dict[str, type] = {}
+
+
+def register_policy(cls: type) -> type:
+    """Makes a policy class known by its ``name``: to :func:`make_policy`, so to the planner,
+    ``--policy`` and ``HeteroConfig(policy=)``, ``hetero-ray plan`` and the docs' lists
+    (:func:`policy_names`). A class decorator; the built-in four are registered below."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or name in _REGISTERED and _REGISTERED[name] is not cls:
+        raise ValueError(f"a policy needs a name of its own; got {name!r} for {cls.__name__}")
+    _REGISTERED[name] = cls
+    return cls
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every registered policy's name, the built-in ones first."""
+    return tuple(_REGISTERED)
+
+
+def policy_class(name: str) -> type:
+    """The registered policy class called ``name``.
+
+    Raises:
+        ConfigError: no policy has that name.
+    """
+    if name not in _REGISTERED:
+        raise ConfigError(f"policy must be one of {', '.join(_REGISTERED)}; got {name!r}")
+    return _REGISTERED[name]
+
+
 class _BasePolicy:
     name = "base"
+    # Whether the first plan reads the ranks' profiled capacities and memory caps (an equal
+    # split reads neither); whether later decisions follow what the steps measure; whether a
+    # plan weighs the all-reduce of the ranks in against their compute (and may leave some out).
+    uses_capabilities = True
+    adapts = False
+    weighs_communication = False
 
     def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
         self.config = config or PolicyConfig()
@@ -263,12 +298,15 @@ class _BasePolicy:
         self._last_adopted_step = state.get("last_adopted_step")
 
 
+@register_policy
 class StaticPolicy(_BasePolicy):
     """Equal shares (the first ``B mod n`` ranks one more); never changes."""
 
     name = "static"
+    uses_capabilities = False
 
 
+@register_policy
 class ProportionalPolicy(_BasePolicy):
     """Shares proportional to profiled throughput at the mean local batch (equal without
     profiles), within the caps; fixed after the first plan."""
@@ -284,6 +322,8 @@ class ProportionalPolicy(_BasePolicy):
 
 class _AdaptivePolicy(_BasePolicy):
     """Proposes the split that minimises the predicted step time under its cost model."""
+
+    adapts = True
 
     def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
         super().__init__(config, caps)
@@ -490,6 +530,7 @@ class _AdaptivePolicy(_BasePolicy):
                         estimates=est, **predictions)
 
 
+@register_policy
 class DynamicPolicy(_AdaptivePolicy):
     """Shares proportional to measured throughput: the cost model with ``α_i = 0``,
     ``t_i(b) = b / samples_per_s_i`` (so the split equalises ``b_i / samples_per_s_i``)."""
@@ -502,11 +543,13 @@ class DynamicPolicy(_AdaptivePolicy):
             return zeros, 1.0 / est.samples_per_s, zeros  # α = τ = 0, β = 1/samples_per_s
 
 
+@register_policy
 class OptimalPolicy(_AdaptivePolicy):
     """Minimises the predicted step time with the fitted ``t_i(b) = max(τ_i, α_i + β_i·b)``;
     with profiled capacities, the first plan is already optimal for their curves."""
 
     name = "optimal"
+    weighs_communication = True
 
     def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
         if capacities is None:
@@ -553,13 +596,9 @@ def make_policy(
     *,
     caps: Optional[Sequence[Optional[int]]] = None,
 ) -> Policy:
-    """The policy called ``name`` (one of :data:`POLICY_NAMES`); ``caps`` bound every rank's
-    local batch (memory)."""
-    policies = {"static": StaticPolicy, "proportional": ProportionalPolicy, "dynamic": DynamicPolicy,
-                "optimal": OptimalPolicy}
-    if name not in policies:
-        raise ConfigError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
-    return policies[name](config, caps)
+    """The registered policy called ``name`` (:func:`policy_names`); ``caps`` bound every
+    rank's local batch (memory)."""
+    return policy_class(name)(config, caps)
 
 
 def _contenders(busy_time_s: np.ndarray, rel_se: np.ndarray) -> int:
