@@ -175,11 +175,11 @@ def test_a_policy_keeps_a_held_out_rank_out_where_it_would_bring_it_back(policy)
     free = make_policy(policy, PolicyConfig())
     assert free.decide(plan, est, global_step=100).proposed_local_batch_sizes[1] > 0  # it would come back
     held = make_policy(policy, PolicyConfig())
-    held.held_out = frozenset({1})
-    decision = held.decide(plan, est, global_step=100)
+    decision = held.decide(plan, est, global_step=100, held_out=frozenset({1}))
     assert decision.proposed_local_batch_sizes[1] == 0 and sum(decision.proposed_local_batch_sizes) == 64
     assert "ranks 1 kept out: they feed the pipeline" in decision.reason and "stale" not in decision.reason
-    assert held.probes_of((64, 0, 0), est, 0.05)[1] == 1  # its cores go to the pipeline: one sample a step
+    assert held.probes_of((64, 0, 0), est, 0.05, held_out=frozenset({1}))[1] == 1  # its cores go to the pipeline
+    assert held.probes_of((64, 0, 0), est, 0.05)[1] > 1  # … where a rank out only for speed probes more
 
 
 # --- the balancer runs it

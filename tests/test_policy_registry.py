@@ -24,7 +24,7 @@ class FrontLoadedPolicy(policies.StaticPolicy):
 
     name = "front_loaded"
 
-    def initial_plan(self, global_batch_size, num_workers, capacities=None) -> Plan:
+    def initial_plan(self, global_batch_size, num_workers, capacities=None, caps=None) -> Plan:
         self._check_room(global_batch_size, num_workers)
         first = global_batch_size // 2 if num_workers > 1 else global_batch_size
         rest = global_batch_size - first

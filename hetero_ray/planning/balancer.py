@@ -99,7 +99,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
@@ -227,8 +227,12 @@ class _StepInfo:
 
 class Balancer:
     def __init__(self, policy: Policy, rebalance_interval: int, window_steps: int = 32,
-                 achieved_window_steps: Optional[int] = None, global_batch_size: Optional[int] = None):
+                 achieved_window_steps: Optional[int] = None, global_batch_size: Optional[int] = None,
+                 memory_caps: Optional[Callable[[], Optional[list]]] = None):
         self.policy = policy
+        # The memory caps in force, as the owner knows them (the planner: they change with the
+        # worker group); alone, the caps the policy was made with.
+        self._memory_caps = memory_caps or (lambda: policy.caps)
         # B, when known: a step is a whole plan's exactly when its sizes sum to it (a plan may
         # leave ranks out, so a 0 does not mark an epoch's short last window).
         self.global_batch_size = global_batch_size
@@ -508,7 +512,7 @@ class Balancer:
             return False  # not measured yet, or too late to measure the feeding window before the run ends
         try:
             sizes = shares_without(current.local_batch_sizes, trial.candidates,
-                                   self.policy.config.min_local_batch_size, self.policy.caps)
+                                   self.policy.config.min_local_batch_size, self._memory_caps())
         except ValueError as e:
             trial.abandon()
             out.decision_rows.append(self._trial_row(global_step, False, f"feeding trial not run: {e}", current.version,
@@ -638,23 +642,22 @@ class Balancer:
         """The bounds on a move, lifted where with the hard caps they would hold no split of
         the global batch, and the factor (planning/moves.py: lift_to_hold)."""
         hard = [tighter(tighter(m, learned), q) for m, learned, q in
-                zip(self.policy.caps or [None] * self.num_workers, self._learned_caps, quota_caps)]
+                zip(self._memory_caps() or [None] * self.num_workers, self._learned_caps, quota_caps)]
         return lift_to_hold(move_caps, hard, self._trial_batch())
 
     def _decide_within(self, current: Plan, global_step: int, estimates: Estimates,
                        *cap_lists: list[Optional[int]]) -> Decision:
-        memory_caps = self.policy.caps
+        caps = self._memory_caps()
         if any(c is not None for c in (*self._learned_caps, *(c for caps in cap_lists for c in caps))):
-            caps = [tighter(m, learned) for m, learned in
-                    zip(memory_caps or [None] * self.num_workers, self._learned_caps)]
+            caps = [tighter(m, learned) for m, learned in zip(caps or [None] * self.num_workers, self._learned_caps)]
             for more in cap_lists:
                 caps = [tighter(c, other) for c, other in zip(caps, more)]
-            self.policy.caps = caps
-        self.policy.held_out = self.feed_trial.held_out if self.feed_trial is not None else frozenset()
-        try:
-            return self.policy.decide(current, estimates, global_step, self.comm.cost_s)
-        finally:
-            self.policy.caps = memory_caps
+        return self.policy.decide(current, estimates, global_step, self.comm.cost_s, caps=caps,
+                                  held_out=self._held_out())
+
+    def _held_out(self) -> frozenset:
+        """The ranks a feeding trial keeps out for the pipeline."""
+        return self.feed_trial.held_out if self.feed_trial is not None else frozenset()
 
     def _complete_steps_of(self, version: int) -> list[_StepInfo]:
         """The complete steps run under ``version`` that have a busy time, oldest first."""
@@ -770,7 +773,8 @@ class Balancer:
                                  predicted_gain=(achieved_s - before_s) / achieved_s)
         out.new_plans.append(Proposal(predecessor.local_batch_sizes, reason, rollback_row,
                                       self.policy.probes_of(predecessor.local_batch_sizes,
-                                                            self.estimates.estimates(global_step), before_s)))
+                                                            self.estimates.estimates(global_step), before_s,
+                                                            self._held_out())))
         self._awaiting_outcome, self._achieved = (rollback_row, worse.version), []
         self._waiting_since_version = worse.version
         self._holds_left = 1

@@ -57,7 +57,7 @@ Candidates (:func:`feed_candidates`): beside GPU ranks, every CPU rank; on a clu
 ranks alone, the ranks on nodes where rank 0 is not (a node of their own to give to the
 pipeline), or with ``same_node`` every rank but 0. Rank 0 is never one: it holds the run's
 state. The candidates are tried together, once per run; a decision to feed keeps them out
-for the rest of the run (the policy treats them as out: ``Policy.held_out``).
+for the rest of the run (every decision tells the policy: ``held_out`` of ``Policy.decide``).
 
 Plain Python: the balancer (planning/balancer.py) runs the trial; nothing here knows Ray.
 """

@@ -89,7 +89,9 @@ class Planner:
         if isinstance(policy, type):
             policy = register_policy(policy).name
         self.policy = make_policy(policy, PolicyConfig(**(policy_config or {})))
-        self.balancer = Balancer(self.policy, rebalance_interval, global_batch_size=global_batch_size)
+        self._caps: Optional[list[Optional[int]]] = None  # what bounds every plan: see `caps`
+        self.balancer = Balancer(self.policy, rebalance_interval, global_batch_size=global_batch_size,
+                                 memory_caps=lambda: self._caps)
         self._plan_changes = sorted(plan_changes or [], key=lambda c: c["global_step"])
         self._nodes: list[dict] = []
         self._placement: Optional[tuple[list[str], Optional[list[str]]]] = None  # the first plan's ranks: nodes, kinds
@@ -106,7 +108,7 @@ class Planner:
     def caps(self) -> Optional[list[Optional[int]]]:
         """The per-rank caps every plan respects (None: none): the memory caps, unless the
         loop trains past them in micro-batches."""
-        return self.policy.caps
+        return self._caps
 
     @property
     def memory_caps(self) -> Optional[list[Optional[int]]]:
@@ -165,7 +167,7 @@ class Planner:
         """
         if micro_batches and not self._micro_batches:
             self._micro_batches = True
-            self.policy.caps = None  # the planner's caps are the memory caps (the balancer adds its own)
+            self._caps = None  # the planner's caps are the memory caps (the balancer adds its own)
             logger.info("the loop trains shares past the memory caps in micro-batches: shares are bounded by "
                         "time alone from here on")
         while self._plan_changes and self._plan_changes[0]["global_step"] <= global_step:
@@ -261,7 +263,7 @@ class Planner:
         self.balancer.seed_shapes(None)  # the curves this plan is made from, if any (below)
         self._memory_caps = self._group_memory_caps(num_workers, rank_node_ids, rank_device_kinds)
         if self.batch_split is not None and len(self.batch_split) == num_workers:
-            self.policy.caps = None
+            self._caps = None
             return Plan(version, tuple(self.batch_split), "explicit --batch-split")
         capacities = self._capacities(num_workers, rank_node_ids, rank_device_kinds)
         fits = list(rank_fits) if rank_fits is not None and len(rank_fits) == num_workers else [None] * num_workers
@@ -283,8 +285,8 @@ class Planner:
         if measured is None and self._first_plan_from_cores and rank_cpus is not None and rank_device_kinds:
             by_cores = core_capacities(rank_node_ids, rank_device_kinds, rank_cpus)
             if by_cores is not None:
-                self.policy.caps = None  # no profile measured any
-                first = self.policy.initial_plan(self.global_batch_size, num_workers, by_cores)
+                self._caps = None  # no profile measured any
+                first = self.policy.initial_plan(self.global_batch_size, num_workers, by_cores, caps=self._caps)
                 cores = ", ".join(f"{1 / c.beta_s_per_sample:.2g}" for c in by_cores)
                 return Plan(version, first.local_batch_sizes, f"{self.policy.name}: shares by the CPU cores each "
                             f"rank can use ({cores}), before any step is timed")
@@ -294,8 +296,8 @@ class Planner:
             caps = None  # an equal split ignores caps; and caps that cannot hold B are no plan at all
         if self._micro_batches:
             caps = None  # a share past its rank's cap is trained in micro-batches
-        self.policy.caps = caps
-        first = self.policy.initial_plan(self.global_batch_size, num_workers, measured)
+        self._caps = caps
+        first = self.policy.initial_plan(self.global_batch_size, num_workers, measured, caps=self._caps)
         # what measured the curves follows the policy's own words, before any note ("; …")
         reason, sep, notes = first.reason.partition("; ")
         if measured is not None and warmed_up:
@@ -324,7 +326,7 @@ class Planner:
         if caps != (self.caps or [None] * len(node_ids)) and sum(c or self.global_batch_size for c in caps) \
                 >= self.global_batch_size:
             logger.info("memory caps from profiles that came after the first plan: %s", caps)
-            self.policy.caps = caps
+            self._caps = caps
 
     def _first_plan_uses_capabilities(self, num_workers: int) -> bool:
         """An explicit split and ``static``'s equal one use no profiles (nor caps)."""
@@ -398,7 +400,7 @@ class Planner:
         placement = state.get("placement")
         placement = None if not placement else (
             [str(n) for n in placement[0]], None if placement[1] is None else [str(k) for k in placement[1]])
-        self._plan, self._next_version, self.policy.caps = plan, next_version, caps
+        self._plan, self._next_version, self._caps = plan, next_version, caps
         self._memory_caps, self._micro_batches = memory_caps, bool(state.get("micro_batches"))
         self._nodes, self._plan_changes = nodes, plan_changes
         self._awaiting_capabilities = bool(state.get("awaiting_capabilities"))

@@ -174,27 +174,30 @@ class Decision:
 
 
 Capacities = Optional[Sequence[RankCapacity]]
+Caps = Optional[Sequence[Optional[int]]]
 
 
 class Policy(Protocol):
     """The interface every policy implements (plain classes; state: last adoption only).
 
-    ``caps`` (per-rank memory caps, None entries or None: no cap) bound every plan it makes;
-    ``held_out`` (ranks) stay out of every later plan: they feed the Ray Data pipeline
-    (planning/feed_trial.py).
+    What bounds a plan comes with each call, from the planner that owns it: ``caps``
+    (per-rank caps: memory, quotas, rollbacks; None entries: no cap; None: the caps the
+    policy was made with, :attr:`caps`) and ``held_out`` (ranks that stay out: they feed the
+    Ray Data pipeline, planning/feed_trial.py).
     """
 
     name: str
-    caps: Optional[list[Optional[int]]]
-    held_out: frozenset
+    caps: Optional[list[Optional[int]]]  # the caps it was made with (read-only)
 
-    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan: ...
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None,
+                     caps: Caps = None) -> Plan: ...
 
     def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
-               comm_cost_s: Optional[CommCost] = None) -> Decision: ...
+               comm_cost_s: Optional[CommCost] = None, caps: Caps = None,
+               held_out: frozenset = frozenset()) -> Decision: ...
 
     def probes_of(self, local_batch_sizes: Sequence[int], estimates: Estimates,
-                  step_time_s: float) -> tuple[int, ...]: ...
+                  step_time_s: float, held_out: frozenset = frozenset()) -> tuple[int, ...]: ...
 
 
 _REGISTERED: dict[str, type] = {}
@@ -238,12 +241,20 @@ class _BasePolicy:
 
     def __init__(self, config: Optional[PolicyConfig] = None, caps: Optional[Sequence[Optional[int]]] = None):
         self.config = config or PolicyConfig()
-        self.caps = None if caps is None else list(caps)
-        self.held_out: frozenset = frozenset()  # ranks kept out: they feed the pipeline (the Policy protocol)
+        self._caps = None if caps is None else list(caps)
         self._last_adopted_step: Optional[int] = None
 
+    @property
+    def caps(self) -> Optional[list[Optional[int]]]:
+        """The caps it was made with: what bounds a call that brings none."""
+        return self._caps
+
+    def _caps_or_own(self, caps: Caps) -> Optional[list[Optional[int]]]:
+        return self._caps if caps is None else list(caps)
+
     # -- plans
-    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None,
+                     caps: Caps = None) -> Plan:
         """The first plan of ``num_workers`` ranks; ``capacities`` (each rank's profiled line
         and cap, one per rank) when every rank has one, else None. Here: equal shares."""
         self._check_room(global_batch_size, num_workers)
@@ -272,7 +283,8 @@ class _BasePolicy:
 
     # -- decisions
     def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
-               comm_cost_s: Optional[CommCost] = None) -> Decision:
+               comm_cost_s: Optional[CommCost] = None, caps: Caps = None,
+               held_out: frozenset = frozenset()) -> Decision:
         """Keeps the plan; reports its predicted step time when there are estimates."""
         est = estimates
         predicted = math.nan
@@ -313,10 +325,12 @@ class ProportionalPolicy(_BasePolicy):
 
     name = "proportional"
 
-    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None,
+                     caps: Caps = None) -> Plan:
         self._check_room(global_batch_size, num_workers)
         weights = self._throughputs(capacities, global_batch_size, num_workers) or [1.0] * num_workers
-        sizes = proportional_split(global_batch_size, weights, self.config.min_local_batch_size, self.caps)
+        sizes = proportional_split(global_batch_size, weights, self.config.min_local_batch_size,
+                                   self._caps_or_own(caps))
         return Plan(0, tuple(sizes), "proportional: shares by profiled capability")
 
 
@@ -355,15 +369,16 @@ class _AdaptivePolicy(_BasePolicy):
         lead = state.get("lead_under_version")
         self._lead_under_version = None if lead is None else int(lead)
 
-    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None,
+                     caps: Caps = None) -> Plan:
         """Shares by profiled throughput when there are capacities, else equal (within the caps)."""
         self._check_room(global_batch_size, num_workers)
+        caps = self._caps_or_own(caps)
         weights = self._throughputs(capacities, global_batch_size, num_workers)
         if weights is not None:
-            sizes = proportional_split(global_batch_size, weights, self.config.min_local_batch_size, self.caps)
+            sizes = proportional_split(global_batch_size, weights, self.config.min_local_batch_size, caps)
             return Plan(0, tuple(sizes), f"{self.name}: shares by profiled capability")
-        sizes = proportional_split(global_batch_size, [1.0] * num_workers, self.config.min_local_batch_size,
-                                   self.caps)
+        sizes = proportional_split(global_batch_size, [1.0] * num_workers, self.config.min_local_batch_size, caps)
         return Plan(0, tuple(sizes), f"{self.name}: equal shares until measured")
 
     def _cost_model(self, est: Estimates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -372,7 +387,7 @@ class _AdaptivePolicy(_BasePolicy):
         return est.alpha_s, est.beta_s_per_sample, est.floor_s
 
     def probes_of(self, local_batch_sizes: Sequence[int], estimates: Estimates,
-                  step_time_s: float) -> tuple[int, ...]:
+                  step_time_s: float, held_out: frozenset = frozenset()) -> tuple[int, ...]:
         """The probe sizes a plan with these shares carries (planning/probes.py), from this
         policy's cost model and the plan's predicted ``step_time_s``; () when every rank is in.
         For a plan it adopts, and for one the balancer restores (its step rows carry none)."""
@@ -381,7 +396,7 @@ class _AdaptivePolicy(_BasePolicy):
         alphas, betas, floors = self._cost_model(estimates)
         sizes = probe_sizes(local_batch_sizes, alphas, betas, floors, step_time_s)
         # a rank that feeds the pipeline leaves it its cores: one sample a step
-        return tuple(1 if r in self.held_out and p else p for r, p in enumerate(sizes))
+        return tuple(1 if r in held_out and p else p for r, p in enumerate(sizes))
 
     def _propose(self, current: Plan, alphas: np.ndarray, betas: np.ndarray, floors: np.ndarray,
                  usable: np.ndarray, lo: np.ndarray, hi: list, comm_cost_s: Optional[CommCost]):
@@ -397,10 +412,11 @@ class _AdaptivePolicy(_BasePolicy):
         return sizes, (), math.nan
 
     def decide(self, current: Plan, estimates: Optional[Estimates], global_step: int,
-               comm_cost_s: Optional[CommCost] = None) -> Decision:
-        """Called by the balancer every rebalance interval with a snapshot of the estimates
-        and the learned all-reduce time ``comm_cost_s`` of a group of ranks (None: compute
-        only); never raises on odd estimates (wrong rank count, none fresh, infeasible
+               comm_cost_s: Optional[CommCost] = None, caps: Caps = None,
+               held_out: frozenset = frozenset()) -> Decision:
+        """Called by the balancer every rebalance interval with a snapshot of the estimates,
+        the learned all-reduce time ``comm_cost_s`` of a group of ranks (None: compute only),
+        the caps in force and the ranks held out to feed the pipeline; never raises on odd estimates (wrong rank count, none fresh, infeasible
         around stale ranks): it keeps the plan and says why."""
         cfg = self.config
         est = estimates
@@ -413,7 +429,7 @@ class _AdaptivePolicy(_BasePolicy):
         usable = (est.fresh & np.isfinite(alphas) & np.isfinite(betas) & np.isfinite(floors) & (betas >= 0)
                   & (curve_busy_time_s(alphas, betas, floors, 1.0) > 0))
         # Ranks held out to feed the pipeline keep their size, 0, as a stale rank out would.
-        held = np.isin(np.arange(n), sorted(self.held_out))
+        held = np.isin(np.arange(n), sorted(held_out))
         usable &= ~held
         if not usable.any():
             return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
@@ -439,7 +455,7 @@ class _AdaptivePolicy(_BasePolicy):
 
         # Stale ranks keep their size: lo_i = hi_i = b_i; fresh ones range over [b_min, cap_i].
         lo = np.where(usable, cfg.min_local_batch_size, b_now)
-        caps = [None] * n if self.caps is None else list(self.caps)
+        caps = self._caps_or_own(caps) or [None] * n
         hi = [c if u else int(b) for c, u, b in zip(caps, usable, b_now)]
         margin = self._noise_margin(est, usable, level_forecast_se)
         required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
@@ -521,7 +537,7 @@ class _AdaptivePolicy(_BasePolicy):
             self._lead_under_version = current.version
             return self._keep(current, f"keep until the next decision confirms it: {summary}, below "
                               f"{cfg.confirm_below:g}× the required gain{stale_note}", est, global_step, **predictions)
-        probes = self.probes_of(proposal, est, proposed_pred)
+        probes = self.probes_of(proposal, est, proposed_pred, held_out)
         probe_note = (f"; probes of {'/'.join(str(p) for p in probes if p)} samples while out (within half the "
                       f"predicted step)" if probes else "")
         reason = f"{self.name}: {summary}{stale_note}{probe_note}"
@@ -551,19 +567,21 @@ class OptimalPolicy(_AdaptivePolicy):
     name = "optimal"
     weighs_communication = True
 
-    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None) -> Plan:
+    def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None,
+                     caps: Caps = None) -> Plan:
         if capacities is None:
-            return super().initial_plan(global_batch_size, num_workers)
+            return super().initial_plan(global_batch_size, num_workers, caps=caps)
+        caps = self._caps_or_own(caps)
         self._check_room(global_batch_size, num_workers)
         self._check_capacities(capacities, num_workers)
         # Ranks within the threshold of each other are split as one speed (alike.py): a later
         # decision could not move their shares apart for that difference either.
         alphas, betas, floors = ([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
                                  [c.floor_s for c in capacities])
-        sizes = solve_split(alphas, betas, global_batch_size, self.config.min_local_batch_size, self.caps, floors)
+        sizes = solve_split(alphas, betas, global_batch_size, self.config.min_local_batch_size, caps, floors)
         pooled_a, pooled_b, pooled_f, alike = pool_alike(alphas, betas, floors, sizes, FIRST_PLAN_ALIKE_SPREAD)
         if alike:
-            sizes = solve_split(pooled_a, pooled_b, global_batch_size, self.config.min_local_batch_size, self.caps,
+            sizes = solve_split(pooled_a, pooled_b, global_batch_size, self.config.min_local_batch_size, caps,
                                 pooled_f)
         alike_note = _alike_note(alike, (alphas, betas, floors), f"{FIRST_PLAN_ALIKE_SPREAD:.0%}, a first plan's noise")
         return Plan(0, tuple(sizes), f"optimal: split for the profiled cost model{alike_note}")
