@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 def load_profile(path: str, model: Optional[str] = None) -> dict:
     """The profile document, its probed devices' curves brought up to date; UserError when
     it is missing, not JSON, not a profile, without a model probe, or of another model."""
+    from hetero_ray.planning.capacity import refit_old_curve
+
     document = read_nodes_document(path, "--profile")
     nodes = document["nodes"]
     probed_model = document.get("model")
@@ -100,33 +102,11 @@ def load_profile(path: str, model: Optional[str] = None) -> dict:
             continue
         for device in node.get("devices") or ():
             if isinstance(device, dict):
-                _refit_if_old(device)
+                refit_old_curve(device)
     if not any(_probed(d) for n in _ok_nodes(nodes) for d in n.get("devices") or ()):
         raise UserError(f"--profile {path} holds no model probe (no device has busy times at batch sizes); "
                         f"profile again with --model MODEL")
     return document
-
-
-def _refit_if_old(device: dict) -> None:
-    """A device probed before the floor: its curve refitted from the probe rows (median busy
-    time per size), marked ``refitted``."""
-    from hetero_ray.planning.cost_model import fit_curve
-
-    rows = _probe_rows(device)
-    if device.get("fit_shape") or not rows:
-        return
-    fit = fit_curve([r["batch_size"] for r in rows], [r["busy_time_s"] for r in rows])
-    device.update(alpha_s=fit.alpha_s, beta_s_per_sample=fit.beta_s_per_sample, floor_s=fit.floor_s,
-                  fit_shape=fit.shape, fit_max_rel_error=fit.max_rel_error, refitted=True)
-
-
-def _probe_rows(device: dict) -> list[dict]:
-    rows = []
-    for row in device.get("probe") or ():
-        b, t = (row.get("batch_size"), row.get("busy_time_s")) if isinstance(row, dict) else (None, None)
-        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and _positive(t):
-            rows.append({"batch_size": b, "busy_time_s": float(t)})
-    return rows
 
 
 def _probed(device) -> bool:
@@ -140,10 +120,6 @@ def _probed(device) -> bool:
 
 def _ok_nodes(nodes: list) -> list[dict]:
     return [n for n in nodes if isinstance(n, dict) and n.get("status", "ok") == "ok"]
-
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 # ---------------------------------------------------------------------------- the workers
@@ -201,13 +177,12 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
                 profile_path: str, allreduce_s: Optional[float] = None) -> dict[str, Any]:
     """Curves, plan and predictions as one JSON-safe dict (what ``--json`` writes).
 
-    ``allreduce_s``: the all-reduce of every rank together; given, the plan is the one the
-    balancer reaches once it has measured it (:func:`with_communication`), else the run's
-    first plan (compute only: nothing is measured before the first step)."""
-    from hetero_ray.planning.capacity import rank_capacities
+    The plan is the first plan a run's planner makes (compute only: nothing is measured
+    before the first step); with ``allreduce_s``, the all-reduce of every rank together, the
+    one its decisions reach once they have measured it (the same planner, told it)."""
+    from hetero_ray.planning.capacity import probe_rows, rank_capacities
+    from hetero_ray.planning.comm import CommEstimates
     from hetero_ray.planning.cost_model import curve_busy_time_s
-    from hetero_ray.planning.planner import Planner
-    from hetero_ray.planning.policies import policy_class
     from hetero_ray.planning.rank_facts import RankFacts
 
     nodes = document["nodes"]
@@ -218,7 +193,7 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
                 continue
             alpha, beta, floor = device["alpha_s"], device["beta_s_per_sample"], float(device.get("floor_s") or 0.0)
             probe = []
-            for row in _probe_rows(device):
+            for row in probe_rows(device):
                 predicted = float(curve_busy_time_s(alpha, beta, floor, row["batch_size"]))
                 probe.append({"batch_size": row["batch_size"], "measured_busy_time_s": row["busy_time_s"],
                               "predicted_busy_time_s": predicted,
@@ -238,17 +213,16 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
     if global_batch_size < len(rank_node_ids):
         raise UserError(f"--global-batch-size {global_batch_size} is smaller than the {len(rank_node_ids)} workers; "
                         "every rank needs a sample")
-    planner = Planner(global_batch_size, policy, DEFAULT_REBALANCE_INTERVAL)
-    planner.set_capabilities(nodes)
-    plan = planner.plan_for(len(rank_node_ids), ranks=RankFacts(node_ids=rank_node_ids, device_kinds=rank_kinds))
+    ranks = RankFacts(node_ids=rank_node_ids, device_kinds=rank_kinds)
+    plan = _first_plan(nodes, ranks, global_batch_size, policy, allreduce_s)
     sizes, reason = plan["local_batch_sizes"], plan.get("reason")
     capacities = rank_capacities(nodes, rank_node_ids, rank_kinds)
-    communication, comm = None, None
+    comm, all_ranks_s = None, None
     if allreduce_s is not None:
-        comm = _comm_estimates(len(rank_node_ids), allreduce_s)
-        communication = with_communication(capacities, global_batch_size, comm, allreduce_s)
-        if policy_class(policy).weighs_communication:
-            sizes, reason = communication["local_batch_sizes"], communication["reason"]
+        comm = CommEstimates.of_every_rank(len(rank_node_ids), allreduce_s)
+        # every rank in: the compute-only first plan, with every rank's all-reduce
+        every_rank = _first_plan(nodes, ranks, global_batch_size, policy, None)["local_batch_sizes"]
+        all_ranks_s = max(c.busy_time_s(b) for c, b in zip(capacities, every_rank)) + comm.cost_s(range(len(every_rank)))
     gpu_index = _gpu_indices(nodes, rank_node_ids, rank_kinds)
     ranks = [{"rank": r, "node_id": node_id, "kind": kind, "index": gpu_index[r],
               "local_batch_size": b, "max_batch_size": c.max_batch_size,
@@ -263,39 +237,18 @@ def plan_report(document: dict, global_batch_size: int, workers: Optional[str], 
         "left_out_ranks": [r["rank"] for r in ranks if r["local_batch_size"] == 0],
         "allreduce_s": allreduce_s, "predicted_compute_time_s": compute_s, "predicted_comm_time_s": comm_s,
         "predicted_step_time_s": step_time_s, "samples_per_s": global_batch_size / step_time_s,
-        "all_ranks_predicted_step_time_s": None if communication is None else communication["all_ranks_step_time_s"],
+        "all_ranks_predicted_step_time_s": all_ranks_s,
     }
 
 
-def _comm_estimates(num_ranks: int, allreduce_s: float):
-    """The balancer's own all-reduce estimates (:mod:`hetero_ray.planning.comm`), holding
-    one measurement: every rank together. A smaller group is scaled from it by a ring's
-    hops, as the balancer's first guess is; one rank communicates nothing."""
-    from hetero_ray.planning.comm import CommEstimates
+def _first_plan(nodes: list, ranks, global_batch_size: int, policy: str, allreduce_s: Optional[float]) -> dict:
+    """The first plan a run's planner makes for ``ranks`` from these profiles (with a known
+    all-reduce: the one its decisions reach once they have measured it)."""
+    from hetero_ray.planning.planner import Planner
 
-    comm = CommEstimates(window_steps=1, min_steps=1)
-    comm.add(range(num_ranks), allreduce_s)
-    return comm
-
-
-def with_communication(capacities, global_batch_size: int, comm, allreduce_s: float) -> dict[str, Any]:
-    """The optimal policy's plan once the all-reduce of every rank is known: the group and
-    split minimising ``max t_i(b_i) + c(G)`` (:func:`subset.solve_subset_split`, rank 0
-    always in), ``c`` from ``comm`` (:func:`_comm_estimates`)."""
-    from hetero_ray.planning.policies import PolicyConfig
-    from hetero_ray.planning.subset import solve_subset_split
-
-    result = solve_subset_split([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
-                                global_batch_size, comm.cost_s,
-                                PolicyConfig().min_local_batch_size, [c.max_batch_size for c in capacities],
-                                [c.floor_s for c in capacities], must_include=[0])
-    out = ", ".join(str(r) for r in result.left_out)
-    reason = (f"optimal with an all-reduce of {allreduce_s * 1e3:.3g} ms for every rank: "
-              + (f"ranks {out} left out: their all-reduce costs more than they add (predicted "
-                 f"{result.predicted_step_time_s * 1e3:.3f} ms without them, "
-                 f"{result.all_ranks_step_time_s * 1e3:.3f} ms with every rank in)" if out else "every rank in"))
-    return {"local_batch_sizes": list(result.local_batch_sizes), "reason": reason,
-            "all_ranks_step_time_s": result.all_ranks_step_time_s}
+    planner = Planner(global_batch_size, policy, DEFAULT_REBALANCE_INTERVAL, allreduce_s=allreduce_s)
+    planner.set_capabilities(nodes)
+    return planner.plan_for(len(ranks.node_ids), ranks=ranks)
 
 
 def _gpu_indices(nodes, rank_node_ids, rank_kinds) -> list[int]:

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from hetero_ray.planning.cost_model import fit_curve
+
 CPU = "cpu"
 GPU = "gpu"
 
@@ -164,6 +166,31 @@ def _share_of_cap(device: Mapping, sharing: int) -> Optional[int]:
     if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
         return None
     return cap // sharing
+
+
+def probe_rows(device: Mapping) -> list[dict]:
+    """A device's probe rows ``{"batch_size", "busy_time_s"}`` that hold a batch size ≥ 1 and
+    a positive busy time (the rest of a profile's rows are dropped)."""
+    rows = []
+    for row in device.get("probe") or ():
+        b, t = (row.get("batch_size"), row.get("busy_time_s")) if isinstance(row, Mapping) else (None, None)
+        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and _finite(t) and t > 0:
+            rows.append({"batch_size": b, "busy_time_s": float(t)})
+    return rows
+
+
+def refit_old_curve(device: dict) -> bool:
+    """A device profiled before curves had a floor (no ``fit_shape``): its curve is fitted
+    again from its probe rows with the planner's fit, in place, and marked ``refitted``.
+    The planner reads every profile through this, and so does ``hetero-ray plan``. True when
+    it was refitted."""
+    rows = probe_rows(device)
+    if device.get("fit_shape") or not rows:
+        return False
+    fit = fit_curve([r["batch_size"] for r in rows], [r["busy_time_s"] for r in rows])
+    device.update(alpha_s=fit.alpha_s, beta_s_per_sample=fit.beta_s_per_sample, floor_s=fit.floor_s,
+                  fit_shape=fit.shape, fit_max_rel_error=fit.max_rel_error, refitted=True)
+    return True
 
 
 def _has_probe(device: Mapping) -> bool:

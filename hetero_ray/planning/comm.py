@@ -52,6 +52,15 @@ class CommEstimates:
         self.min_steps = min_steps
         self._times_s: dict[tuple[int, ...], collections.deque] = {}
 
+    @classmethod
+    def of_every_rank(cls, num_ranks: int, allreduce_s: float) -> "CommEstimates":
+        """Estimates that hold one measurement, every rank together (an all-reduce known
+        before any step: ``hetero-ray plan --allreduce-ms``); a smaller group is scaled from
+        it by a ring's hops, as the balancer's first guess is."""
+        comm = cls(window_steps=1, min_steps=1)
+        comm.add(range(num_ranks), allreduce_s)
+        return comm
+
     def add(self, group: Iterable[int], comm_time_s: Optional[float]) -> None:
         """One step of ``group`` (its ranks in) and its all-reduce time; a missing, NaN or
         negative time is ignored (a record without the hook's timing)."""

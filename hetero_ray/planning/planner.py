@@ -51,7 +51,10 @@ import logging
 from typing import Optional, Sequence, Union
 
 from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
-from hetero_ray.planning.capacity import RankCapacity, core_capacities, rank_capacities, rank_memory_caps
+from hetero_ray.planning.capacity import (
+    RankCapacity, core_capacities, rank_capacities, rank_memory_caps, refit_old_curve,
+)
+from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.feed_trial import DEFAULT_WINDOW_STEPS, FeedTrial, feed_candidates, ranks_words
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import PolicyConfig, make_policy, register_policy
@@ -75,15 +78,19 @@ class Planner:
             rank 0's (the CPU ranks, beside GPU ranks); ``"on"``: also of the ranks on rank
             0's node (planning/feed_trial.py).
         feed_trial_steps: the steps each of the trial's two windows measures.
+        allreduce_s: the all-reduce of every rank together, where it is known before any
+            step (``hetero-ray plan --allreduce-ms``): first plans of a policy that weighs
+            communication use it. A run learns it from its steps instead.
     """
 
     def __init__(self, global_batch_size: int, policy: Union[str, type], rebalance_interval: int,
                  batch_split: Optional[Sequence[int]] = None, plan_changes: Optional[Sequence[dict]] = None,
                  policy_config: Optional[dict] = None, feed_trial: str = "off",
-                 feed_trial_steps: int = DEFAULT_WINDOW_STEPS):
+                 feed_trial_steps: int = DEFAULT_WINDOW_STEPS, allreduce_s: Optional[float] = None):
         if feed_trial not in ("off", "auto", "on"):
             raise ValueError(f"feed_trial must be 'off', 'auto' or 'on', got {feed_trial!r}")
         self._feed_trial, self._feed_trial_steps = feed_trial, int(feed_trial_steps)
+        self._allreduce_s = allreduce_s
         self.global_batch_size = global_batch_size
         self.batch_split = list(batch_split) if batch_split else None
         if isinstance(policy, type):
@@ -142,7 +149,12 @@ class Planner:
     def set_capabilities(self, nodes: list[dict]) -> None:
         """Profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed): they
         join those profiled before (a node profiled again replaces its earlier profile). A
-        rank of the group in force with no memory cap gets its device's, if one came."""
+        rank of the group in force with no memory cap gets its device's, if one came. A device
+        profiled before curves had a floor is fitted again from its probe (``refit_old_curve``)."""
+        for node in nodes:
+            for device in node.get("devices") or ():
+                if isinstance(device, dict):
+                    refit_old_curve(device)
         fresh = {n.get("node_id") for n in nodes}
         self._nodes = [n for n in self._nodes if n.get("node_id") not in fresh] + list(nodes)
         self._awaiting_capabilities = False
@@ -297,7 +309,8 @@ class Planner:
         if self._micro_batches:
             caps = None  # a share past its rank's cap is trained in micro-batches
         self._caps = caps
-        first = self.policy.initial_plan(self.global_batch_size, num_workers, measured, caps=self._caps)
+        first = self.policy.initial_plan(self.global_batch_size, num_workers, measured, caps=self._caps,
+                                         **self._known_comm(num_workers, measured))
         # what measured the curves follows the policy's own words, before any note ("; …")
         reason, sep, notes = first.reason.partition("; ")
         if measured is not None and warmed_up:
@@ -307,6 +320,12 @@ class Planner:
             reason = f"{reason}, rank(s) {ranks} measured by their own warm-up, the others by their node profiles"
         reason += sep + notes
         return Plan(version, first.local_batch_sizes, reason)
+
+    def _known_comm(self, num_workers: int, measured) -> dict:
+        """A first plan's all-reduce, where it is known before any step and the policy weighs it."""
+        if self._allreduce_s is None or measured is None or not self.policy.weighs_communication:
+            return {}
+        return {"comm_cost_s": CommEstimates.of_every_rank(num_workers, self._allreduce_s).cost_s}
 
     def _caps_from_late_profiles(self) -> None:
         """Profiles that came after the first plan of the group in force (the CPU-only nodes

@@ -568,16 +568,21 @@ class OptimalPolicy(_AdaptivePolicy):
     weighs_communication = True
 
     def initial_plan(self, global_batch_size: int, num_workers: int, capacities: Capacities = None,
-                     caps: Caps = None) -> Plan:
+                     caps: Caps = None, comm_cost_s: Optional[CommCost] = None) -> Plan:
+        """As every policy's; ``comm_cost_s``: the all-reduce ``c(G)`` of a group of ranks where
+        it is known before any step (``hetero-ray plan --allreduce-ms``): the plan is then the
+        one later decisions reach once they have measured it, ranks left out included."""
         if capacities is None:
             return super().initial_plan(global_batch_size, num_workers, caps=caps)
         caps = self._caps_or_own(caps)
         self._check_room(global_batch_size, num_workers)
         self._check_capacities(capacities, num_workers)
-        # Ranks within the threshold of each other are split as one speed (alike.py): a later
-        # decision could not move their shares apart for that difference either.
         alphas, betas, floors = ([c.alpha_s for c in capacities], [c.beta_s_per_sample for c in capacities],
                                  [c.floor_s for c in capacities])
+        if comm_cost_s is not None:
+            return self._first_plan_with_communication(alphas, betas, floors, global_batch_size, caps, comm_cost_s)
+        # Ranks within the threshold of each other are split as one speed (alike.py): a later
+        # decision could not move their shares apart for that difference either.
         sizes = solve_split(alphas, betas, global_batch_size, self.config.min_local_batch_size, caps, floors)
         pooled_a, pooled_b, pooled_f, alike = pool_alike(alphas, betas, floors, sizes, FIRST_PLAN_ALIKE_SPREAD)
         if alike:
@@ -585,6 +590,20 @@ class OptimalPolicy(_AdaptivePolicy):
                                 pooled_f)
         alike_note = _alike_note(alike, (alphas, betas, floors), f"{FIRST_PLAN_ALIKE_SPREAD:.0%}, a first plan's noise")
         return Plan(0, tuple(sizes), f"optimal: split for the profiled cost model{alike_note}")
+
+    def _first_plan_with_communication(self, alphas, betas, floors, global_batch_size: int, caps,
+                                       comm_cost_s: CommCost) -> Plan:
+        """The group and split minimising ``max t_i(b_i) + c(G)``, rank 0 always in
+        (:func:`subset.solve_subset_split`, as :meth:`_propose`)."""
+        result = solve_subset_split(alphas, betas, global_batch_size, comm_cost_s, self.config.min_local_batch_size,
+                                    caps, floors, must_include=[0])
+        every_rank_s = comm_cost_s(frozenset(range(len(alphas))))
+        out = ", ".join(str(r) for r in result.left_out)
+        reason = (f"optimal with an all-reduce of {every_rank_s * 1e3:.3g} ms for every rank: "
+                  + (f"ranks {out} left out: their all-reduce costs more than they add (predicted "
+                     f"{result.predicted_step_time_s * 1e3:.3f} ms without them, "
+                     f"{result.all_ranks_step_time_s * 1e3:.3f} ms with every rank in)" if out else "every rank in"))
+        return Plan(0, tuple(result.local_batch_sizes), reason)
 
     def _propose(self, current: Plan, alphas, betas, floors, usable, lo, hi, comm_cost_s):
         """The best group and split of the fresh ranks (:func:`subset.solve_subset_split`);

@@ -66,6 +66,7 @@ from typing import Callable, Optional, Sequence
 
 from hetero_ray.config import parse_emulated_device
 from hetero_ray.errors import UserError
+from hetero_ray.planning.capacity import probe_rows
 from hetero_ray.planning.cost_model import curve_busy_time_s, fit_curve
 from hetero_ray.profiling.capability import read_nodes_document
 
@@ -215,13 +216,13 @@ def _profile_curve(name: str, entry: str, document: dict, spec: dict) -> DeviceC
         if node.get("status", "ok") != "ok" or not _names(node, spec["node"]):
             continue
         for device in node.get("devices") or ():
-            rows = _probe_rows(device)
+            rows = probe_rows(device) if isinstance(device, dict) else []
             if not rows:
                 continue
             probed.append(f"{str(node.get('node_id'))[:8]}:{device.get('kind')}{device.get('index', 0)}")
             if device.get("kind") != kind or (spec["index"] is not None and device.get("index", 0) != spec["index"]):
                 continue
-            fit = fit_curve([b for b, _ in rows], [t for _, t in rows])
+            fit = fit_curve([r["batch_size"] for r in rows], [r["busy_time_s"] for r in rows])
             return DeviceCurve(fit.floor_s, fit.alpha_s, fit.beta_s_per_sample, entry)
     which = ", ".join(probed) or "none"
     raise UserError(f"{name} entry {entry!r}: {spec['profile']} has no such device with a model probe "
@@ -230,7 +231,7 @@ def _profile_curve(name: str, entry: str, document: dict, spec: dict) -> DeviceC
 
 
 def _has_probed_gpu(document: dict, node_name: Optional[str]) -> bool:
-    return any(isinstance(d, dict) and d.get("kind") == "gpu" and _probe_rows(d)
+    return any(isinstance(d, dict) and d.get("kind") == "gpu" and probe_rows(d)
                for n in document["nodes"] if n.get("status", "ok") == "ok" and _names(n, node_name)
                for d in n.get("devices") or ())
 
@@ -238,13 +239,3 @@ def _has_probed_gpu(document: dict, node_name: Optional[str]) -> bool:
 def _names(node: dict, name: Optional[str]) -> bool:
     return name is None or str(node.get("node_id", "")).startswith(name) or name in (node.get("hostname"),
                                                                                     node.get("ip"))
-
-
-def _probe_rows(device) -> list[tuple[int, float]]:
-    rows = []
-    for row in (device.get("probe") or ()) if isinstance(device, dict) else ():
-        b, t = (row.get("batch_size"), row.get("busy_time_s")) if isinstance(row, dict) else (None, None)
-        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and isinstance(t, (int, float)) \
-                and not isinstance(t, bool) and math.isfinite(t) and t > 0:
-            rows.append((b, float(t)))
-    return rows
