@@ -181,9 +181,9 @@ def probe_rows(device: Mapping) -> list[dict]:
 
 def refit_old_curve(device: dict) -> bool:
     """A device profiled before curves had a floor (no ``fit_shape``): its curve is fitted
-    again from its probe rows with the planner's fit, in place, and marked ``refitted``.
-    The planner reads every profile through this, and so does ``hetero-ray plan``. True when
-    it was refitted."""
+    again from its probe rows with the planner's fit, in place, and marked ``refitted``
+    (``hetero-ray plan`` reads a saved profile through this; a run profiles its nodes
+    afresh). True when it was refitted."""
     rows = probe_rows(device)
     if device.get("fit_shape") or not rows:
         return False

@@ -52,7 +52,7 @@ from typing import Optional, Sequence, Union
 
 from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
 from hetero_ray.planning.capacity import (
-    RankCapacity, core_capacities, rank_capacities, rank_memory_caps, refit_old_curve,
+    RankCapacity, core_capacities, rank_capacities, rank_memory_caps,
 )
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.feed_trial import DEFAULT_WINDOW_STEPS, FeedTrial, feed_candidates, ranks_words
@@ -149,12 +149,7 @@ class Planner:
     def set_capabilities(self, nodes: list[dict]) -> None:
         """Profiled nodes (``NodeCapability.to_dict()`` each; none when profiling failed): they
         join those profiled before (a node profiled again replaces its earlier profile). A
-        rank of the group in force with no memory cap gets its device's, if one came. A device
-        profiled before curves had a floor is fitted again from its probe (``refit_old_curve``)."""
-        for node in nodes:
-            for device in node.get("devices") or ():
-                if isinstance(device, dict):
-                    refit_old_curve(device)
+        rank of the group in force with no memory cap gets its device's, if one came."""
         fresh = {n.get("node_id") for n in nodes}
         self._nodes = [n for n in self._nodes if n.get("node_id") not in fresh] + list(nodes)
         self._awaiting_capabilities = False
