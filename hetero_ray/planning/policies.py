@@ -416,35 +416,18 @@ class _AdaptivePolicy(_BasePolicy):
                held_out: frozenset = frozenset()) -> Decision:
         """Called by the balancer every rebalance interval with a snapshot of the estimates,
         the learned all-reduce time ``comm_cost_s`` of a group of ranks (None: compute only),
-        the caps in force and the ranks held out to feed the pipeline; never raises on odd estimates (wrong rank count, none fresh, infeasible
-        around stale ranks): it keeps the plan and says why."""
-        cfg = self.config
-        est = estimates
-        n = current.num_workers
+        the caps in force and the ranks held out to feed the pipeline; never raises on odd
+        estimates (wrong rank count, none fresh, infeasible around stale ranks): it keeps the
+        plan and says why."""
+        cfg, est, n = self.config, estimates, current.num_workers
         if est is None or len(est) != n:
             got = 0 if est is None else len(est)
             return self._keep(current, f"estimates for {got} ranks but the plan has {n}: keep the plan", est, global_step)
-
-        alphas, betas, floors = self._cost_model(est)
-        usable = (est.fresh & np.isfinite(alphas) & np.isfinite(betas) & np.isfinite(floors) & (betas >= 0)
-                  & (curve_busy_time_s(alphas, betas, floors, 1.0) > 0))
-        # Ranks held out to feed the pipeline keep their size, 0, as a stale rank out would.
-        held = np.isin(np.arange(n), sorted(held_out))
-        usable &= ~held
-        if not usable.any():
+        view = self._view(current, est, comm_cost_s, caps, held_out)
+        if not view.usable.any():
             return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
-        b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
         level_forecast_se = self._level_forecast.observe(est)  # every decision's levels count
-
-        def predicted(sizes: np.ndarray) -> float:
-            # P = max over fresh ranks in of t_i(b_i) + c(ranks in) (stale ranks: unknown, not counted)
-            counted = usable & (sizes > 0)
-            compute = float(np.max(curve_busy_time_s(alphas[counted], betas[counted], floors[counted],
-                                                     sizes[counted]))) if counted.any() else 0.0
-            return compute + _comm_s(comm_cost_s, sizes)
-
-        current_pred = predicted(b_now)
-
+        current_pred = view.predicted(view.b_now)
         if self._last_adopted_step is not None and global_step - self._last_adopted_step < cfg.cooldown_steps:
             return self._keep(
                 current,
@@ -452,54 +435,19 @@ class _AdaptivePolicy(_BasePolicy):
                 f"the last change at step {self._last_adopted_step}",
                 est, global_step, current_predicted_step_time_s=current_pred,
             )
-
-        # Stale ranks keep their size: lo_i = hi_i = b_i; fresh ones range over [b_min, cap_i].
-        lo = np.where(usable, cfg.min_local_batch_size, b_now)
-        caps = self._caps_or_own(caps) or [None] * n
-        hi = [c if u else int(b) for c, u, b in zip(caps, usable, b_now)]
-        margin = self._noise_margin(est, usable, level_forecast_se)
+        margin = self._noise_margin(est, view.usable, level_forecast_se)
         required = cfg.rebalance_threshold + margin  # gain > threshold + se·sqrt(2 ln n)
         try:
-            proposal, left_out, all_ranks_s = self._propose(current, alphas, betas, floors, usable, lo, hi,
-                                                            comm_cost_s)
-            # Ranks that differ by less than a move must clear are split as one speed (alike.py):
-            # solved again with their group's curve; the predictions keep every rank's own.
-            rel_se = est.busy_time_rel_se
-            if level_forecast_se > 0:  # the levels' drift between decisions (NaN: not measured yet)
-                rel_se = np.fmax(rel_se, level_forecast_se)
-            shares = np.asarray(proposal, dtype=np.float64)
-            shares = np.where(shares > 0, shares, current.global_batch_size / int(usable.sum()))
-            solve_a, solve_b, solve_f, alike = pool_alike(alphas, betas, floors, shares, required, rel_se, usable)
-            if alike:
-                proposal, left_out, all_ranks_s = self._propose(current, solve_a, solve_b, solve_f, usable, lo, hi,
-                                                                comm_cost_s)
+            proposal, left_out, all_ranks_s, pooled, alike = self._pooled_proposal(current, est, view, required,
+                                                                                  level_forecast_se)
         except ValueError as e:
-            around = "within the caps and around the stale ranks" if (~usable).any() else "within the caps"
+            around = "within the caps and around the stale ranks" if (~view.usable).any() else "within the caps"
             return self._keep(current, f"no feasible split {around} ({e}): keep the plan",
                               est, global_step, current_predicted_step_time_s=current_pred)
-        proposal_arr = np.asarray(proposal)
-        proposed_pred = predicted(proposal_arr)
-
-        # Leaving a rank out must pay on its own: against the best split with every rank in,
-        # its gain clears the same bar as any move (else a move that pays for its other
-        # changes would also leave out a rank whose gain is noise).
-        newly_out = [r for r in left_out if b_now[r] > 0]
-        kept_in_note = ""
-        if newly_out and math.isfinite(all_ranks_s) and not (all_ranks_s - proposed_pred) / all_ranks_s > required:
-            own_gain = (all_ranks_s - proposed_pred) / all_ranks_s
-            kept_in_note = (f"; ranks {_short_list(np.asarray(newly_out))} kept in: leaving them out would gain "
-                            f"{own_gain:+.1%} ({all_ranks_s * 1e3:.2f} → {proposed_pred * 1e3:.2f} ms), within the "
-                            f"required {required:.1%}")
-            proposal, left_out, _ = _AdaptivePolicy._propose(self, current, solve_a, solve_b, solve_f, usable, lo, hi,
-                                                             comm_cost_s)
-            proposal_arr = np.asarray(proposal)
-            proposed_pred = predicted(proposal_arr)
+        proposal, left_out, kept_in_note = self._left_out_only_where_it_pays(current, view, pooled, proposal, left_out,
+                                                                             all_ranks_s, required)
+        proposed_pred = view.predicted(np.asarray(proposal))
         gain = (current_pred - proposed_pred) / current_pred  # (P_cur − P_new)/P_cur
-
-        stale = np.flatnonzero(~usable & ~held)
-        stale_note = f"; ranks {_short_list(stale)} stale, kept at their size" if stale.size else ""
-        if held.any():
-            stale_note += f"; ranks {_short_list(np.flatnonzero(held))} kept out: they feed the pipeline"
         predictions = dict(
             proposed_local_batch_sizes=tuple(proposal),
             predicted_step_time_s=proposed_pred,
@@ -509,41 +457,141 @@ class _AdaptivePolicy(_BasePolicy):
             left_out=tuple(left_out),
             all_ranks_step_time_s=all_ranks_s,
         )
-        out_note = ""
-        if left_out:
-            out_note = (f"; ranks {_short_list(np.asarray(left_out))} left out: their all-reduce costs more than "
-                        f"they add (predicted {proposed_pred * 1e3:.2f} ms without them, "
-                        f"{all_ranks_s * 1e3:.2f} ms with every rank in)")
-        back = [r for r in range(n) if b_now[r] == 0 and proposal_arr[r] > 0]
-        if back:
-            out_note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
-        alike_note = _alike_note(alike, (alphas, betas, floors), f"{required:.1%} or their noise")
-        stale_note = out_note + kept_in_note + alike_note + stale_note
+        notes = (_membership_notes(view.b_now, proposal, left_out, proposed_pred, all_ranks_s) + kept_in_note
+                 + _alike_note(alike, (view.alphas, view.betas, view.floors), f"{required:.1%} or their noise")
+                 + _stale_notes(view))
         if tuple(proposal) == current.local_batch_sizes:
             self._lead_under_version = None
-            return self._keep(current, f"the current plan is already the best split{stale_note}",
+            return self._keep(current, f"the current plan is already the best split{notes}",
                               est, global_step, **predictions)
         summary = (f"predicted step time {current_pred * 1e3:.2f} ms → {proposed_pred * 1e3:.2f} ms "
                    f"({gain:+.1%}; required {required:.1%} = threshold {cfg.rebalance_threshold:.1%} "
                    f"+ noise {margin:.1%})")
-        over = [r for r in np.flatnonzero(usable) if hi[r] is not None and b_now[r] > hi[r]]
+        return self._adopt_or_keep(current, est, global_step, view, proposal, summary, notes, held_out, predictions)
+
+    def _view(self, current: Plan, est: Estimates, comm_cost_s: Optional[CommCost], caps: Caps,
+              held_out: frozenset) -> "_DecisionView":
+        """What a decision works from: this policy's curves, the ranks it may move (fresh
+        ones not held out) and each rank's bounds."""
+        n = current.num_workers
+        alphas, betas, floors = self._cost_model(est)
+        usable = (est.fresh & np.isfinite(alphas) & np.isfinite(betas) & np.isfinite(floors) & (betas >= 0)
+                  & (curve_busy_time_s(alphas, betas, floors, 1.0) > 0))
+        # Ranks held out to feed the pipeline keep their size, 0, as a stale rank out would.
+        held = np.isin(np.arange(n), sorted(held_out))
+        usable &= ~held
+        b_now = np.asarray(current.local_batch_sizes, dtype=np.int64)
+        # Stale ranks keep their size: lo_i = hi_i = b_i; fresh ones range over [b_min, cap_i].
+        lo = np.where(usable, self.config.min_local_batch_size, b_now)
+        hi = [c if u else int(b) for c, u, b in zip(self._caps_or_own(caps) or [None] * n, usable, b_now)]
+        return _DecisionView(alphas, betas, floors, usable, held, b_now, lo, hi, comm_cost_s)
+
+    def _pooled_proposal(self, current: Plan, est: Estimates, view: "_DecisionView", required: float,
+                         level_forecast_se: float):
+        """The proposal, with ranks that differ by less than a move must clear split as one
+        speed (alike.py): solved again with their group's curve (the predictions keep every
+        rank's own). Returns (proposal, left out, all ranks' step time, the curves solved
+        with, the alike groups). Raises ValueError when no split is feasible."""
+        proposal, left_out, all_ranks_s = self._propose(current, view.alphas, view.betas, view.floors, view.usable,
+                                                        view.lo, view.hi, view.comm_cost_s)
+        rel_se = est.busy_time_rel_se
+        if level_forecast_se > 0:  # the levels' drift between decisions (NaN: not measured yet)
+            rel_se = np.fmax(rel_se, level_forecast_se)
+        shares = np.asarray(proposal, dtype=np.float64)
+        shares = np.where(shares > 0, shares, current.global_batch_size / int(view.usable.sum()))
+        solve_a, solve_b, solve_f, alike = pool_alike(view.alphas, view.betas, view.floors, shares, required, rel_se,
+                                                      view.usable)
+        if alike:
+            proposal, left_out, all_ranks_s = self._propose(current, solve_a, solve_b, solve_f, view.usable, view.lo,
+                                                            view.hi, view.comm_cost_s)
+        return proposal, left_out, all_ranks_s, (solve_a, solve_b, solve_f), alike
+
+    def _left_out_only_where_it_pays(self, current: Plan, view: "_DecisionView", pooled, proposal, left_out,
+                                     all_ranks_s: float, required: float):
+        """Leaving a rank out must pay on its own: against the best split with every rank in,
+        its gain clears the same bar as any move (else a move that pays for its other changes
+        would also leave out a rank whose gain is noise). Returns (proposal, left out, note)."""
+        proposed_pred = view.predicted(np.asarray(proposal))
+        newly_out = [r for r in left_out if view.b_now[r] > 0]
+        if not (newly_out and math.isfinite(all_ranks_s) and not (all_ranks_s - proposed_pred) / all_ranks_s > required):
+            return proposal, left_out, ""
+        own_gain = (all_ranks_s - proposed_pred) / all_ranks_s
+        note = (f"; ranks {_short_list(np.asarray(newly_out))} kept in: leaving them out would gain "
+                f"{own_gain:+.1%} ({all_ranks_s * 1e3:.2f} → {proposed_pred * 1e3:.2f} ms), within the "
+                f"required {required:.1%}")
+        proposal, left_out, _ = _AdaptivePolicy._propose(self, current, *pooled, view.usable, view.lo, view.hi,
+                                                         view.comm_cost_s)
+        return proposal, left_out, note
+
+    def _adopt_or_keep(self, current: Plan, est: Estimates, global_step: int, view: "_DecisionView", proposal,
+                       summary: str, notes: str, held_out: frozenset, predictions: dict) -> Decision:
+        """The verdict on a proposal that differs from the plan: adopted when its gain clears
+        the bar (a second time, when it clears it by less than ``confirm_below``×), or at once
+        when a rank is over its cap; else kept, with the reason."""
+        cfg = self.config
+        gain, required = predictions["predicted_gain"], predictions["required_gain"]
+        over = [r for r in np.flatnonzero(view.usable) if view.hi[r] is not None and view.b_now[r] > view.hi[r]]
         if over:  # no gain to weigh: a plan over its caps cannot stay in force (e.g. a CPU quota it stalls on)
             summary = (f"ranks {_short_list(np.asarray(over))} over their caps "
-                       f"({', '.join(f'{int(b_now[r])} > {hi[r]}' for r in over[:8])}); {summary}")
+                       f"({', '.join(f'{int(view.b_now[r])} > {view.hi[r]}' for r in over[:8])}); {summary}")
         elif not gain > required:
             self._lead_under_version = None
-            return self._keep(current, f"keep: {summary}{stale_note}", est, global_step, **predictions)
+            return self._keep(current, f"keep: {summary}{notes}", est, global_step, **predictions)
         elif gain < cfg.confirm_below * required and self._lead_under_version != current.version:
             self._lead_under_version = current.version
             return self._keep(current, f"keep until the next decision confirms it: {summary}, below "
-                              f"{cfg.confirm_below:g}× the required gain{stale_note}", est, global_step, **predictions)
-        probes = self.probes_of(proposal, est, proposed_pred, held_out)
+                              f"{cfg.confirm_below:g}× the required gain{notes}", est, global_step, **predictions)
+        probes = self.probes_of(proposal, est, predictions["predicted_step_time_s"], held_out)
         probe_note = (f"; probes of {'/'.join(str(p) for p in probes if p)} samples while out (within half the "
                       f"predicted step)" if probes else "")
-        reason = f"{self.name}: {summary}{stale_note}{probe_note}"
+        reason = f"{self.name}: {summary}{notes}{probe_note}"
         self._last_adopted_step, self._lead_under_version = global_step, None
         return Decision(True, current.with_sizes(proposal, reason, probes), reason, self.name, global_step,
                         estimates=est, **predictions)
+
+
+@dataclass(frozen=True)
+class _DecisionView:
+    """What one decision of an adaptive policy sees (:meth:`_AdaptivePolicy._view`)."""
+
+    alphas: np.ndarray
+    betas: np.ndarray
+    floors: np.ndarray
+    usable: np.ndarray  # the ranks it may move: fresh, not held out
+    held: np.ndarray  # held out to feed the pipeline
+    b_now: np.ndarray
+    lo: np.ndarray
+    hi: list
+    comm_cost_s: Optional[CommCost]
+
+    def predicted(self, sizes: np.ndarray) -> float:
+        """P = max over fresh ranks in of t_i(b_i) + c(ranks in) (stale ranks: unknown, not counted)."""
+        counted = self.usable & (sizes > 0)
+        compute = float(np.max(curve_busy_time_s(self.alphas[counted], self.betas[counted], self.floors[counted],
+                                                 sizes[counted]))) if counted.any() else 0.0
+        return compute + _comm_s(self.comm_cost_s, sizes)
+
+
+def _membership_notes(b_now: np.ndarray, proposal, left_out, proposed_pred: float, all_ranks_s: float) -> str:
+    """The reason's words on ranks the proposal leaves out or brings back."""
+    note = ""
+    if left_out:
+        note = (f"; ranks {_short_list(np.asarray(left_out))} left out: their all-reduce costs more than "
+                f"they add (predicted {proposed_pred * 1e3:.2f} ms without them, "
+                f"{all_ranks_s * 1e3:.2f} ms with every rank in)")
+    back = [r for r in range(len(b_now)) if b_now[r] == 0 and proposal[r] > 0]
+    if back:
+        note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
+    return note
+
+
+def _stale_notes(view: _DecisionView) -> str:
+    """The reason's words on ranks the decision could not move: stale, or held out."""
+    stale = np.flatnonzero(~view.usable & ~view.held)
+    note = f"; ranks {_short_list(stale)} stale, kept at their size" if stale.size else ""
+    if view.held.any():
+        note += f"; ranks {_short_list(np.flatnonzero(view.held))} kept out: they feed the pipeline"
+    return note
 
 
 @register_policy
