@@ -310,103 +310,128 @@ def fit_groups(
     Vectorised over segments; one pass per knee position (at most the number of distinct
     batch sizes of a segment).
     """
-    s, x, y = groups.segment, groups.batch_size.astype(np.float64), groups.mean_s
-    w = 1.0 / groups.mean_var_s2  # w_g = 1/Var(m_g)
-    n = num_segments
+    fit = _SegmentFitter(groups, num_segments, max_slope_rel_se)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        line = fit.line()
+        knee = fit.best_knee()
+        return fit.choose(line, knee)
 
-    def per_segment(values):
-        return np.bincount(s, weights=values, minlength=n)
 
-    def wls(mask: np.ndarray, h: np.ndarray):
+class _SegmentFitter:
+    """The weighted fits of :func:`fit_groups`, vectorised over segments: every array is over
+    groups (ordered by segment, then size) or over segments."""
+
+    def __init__(self, groups: GroupStats, num_segments: int, max_slope_rel_se: float):
+        self.s, self.x, self.y = groups.segment, groups.batch_size.astype(np.float64), groups.mean_s
+        self.w = 1.0 / groups.mean_var_s2  # w_g = 1/Var(m_g)
+        self.n = n = num_segments
+        self.max_slope_rel_se = max_slope_rel_se
+        self.num_points = np.bincount(self.s, weights=groups.num_kept, minlength=n).astype(np.int64)
+        self.num_sizes = np.bincount(self.s, minlength=n).astype(np.int64)
+        self.starts = np.searchsorted(self.s, np.arange(n))
+        self.pos = np.arange(self.s.size) - self.starts[self.s]  # a group's place among its segment's sizes
+        self.x_max = np.where(self.num_sizes > 0, _segment_max(self.x, self.s, n), np.nan)
+        self.x_min = np.where(self.num_sizes > 0, -_segment_max(-self.x, self.s, n), np.nan)
+
+    def per_segment(self, values: np.ndarray) -> np.ndarray:
+        return np.bincount(self.s, weights=values, minlength=self.n)
+
+    def wls(self, mask: np.ndarray, h: np.ndarray):
         """``y = c + β·h`` per segment over the groups in ``mask``: (c, β, SE(β), slope counts)."""
+        s, w, y = self.s, self.w, self.y
         wm = np.where(mask, w, 0.0)
         h = np.where(mask, h, 0.0)
-        sum_w = per_segment(wm)
-        h_mean = per_segment(wm * h) / sum_w
-        y_mean = per_segment(wm * y) / sum_w
+        sum_w = self.per_segment(wm)
+        h_mean = self.per_segment(wm * h) / sum_w
+        y_mean = self.per_segment(wm * y) / sum_w
         dh = h - h_mean[s]
-        shh = per_segment(wm * dh * dh)  # Σ w (h − h̄)²
-        beta = per_segment(wm * dh * (y - y_mean[s])) / shh
+        shh = self.per_segment(wm * dh * dh)  # Σ w (h − h̄)²
+        beta = self.per_segment(wm * dh * (y - y_mean[s])) / shh
         slope_se = 1.0 / np.sqrt(shh)  # SE(β) = 1/sqrt(Σ w (h − h̄)²)
-        counts = (shh > 0) & (beta > 0) & (slope_se <= max_slope_rel_se * beta)
+        counts = (shh > 0) & (beta > 0) & (slope_se <= self.max_slope_rel_se * beta)
         return y_mean - beta * h_mean, beta, slope_se, counts
 
-    def chi2(alpha, beta, floor):
-        resid = y - curve_busy_time_s(alpha[s], beta[s], floor[s], x)
-        return per_segment(w * resid * resid)  # χ² = Σ w (m − t(b))²
+    def chi2(self, alpha: np.ndarray, beta: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        s = self.s
+        resid = self.y - curve_busy_time_s(alpha[s], beta[s], floor[s], self.x)
+        return self.per_segment(self.w * resid * resid)  # χ² = Σ w (m − t(b))²
 
-    num_points = np.bincount(s, weights=groups.num_kept, minlength=n).astype(np.int64)
-    num_sizes = np.bincount(s, minlength=n).astype(np.int64)
-    starts = np.searchsorted(s, np.arange(n))  # groups are ordered by segment, then size
-    pos = np.arange(s.size) - starts[s]  # a group's place among its segment's sizes
-    everything = np.ones(s.size, dtype=bool)
-    zeros = np.zeros(n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sum_w = per_segment(w)
-        x_mean, y_mean = per_segment(w * x) / sum_w, per_segment(w * y) / sum_w
-        # line: α = t̄ − β b̄; through the origin (β₀ = Σ w b t / Σ w b²) where α < 0
-        alpha_line, beta_line, se_line, line_counts = wls(everything, x)
-        beta_origin = per_segment(w * x * y) / per_segment(w * x * x)
+    def line(self) -> dict:
+        """The line ``α + β·b`` (through the origin, ``β₀ = Σ w b t / Σ w b²``, where α < 0),
+        with what choosing among the shapes needs."""
+        x, y, w = self.x, self.y, self.w
+        sum_w = self.per_segment(w)
+        alpha_line, beta_line, se_line, counts = self.wls(np.ones(self.s.size, dtype=bool), x)
+        beta_origin = self.per_segment(w * x * y) / self.per_segment(w * x * x)
         origin = alpha_line < 0
-        line_alpha = np.where(origin, 0.0, alpha_line)
-        line_beta = np.where(origin, beta_origin, beta_line)
-        line_chi2 = chi2(line_alpha, line_beta, zeros)
+        alpha = np.where(origin, 0.0, alpha_line)
+        beta = np.where(origin, beta_origin, beta_line)
+        return dict(alpha=alpha, beta=beta, chi2=self.chi2(alpha, beta, np.zeros(self.n)), counts=counts,
+                    beta_fitted=beta_line, se=se_line, beta_origin=beta_origin,
+                    x_mean=self.per_segment(w * x) / sum_w, y_mean=self.per_segment(w * y) / sum_w)
 
-        knee_chi2 = np.full(n, np.inf)
-        knee_alpha, knee_beta, knee_floor = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-
-        x_max = np.where(num_sizes > 0, _segment_max(x, s, n), np.nan)
-        x_min = np.where(num_sizes > 0, -_segment_max(-x, s, n), np.nan)
+    def best_knee(self) -> dict:
+        """The floor-then-line curve of least χ² over every knee position, both kinds: a knee
+        at a probed size, and one between two sizes (τ the mean of the sizes below)."""
+        n, x, s = self.n, self.x, self.s
+        best = dict(chi2=np.full(n, np.inf), alpha=np.full(n, np.nan), beta=np.full(n, np.nan),
+                    floor=np.full(n, np.nan))
 
         def keep_better(ok, alpha, beta, floor):
-            ok = ok & (alpha + beta * x_max >= (1 + KNEE_MIN_RISE) * floor)
-            better = ok & ((c2 := chi2(alpha, beta, floor)) < knee_chi2)
-            knee_chi2[better] = c2[better]
-            knee_alpha[better], knee_beta[better], knee_floor[better] = alpha[better], beta[better], floor[better]
+            ok = ok & (alpha + beta * self.x_max >= (1 + KNEE_MIN_RISE) * floor)
+            better = ok & ((c2 := self.chi2(alpha, beta, floor)) < best["chi2"])
+            for key, value in (("chi2", c2), ("alpha", alpha), ("beta", beta), ("floor", floor)):
+                best[key][better] = value[better]
 
-        for j in range(1, max(int(num_sizes.max(initial=0)) - 2, 1)):
+        for j in range(1, max(int(self.num_sizes.max(initial=0)) - 2, 1)):
             # knee at the j-th size: t = τ + β·max(0, b − b_j), linear in (τ, β); sizes
             # 0 … j on the floor, two or more beyond it
-            valid = num_sizes > j + 2
-            knee = np.where(valid, x[np.minimum(starts + j, s.size - 1)], np.nan)
-            tau, beta, _, counts = wls(valid[s], np.maximum(0.0, x - knee[s]))
-            ok = valid & counts & (tau > 0)
-            keep_better(ok, tau - beta * knee, beta, tau)
-        for j in range(1, max(int(num_sizes.max(initial=0)) - 2, 1)):
+            valid = self.num_sizes > j + 2
+            knee = np.where(valid, x[np.minimum(self.starts + j, s.size - 1)], np.nan)
+            tau, beta, _, counts = self.wls(valid[s], np.maximum(0.0, x - knee[s]))
+            keep_better(valid & counts & (tau > 0), tau - beta * knee, beta, tau)
+        for j in range(1, max(int(self.num_sizes.max(initial=0)) - 2, 1)):
             # knee between the j-th and (j+1)-th sizes: τ = mean of sizes ≤ b_j, line through the rest
-            valid = num_sizes > j + 2
-            left, right = valid[s] & (pos <= j), valid[s] & (pos > j)
-            tau = per_segment(np.where(left, w * y, 0.0)) / per_segment(np.where(left, w, 0.0))
-            alpha, beta, _, counts = wls(right, x)
+            valid = self.num_sizes > j + 2
+            left, right = valid[s] & (self.pos <= j), valid[s] & (self.pos > j)
+            tau = self.per_segment(np.where(left, self.w * self.y, 0.0)) / self.per_segment(np.where(left, self.w, 0.0))
+            alpha, beta, _, counts = self.wls(right, x)
             knee = (tau - alpha) / beta
-            x_j = x[np.minimum(starts + j, s.size - 1)]
-            x_next = x[np.minimum(starts + j + 1, s.size - 1)]
-            ok = valid & counts & (tau > 0) & (knee >= x_j) & (knee <= x_next)
-            keep_better(ok, alpha, beta, tau)
+            x_j = x[np.minimum(self.starts + j, s.size - 1)]
+            x_next = x[np.minimum(self.starts + j + 1, s.size - 1)]
+            keep_better(valid & counts & (tau > 0) & (knee >= x_j) & (knee <= x_next), alpha, beta, tau)
+        return best
 
-        use_knee = knee_chi2 < np.where(line_counts, line_chi2 - KNEE_MIN_CHI2_GAIN, np.inf)
-        use_line = line_counts & ~use_knee
+    def choose(self, line: dict, knee: dict) -> SegmentFits:
+        """Floor-then-line where it beats the line by enough, else the line where its slope
+        counts, else flat where the proportional slope lies well above the fitted one, else
+        proportional; with each segment's r² and largest relative error."""
+        s, x, y, w, n = self.s, self.x, self.y, self.w, self.n
+        use_knee = knee["chi2"] < np.where(line["counts"], line["chi2"] - KNEE_MIN_CHI2_GAIN, np.inf)
+        use_line = line["counts"] & ~use_knee
         trusted = use_line | use_knee
         # No slope that counts: flat where the proportional slope t̄/b̄ lies well above β̂.
-        flat = ~trusted & (num_sizes >= 2) & (x_max >= FLAT_MIN_SIZE_RATIO * x_min) & (
-            y_mean / x_mean - beta_line > PROPORTIONAL_REJECT_SIGMAS * se_line)
+        y_mean = line["y_mean"]
+        flat = ~trusted & (self.num_sizes >= 2) & (self.x_max >= FLAT_MIN_SIZE_RATIO * self.x_min) & (
+            y_mean / line["x_mean"] - line["beta_fitted"] > PROPORTIONAL_REJECT_SIGMAS * line["se"])
         shape = np.select([use_knee, use_line, flat], [FLOOR_LINE, LINE, FLAT], PROPORTIONAL)
-        alpha = np.select([use_knee, use_line], [knee_alpha, line_alpha], 0.0)
+        alpha = np.select([use_knee, use_line], [knee["alpha"], line["alpha"]], 0.0)
         # flat: τ = t̄ up to b_max, then no faster than the throughput measured there
-        beta = np.select([use_knee, use_line, flat], [knee_beta, line_beta, y_mean / x_max], beta_origin)
-        floor = np.select([use_knee, flat], [knee_floor, y_mean], 0.0)
+        beta = np.select([use_knee, use_line, flat], [knee["beta"], line["beta"], y_mean / self.x_max],
+                         line["beta_origin"])
+        floor = np.select([use_knee, flat], [knee["floor"], y_mean], 0.0)
 
-        predicted = curve_busy_time_s(alpha[s], beta[s], floor[s], x)
-        resid = y - predicted
-        syy = per_segment(w * (y - y_mean[s]) ** 2)
-        r2 = 1.0 - per_segment(w * resid * resid) / syy  # r² = 1 − χ²/Σ w (t − t̄)²
-    r2 = np.where((num_sizes >= 2) & (syy > 0), r2, np.nan)
-    max_rel_error = _segment_max(np.abs(resid) / y, s, n)
-    empty = num_sizes == 0
-    for values in (alpha, beta, floor, max_rel_error):
-        values[empty] = np.nan
-    shape = np.where(empty, -1, shape)
-    return SegmentFits(alpha, beta, floor, r2, num_points, num_sizes, trusted & ~empty, shape, max_rel_error)
+        resid = y - curve_busy_time_s(alpha[s], beta[s], floor[s], x)
+        syy = self.per_segment(w * (y - y_mean[s]) ** 2)
+        r2 = 1.0 - self.per_segment(w * resid * resid) / syy  # r² = 1 − χ²/Σ w (t − t̄)²
+        r2 = np.where((self.num_sizes >= 2) & (syy > 0), r2, np.nan)
+        max_rel_error = _segment_max(np.abs(resid) / y, s, n)
+        empty = self.num_sizes == 0
+        for values in (alpha, beta, floor, max_rel_error):
+            values[empty] = np.nan
+        shape = np.where(empty, -1, shape)
+        return SegmentFits(alpha, beta, floor, r2, self.num_points, self.num_sizes, trusted & ~empty, shape,
+                           max_rel_error)
 
 
 def _segment_max(values: np.ndarray, segments: np.ndarray, num_segments: int) -> np.ndarray:
