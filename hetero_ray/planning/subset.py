@@ -89,36 +89,8 @@ def solve_subset_split(
         ValueError: bad curves or bounds (as :func:`solver.solve_split`), a communication
             cost that is not a finite number ≥ 0, or no group that can hold B.
     """
-    a = np.asarray(alphas, dtype=np.float64).ravel()
-    beta = np.asarray(betas, dtype=np.float64).ravel()
-    n = a.size
-    if n == 0:
-        raise ValueError("no ranks to split over")
-    tau = np.zeros(n) if floors is None else np.asarray(floors, dtype=np.float64).ravel()
-    lo = np.broadcast_to(np.asarray(min_size, dtype=np.int64), (n,))
-    cap = [None] * n if caps is None else list(caps)
-    if len(cap) != n or beta.size != n or tau.size != n:
-        raise ValueError(f"need one α, β, floor and cap per rank: got {n}, {beta.size}, {tau.size}, {len(cap)}")
-
-    evaluated: dict[tuple[int, ...], tuple[float, float, float, list[int]]] = {}
-
-    def evaluate(group: tuple[int, ...]):
-        """(T, compute, comm, sizes) of the best split over ``group``; None if it cannot hold B."""
-        if group in evaluated:
-            return evaluated[group]
-        idx = list(group)
-        room = sum(global_batch_size if cap[i] is None else cap[i] for i in idx)
-        if int(lo[idx].sum()) > global_batch_size or room < global_batch_size:
-            evaluated[group] = None
-            return None
-        sizes = solve_split(a[idx], beta[idx], global_batch_size, lo[idx], [cap[i] for i in idx], tau[idx])
-        compute = predicted_step_time_s(a[idx], beta[idx], sizes, tau[idx])
-        comm = comm_cost_s(frozenset(group))
-        if not (isinstance(comm, (int, float)) and math.isfinite(comm) and comm >= 0):
-            raise ValueError(f"communication cost for ranks {list(group)} must be a finite number ≥ 0, got {comm!r}")
-        evaluated[group] = (compute + float(comm), compute, float(comm), sizes)
-        return evaluated[group]
-
+    groups = _GroupSplits(alphas, betas, floors, global_batch_size, comm_cost_s, min_size, caps)
+    n = groups.n
     everyone = tuple(range(n))
     exhaustive = n <= EXHAUSTIVE_MAX_RANKS
     required = {int(r) for r in must_include}
@@ -127,11 +99,10 @@ def solve_subset_split(
     if exhaustive:
         candidates = [g for k in range(1, n + 1) for g in itertools.combinations(everyone, k)]
     else:
-        candidates = _heuristic_groups(everyone, evaluate, a, beta, tau)
-    candidates = [g for g in candidates if required <= set(g)]
+        candidates = _heuristic_groups(everyone, groups.evaluate, groups.a, groups.beta, groups.tau)
     best = None
-    for group in candidates:
-        result = evaluate(group)
+    for group in (g for g in candidates if required <= set(g)):
+        result = groups.evaluate(group)
         if result is None:
             continue
         key = (result[0], -len(group), group)
@@ -144,9 +115,48 @@ def solve_subset_split(
     local = [0] * n
     for i, b in zip(group, sizes):
         local[i] = int(b)
-    all_ranks = evaluate(everyone)
+    all_ranks = groups.evaluate(everyone)
     return SubsetSplit(tuple(local), group, total, compute, comm,
                        math.nan if all_ranks is None else all_ranks[0], exhaustive)
+
+
+class _GroupSplits:
+    """The best split over a group of ranks and its predicted step, once per group."""
+
+    def __init__(self, alphas, betas, floors, global_batch_size: int, comm_cost_s: CommCost, min_size: SizeBound,
+                 caps):
+        self.a = np.asarray(alphas, dtype=np.float64).ravel()
+        self.beta = np.asarray(betas, dtype=np.float64).ravel()
+        self.n = n = self.a.size
+        if n == 0:
+            raise ValueError("no ranks to split over")
+        self.tau = np.zeros(n) if floors is None else np.asarray(floors, dtype=np.float64).ravel()
+        self.lo = np.broadcast_to(np.asarray(min_size, dtype=np.int64), (n,))
+        self.cap = [None] * n if caps is None else list(caps)
+        if len(self.cap) != n or self.beta.size != n or self.tau.size != n:
+            raise ValueError(f"need one α, β, floor and cap per rank: got {n}, {self.beta.size}, {self.tau.size}, "
+                             f"{len(self.cap)}")
+        self.global_batch_size = global_batch_size
+        self.comm_cost_s = comm_cost_s
+        self._evaluated: dict[tuple[int, ...], Optional[tuple[float, float, float, list[int]]]] = {}
+
+    def evaluate(self, group: tuple[int, ...]):
+        """(T, compute, comm, sizes) of the best split over ``group``; None if it cannot hold B."""
+        if group not in self._evaluated:
+            self._evaluated[group] = self._split(group)
+        return self._evaluated[group]
+
+    def _split(self, group: tuple[int, ...]):
+        idx, cap, B = list(group), self.cap, self.global_batch_size
+        room = sum(B if cap[i] is None else cap[i] for i in idx)
+        if int(self.lo[idx].sum()) > B or room < B:
+            return None
+        sizes = solve_split(self.a[idx], self.beta[idx], B, self.lo[idx], [cap[i] for i in idx], self.tau[idx])
+        compute = predicted_step_time_s(self.a[idx], self.beta[idx], sizes, self.tau[idx])
+        comm = self.comm_cost_s(frozenset(group))
+        if not (isinstance(comm, (int, float)) and math.isfinite(comm) and comm >= 0):
+            raise ValueError(f"communication cost for ranks {list(group)} must be a finite number ≥ 0, got {comm!r}")
+        return compute + float(comm), compute, float(comm), sizes
 
 
 def _heuristic_groups(everyone: tuple[int, ...], evaluate, a, beta, tau) -> list[tuple[int, ...]]:
