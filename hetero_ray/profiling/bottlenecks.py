@@ -119,56 +119,12 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
     step_s = float(window.groupby("global_step")["step_time_s"].max().median())
     comm_s = float(window.groupby("global_step")["wait_time_s"].min().median())
     comm_share = comm_s / step_s if step_s > 0 else math.nan
-    global_batch = float(stats["local_batch_size"].sum())
     out = stats["local_batch_size"] == 0
-    inverse_cost = 1.0 / stats["per_sample_s"].where(~out)  # over the ranks in
-    fair_share = (global_batch * inverse_cost / inverse_cost.sum()).fillna(0.0)  # b_i* = B·(1/c_i)/Σ(1/c_j)
-    caps = memory_caps or {}
-
-    matched: dict[int, list[str]] = {}
-    evidence: dict[int, dict] = {}
-    for rank, row in stats.iterrows():
-        others = stats[~out].drop(index=rank, errors="ignore")
-        busy_others = float(others["busy_time_s"].median()) if len(others) else math.nan
-        cost_others = float(others["per_sample_s"].median()) if len(others) else math.nan
-        wait_others = float(others["wait_share"].median()) if len(others) else math.nan
-        cap = caps.get(int(rank))
-        memory_used = _nan_max([row["gpu_mem_peak_fraction"],
-                                row["local_batch_size"] / cap if cap else math.nan])
-        e = {
-            "steps": int(row["steps"]),
-            "local_batch_size": float(row["local_batch_size"]),
-            "busy_time_s": float(row["busy_time_s"]),
-            "per_sample_s": float(row["per_sample_s"]),
-            "data_share": float(row["data_share"]),
-            "wait_share": float(row["wait_share"]),
-            "step_time_s": step_s,
-            "busy_ratio": _ratio(row["busy_time_s"], busy_others),
-            "per_sample_ratio": _ratio(row["per_sample_s"], cost_others),
-            "others_wait_share": wait_others,
-            "comm_share": comm_share,
-            "fair_local_batch_size": float(fair_share.loc[rank]),
-            "gpu_util": float(row["gpu_util"]),
-            "memory_fraction": memory_used,
-            "memory_cap": cap,
-            "probe_batch_size": float(row["probe_batch_size"]),
-            "data_source": row["data_source"],
-        }
-        hits = [LEFT_OUT] if out.loc[rank] else []
-        if row["steps"] >= thresholds.min_steps and not out.loc[rank]:
-            if e["data_share"] >= thresholds.input_share:
-                hits.append(INPUT_BOUND)
-            if (len(others) and e["busy_ratio"] >= thresholds.straggler_ratio
-                    and wait_others >= thresholds.wait_share):
-                hits.append(STRAGGLER)
-            if memory_used >= thresholds.memory_fraction:
-                hits.append(MEMORY_BOUND)
-            if row["gpu_util"] < thresholds.low_gpu_util:
-                hits.append(UNDER_UTILISED_GPU)
-        matched[rank] = hits
-        evidence[rank] = e
-    any_straggler = any(STRAGGLER in hits for hits in matched.values())
-    if not any_straggler and comm_share >= thresholds.comm_share:
+    evidence = _evidence(stats, out, step_s, comm_share, memory_caps or {})
+    ranks_in = int((~out).sum())
+    matched = {rank: _matched(stats.loc[rank], out.loc[rank], ranks_in - (not out.loc[rank]), e, thresholds)
+               for rank, e in evidence.items()}
+    if not any(STRAGGLER in hits for hits in matched.values()) and comm_share >= thresholds.comm_share:
         for rank in matched:
             if stats.loc[rank, "steps"] >= thresholds.min_steps and not out.loc[rank]:
                 matched[rank].append(COMMUNICATION_BOUND)
@@ -183,6 +139,58 @@ def classify(steps: pd.DataFrame, memory_caps: Optional[dict[int, int]] = None,
         verdicts.append(Verdict(int(rank), str(stats.loc[rank, "node_id"]), verdict, e,
                                 _recommend(int(rank), verdict, e, thresholds, stragglers)))
     return verdicts
+
+
+def _evidence(stats: pd.DataFrame, out: pd.Series, step_s: float, comm_share: float,
+              caps: dict[int, int]) -> dict[int, dict]:
+    """Per rank, the figures its verdict rests on, each against the other ranks in."""
+    global_batch = float(stats["local_batch_size"].sum())
+    inverse_cost = 1.0 / stats["per_sample_s"].where(~out)  # over the ranks in
+    fair_share = (global_batch * inverse_cost / inverse_cost.sum()).fillna(0.0)  # b_i* = B·(1/c_i)/Σ(1/c_j)
+    evidence = {}
+    for rank, row in stats.iterrows():
+        others = stats[~out].drop(index=rank, errors="ignore")
+        busy_others = float(others["busy_time_s"].median()) if len(others) else math.nan
+        cost_others = float(others["per_sample_s"].median()) if len(others) else math.nan
+        cap = caps.get(int(rank))
+        evidence[rank] = {
+            "steps": int(row["steps"]),
+            "local_batch_size": float(row["local_batch_size"]),
+            "busy_time_s": float(row["busy_time_s"]),
+            "per_sample_s": float(row["per_sample_s"]),
+            "data_share": float(row["data_share"]),
+            "wait_share": float(row["wait_share"]),
+            "step_time_s": step_s,
+            "busy_ratio": _ratio(row["busy_time_s"], busy_others),
+            "per_sample_ratio": _ratio(row["per_sample_s"], cost_others),
+            "others_wait_share": float(others["wait_share"].median()) if len(others) else math.nan,
+            "comm_share": comm_share,
+            "fair_local_batch_size": float(fair_share.loc[rank]),
+            "gpu_util": float(row["gpu_util"]),
+            "memory_fraction": _nan_max([row["gpu_mem_peak_fraction"],
+                                         row["local_batch_size"] / cap if cap else math.nan]),
+            "memory_cap": cap,
+            "probe_batch_size": float(row["probe_batch_size"]),
+            "data_source": row["data_source"],
+        }
+    return evidence
+
+
+def _matched(row: pd.Series, is_out: bool, others_in: int, e: dict, thresholds: BottleneckThresholds) -> list[str]:
+    """Every verdict whose threshold a rank crosses (the first by priority is its verdict);
+    ``others_in``: how many other ranks are in."""
+    hits = [LEFT_OUT] if is_out else []
+    if row["steps"] < thresholds.min_steps or is_out:
+        return hits
+    if e["data_share"] >= thresholds.input_share:
+        hits.append(INPUT_BOUND)
+    if others_in and e["busy_ratio"] >= thresholds.straggler_ratio and e["others_wait_share"] >= thresholds.wait_share:
+        hits.append(STRAGGLER)
+    if e["memory_fraction"] >= thresholds.memory_fraction:
+        hits.append(MEMORY_BOUND)
+    if row["gpu_util"] < thresholds.low_gpu_util:
+        hits.append(UNDER_UTILISED_GPU)
+    return hits
 
 
 def verdicts_table(verdicts: list[Verdict]) -> pd.DataFrame:
