@@ -243,95 +243,98 @@ def _ddp_kwargs(trainer) -> dict[str, Any]:
 
 def _on_hetero_shares(base: type) -> type:
     """A subclass of the Trainer's own class with the overrides of the module docstring."""
+    name = f"HeteroShares{base.__name__}"
+    return type(name, (_HeteroShares, base), {"__qualname__": name, "__module__": __name__})
 
-    class HeteroSharesTrainer(base):
-        _hetero_loader = None
-        _loss_kind: Optional[LossKind] = None  # judged at the first step the Trainer scales the loss
 
-        def get_train_dataloader(self):
-            # Made once: a second train() call continues the same loader (one per worker).
-            if self._hetero_loader is None:
-                self._hetero_loader = _TrainerLoader(*_prepared_loader(self))
-            return self._hetero_loader
+class _HeteroShares:
+    """The overrides of the module docstring, mixed in before the Trainer's own class (their
+    ``super()`` is that class)."""
 
-        def evaluate(self, *args, **kwargs):
-            # Every rank evaluates (the Trainer gathers the results): a rank the plan left out
-            # first takes rank 0's state, or it would evaluate its own stale weights.
-            _session_of_trainer().parts.copy_state_to_left_out_ranks()
-            return super().evaluate(*args, **kwargs)
+    _hetero_loader = None
+    _loss_kind: Optional[LossKind] = None  # judged at the first step the Trainer scales the loss
 
-        def _track_num_input_tokens(self, inputs):
-            # A probe's tokens are no data (a rank the plan leaves out): it joins the Trainer's
-            # gather of the count with none.
-            from hetero_ray.train.worker import is_probe_step
+    def get_train_dataloader(self):
+        # Made once: a second train() call continues the same loader (one per worker).
+        if self._hetero_loader is None:
+            self._hetero_loader = _TrainerLoader(*_prepared_loader(self))
+        return self._hetero_loader
 
-            if is_probe_step() and isinstance(inputs, dict):
-                inputs = {name: value[:0] if torch.is_tensor(value) else value for name, value in inputs.items()}
-            return super()._track_num_input_tokens(inputs)
+    def evaluate(self, *args, **kwargs):
+        # Every rank evaluates (the Trainer gathers the results): a rank the plan left out
+        # first takes rank 0's state, or it would evaluate its own stale weights.
+        _session_of_trainer().parts.copy_state_to_left_out_ranks()
+        return super().evaluate(*args, **kwargs)
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            scaled = self._scaled_for_equal_ranks(num_items_in_batch)
-            if scaled and self._loss_kind in (None, LossKind.UNKNOWN):
-                self._loss_kind = self._judge_loss_kind(inputs, num_items_in_batch)
-            result = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                          num_items_in_batch=num_items_in_batch)
-            mean = self._loss_kind is LossKind.MEAN
-            if not scaled or not (model.training or mean):
-                return result
-            loss = result[0] if return_outputs else result
-            num_processes = self.accelerator.num_processes
-            if mean:
-                # n · ℓ_i with ℓ_i the local mean: ℓ_i (evaluation: the Trainer's mean over
-                # the ranks' equal batches), and in training, after the hook's w_i, Σ w_i ℓ_i.
-                loss = loss / num_processes
-            else:
-                # ℓ_i / (n · w_i): after the hook's w_i, rank i adds S_i / T (module docstring).
-                weight = _rank_weight()
-                loss = loss * 0.0 if weight == 0 else loss / (num_processes * weight)
-            return (loss, *result[1:]) if return_outputs else loss
+    def _track_num_input_tokens(self, inputs):
+        # A probe's tokens are no data (a rank the plan leaves out): it joins the Trainer's
+        # gather of the count with none.
+        from hetero_ray.train.worker import is_probe_step
 
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            loss = super().training_step(model, inputs, num_items_in_batch)
-            # The Trainer logs the mean over ranks of this value: n · w_i · loss makes it Σ w_i ℓ_i.
-            return loss * (self.accelerator.num_processes * _rank_weight())
+        if is_probe_step() and isinstance(inputs, dict):
+            inputs = {name: value[:0] if torch.is_tensor(value) else value for name, value in inputs.items()}
+        return super()._track_num_input_tokens(inputs)
 
-        def autocast_smart_context_manager(self, cache_enabled: Optional[bool] = True):
-            # Accelerate applies the Trainer's bf16/fp16 by wrapping the model it prepares;
-            # it never prepares hetero_ray's model, so the autocast goes around the loss here.
-            return self.accelerator.autocast()
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        scaled = self._scaled_for_equal_ranks(num_items_in_batch)
+        if scaled and self._loss_kind in (None, LossKind.UNKNOWN):
+            self._loss_kind = self._judge_loss_kind(inputs, num_items_in_batch)
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                      num_items_in_batch=num_items_in_batch)
+        mean = self._loss_kind is LossKind.MEAN
+        if not scaled or not (model.training or mean):
+            return result
+        loss = result[0] if return_outputs else result
+        num_processes = self.accelerator.num_processes
+        if mean:
+            # n · ℓ_i with ℓ_i the local mean: ℓ_i (evaluation: the Trainer's mean over
+            # the ranks' equal batches), and in training, after the hook's w_i, Σ w_i ℓ_i.
+            loss = loss / num_processes
+        else:
+            # ℓ_i / (n · w_i): after the hook's w_i, rank i adds S_i / T (module docstring).
+            weight = _rank_weight()
+            loss = loss * 0.0 if weight == 0 else loss / (num_processes * weight)
+        return (loss, *result[1:]) if return_outputs else loss
 
-        def _get_num_items_in_batch(self, batch_samples, device):
-            if _rank_weight() == 0 and batch_samples:
-                # This rank's piece of a short last window is empty: it runs one sample of
-                # the window with weight 0, whose tokens must not count in T.
-                batch_samples = [_without_labels(batch) for batch in batch_samples]
-            return super()._get_num_items_in_batch(batch_samples, device)
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # The Trainer logs the mean over ranks of this value: n · w_i · loss makes it Σ w_i ℓ_i.
+        return loss * (self.accelerator.num_processes * _rank_weight())
 
-        def _scaled_for_equal_ranks(self, num_items_in_batch) -> bool:
-            """Whether the Trainer multiplied the loss by n for DDP's equal average (its own test)."""
-            return bool(self.args.average_tokens_across_devices
-                        and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
-                        and num_items_in_batch is not None)
+    def autocast_smart_context_manager(self, cache_enabled: Optional[bool] = True):
+        # Accelerate applies the Trainer's bf16/fp16 by wrapping the model it prepares;
+        # it never prepares hetero_ray's model, so the autocast goes around the loss here.
+        return self.accelerator.autocast()
 
-        def _judge_loss_kind(self, inputs, num_items_in_batch) -> LossKind:
-            """Whether the Trainer's loss really divides by ``num_items_in_batch``, judged on
-            this rank's batch summed over all ranks (one all-reduce: every rank takes the
-            same verdict, and a rank whose loss is 0 does not decide). Every rank runs it at
-            the same step, where the Trainer gathers the item counts already."""
-            from hetero_ray.training import session
+    def _get_num_items_in_batch(self, batch_samples, device):
+        if _rank_weight() == 0 and batch_samples:
+            # This rank's piece of a short last window is empty: it runs one sample of
+            # the window with weight 0, whose tokens must not count in T.
+            batch_samples = [_without_labels(batch) for batch in batch_samples]
+        return super()._get_num_items_in_batch(batch_samples, device)
 
-            local = losses_at_n_and_twice_n(super().compute_loss, self.model, inputs, num_items_in_batch)
-            device = session.current("prepare_trainer").identity.collective_device
-            summed = local.to(device, torch.float64)
-            if torch.distributed.is_initialized():
-                torch.distributed.all_reduce(summed)
-            kind = judge_loss_kind(*summed.tolist())
-            if self.is_world_process_zero():
-                _say_loss_kind(kind, type(self.model).__name__)
-            return kind
+    def _scaled_for_equal_ranks(self, num_items_in_batch) -> bool:
+        """Whether the Trainer multiplied the loss by n for DDP's equal average (its own test)."""
+        return bool(self.args.average_tokens_across_devices
+                    and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+                    and num_items_in_batch is not None)
 
-    HeteroSharesTrainer.__name__ = HeteroSharesTrainer.__qualname__ = f"HeteroShares{base.__name__}"
-    return HeteroSharesTrainer
+    def _judge_loss_kind(self, inputs, num_items_in_batch) -> LossKind:
+        """Whether the Trainer's loss really divides by ``num_items_in_batch``, judged on
+        this rank's batch summed over all ranks (one all-reduce: every rank takes the
+        same verdict, and a rank whose loss is 0 does not decide). Every rank runs it at
+        the same step, where the Trainer gathers the item counts already."""
+        from hetero_ray.training import session
+
+        local = losses_at_n_and_twice_n(super().compute_loss, self.model, inputs, num_items_in_batch)
+        device = session.current("prepare_trainer").identity.collective_device
+        summed = local.to(device, torch.float64)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(summed)
+        kind = judge_loss_kind(*summed.tolist())
+        if self.is_world_process_zero():
+            _say_loss_kind(kind, type(self.model).__name__)
+        return kind
 
 
 class LossKind(enum.Enum):
