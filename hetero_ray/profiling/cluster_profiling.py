@@ -59,9 +59,7 @@ def profile_cluster(config: ProfileConfig, *, emit: Callable[[str], None] = prin
         ConfigError: a model given by name (before anything starts).
     """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from hetero_ray.constants import RAY_NAMESPACE
     from hetero_ray.profiling.inventory import node_facts
 
     model = config.model
@@ -77,19 +75,43 @@ def profile_cluster(config: ProfileConfig, *, emit: Callable[[str], None] = prin
     what = f" and {name} at batch {','.join(map(str, config.batch_sizes))}" if model else ""
     emit(f"[profile] profiling {len(nodes)} node(s): inventory, micro-benchmarks{what}…")
 
-    started = time.monotonic()
-    deadline = started + config.timeout_s
-    results: dict[str, NodeCapability] = {}
-    actors: dict[str, Any] = {}
-    pending: dict[Any, str] = {}
-    remote_cls = ray.remote(profiler_cls)
+    run = _ProfilerRun(config, facts, emit, name)
     try:
-        for fact in facts:
+        run.start(ray.remote(profiler_cls), experiment_name, reserve_cpus)
+        run.gather()
+        run.time_out_the_rest()
+    finally:
+        run.kill()
+    ordered = [run.results[f["node_id"]] for f in facts if f["node_id"] in run.results]
+    if planner is not None:
+        ray.get(planner.set_capabilities.remote([c.to_dict() for c in ordered]), timeout=60)
+    return ordered
+
+
+class _ProfilerRun:
+    """One profiling of the nodes: their profiler actors, what is still pending, the results."""
+
+    def __init__(self, config: ProfileConfig, facts: list[dict], emit: Callable[[str], None], model_name):
+        self.config, self.facts, self.emit, self.model_name = config, facts, emit, model_name
+        self.started = time.monotonic()
+        self.deadline = self.started + config.timeout_s
+        self.results: dict[str, NodeCapability] = {}
+        self.actors: dict[str, Any] = {}
+        self.pending: dict[Any, str] = {}
+
+    def start(self, remote_cls, experiment_name: Optional[str], reserve_cpus: bool) -> None:
+        """A profiler pinned to each node, each asked to profile; a node whose actor cannot
+        start fails at once, the others go on."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from hetero_ray.constants import RAY_NAMESPACE
+
+        for fact in self.facts:
             node_id = fact["node_id"]
             node_cpus = float(fact["resources"].get("CPU", 0.0))
             options = dict(
                 namespace=RAY_NAMESPACE,
-                num_cpus=min(config.cpus_per_worker, node_cpus) if reserve_cpus else 0,
+                num_cpus=min(self.config.cpus_per_worker, node_cpus) if reserve_cpus else 0,
                 num_gpus=math.floor(fact["resources"].get("GPU", 0.0)),  # all of them: it benchmarks each
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
                 max_restarts=0,
@@ -97,53 +119,67 @@ def profile_cluster(config: ProfileConfig, *, emit: Callable[[str], None] = prin
             )
             try:
                 actor = _start_named(remote_cls, options, _profiler_name(experiment_name, node_id),
-                                     config.to_dict(), None, fact)
+                                     self.config.to_dict(), None, fact)
             except Exception as e:  # noqa: BLE001 - this node fails, the others go on
-                results[node_id] = NodeCapability.failed(node_id, f"could not start a profiler: {e}",
-                                                         **_known_facts(fact))
+                self.results[node_id] = NodeCapability.failed(node_id, f"could not start a profiler: {e}",
+                                                              **_known_facts(fact))
                 continue
-            actors[node_id] = actor
-            pending[actor.profile.remote()] = node_id
+            self.actors[node_id] = actor
+            self.pending[actor.profile.remote()] = node_id
+
+    def gather(self) -> None:
+        """Each node's capability as it finishes (a line each), and every few seconds what
+        the others are doing, until all are in or the deadline passes."""
+        import ray
+
         last_progress = time.monotonic()
-        while pending:
-            remaining = deadline - time.monotonic()
+        while self.pending:
+            remaining = self.deadline - time.monotonic()
             if remaining <= 0:
-                break
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=min(remaining, 1.0))
+                return
+            done, _ = ray.wait(list(self.pending), num_returns=1, timeout=min(remaining, 1.0))
             for ref in done:
-                node_id = pending.pop(ref)
-                fact = next(f for f in facts if f["node_id"] == node_id)
+                node_id = self.pending.pop(ref)
                 try:
                     capability = NodeCapability.from_dict(ray.get(ref))
                 except Exception as e:  # noqa: BLE001 - the actor died or raised
-                    capability = NodeCapability.failed(node_id, _short_error(e), **_known_facts(fact))
-                results[node_id] = capability
-                emit(f"[profile] {describe_node(capability, time.monotonic() - started, name)}")
-            if pending and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                    capability = NodeCapability.failed(node_id, _short_error(e), **_known_facts(self._fact(node_id)))
+                self._done(node_id, capability)
+            if self.pending and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
-                stages = _stages({pending[r]: actors[pending[r]] for r in pending})
-                emit("[profile] still profiling: "
-                     + ", ".join(f"{nid[:8]} ({stages.get(nid, 'starting')})" for nid in pending.values()))
-        if pending:
-            stages = _stages({pending[r]: actors[pending[r]] for r in pending})
-            for ref, node_id in pending.items():
-                fact = next(f for f in facts if f["node_id"] == node_id)
-                capability = NodeCapability.failed(
-                    node_id, f"timed out after {config.timeout_s:g} s (last stage: "
-                             f"{stages.get(node_id, 'not started: no room for the profiler?')})",
-                    **_known_facts(fact))
-                results[node_id] = capability
-                emit(f"[profile] {describe_node(capability, time.monotonic() - started, name)}")
-    finally:
-        for actor in actors.values():
+                stages = self._stages()
+                self.emit("[profile] still profiling: "
+                          + ", ".join(f"{nid[:8]} ({stages.get(nid, 'starting')})" for nid in self.pending.values()))
+
+    def time_out_the_rest(self) -> None:
+        """Every node still pending fails with the stage it was in."""
+        if not self.pending:
+            return
+        stages = self._stages()
+        for node_id in self.pending.values():
+            self._done(node_id, NodeCapability.failed(
+                node_id, f"timed out after {self.config.timeout_s:g} s (last stage: "
+                         f"{stages.get(node_id, 'not started: no room for the profiler?')})",
+                **_known_facts(self._fact(node_id))))
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors.values():
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-    ordered = [results[f["node_id"]] for f in facts if f["node_id"] in results]
-    if planner is not None:
-        ray.get(planner.set_capabilities.remote([c.to_dict() for c in ordered]), timeout=60)
-    return ordered
+
+    def _done(self, node_id: str, capability: NodeCapability) -> None:
+        self.results[node_id] = capability
+        self.emit(f"[profile] {describe_node(capability, time.monotonic() - self.started, self.model_name)}")
+
+    def _fact(self, node_id: str) -> dict:
+        return next(f for f in self.facts if f["node_id"] == node_id)
+
+    def _stages(self) -> dict[str, str]:
+        return _stages({node_id: self.actors[node_id] for node_id in self.pending.values()})
 
 
 def _profiler_name(experiment_name: Optional[str], node_id: str) -> str:
