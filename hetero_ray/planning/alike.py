@@ -86,3 +86,16 @@ def pool_alike(alphas, betas, floors, shares, tolerance: float,
         for values in (a, b, f):
             values[group] = values[group].mean()
     return a, b, f, groups
+
+
+def alike_note(groups: list[list[int]], curves, within: str) -> str:
+    """A decision reason's words for the groups of alike ranks whose own curves differ (ranks
+    with one curve already, as one node's profile gives, need no word)."""
+    rows = [np.asarray(c, dtype=np.float64) for c in curves]
+    differ = [g for g in groups if any(np.ptp(row[g]) > 0 for row in rows)]
+    return "".join(f"; ranks {_short_list(g)} alike (within {within}): one speed" for g in differ)
+
+
+def _short_list(ranks: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(int(r)) for r in ranks[:limit])
+    return shown + (f" … (+{len(ranks) - limit})" if len(ranks) > limit else "")

@@ -1,71 +1,44 @@
 """Rebalance policies: from estimates to a decision (keep the plan, or adopt a new one).
 
-A policy never changes anything itself: :meth:`Policy.initial_plan` and
-:meth:`Policy.decide` return a plan or a :class:`Decision`, and the planner acts on them. A
-policy is given what it decides from, never the machinery behind it: the profiled
-capacities of the ranks for the first plan, an estimates snapshot for every later one.
-Every decision, adopted or not, carries its reason, the estimates it was made from, and
-the predicted step times it compared.
+A policy changes nothing itself: :meth:`Policy.initial_plan` and :meth:`Policy.decide`
+return a plan or a :class:`~hetero_ray.planning.decision.Decision`, and the planner acts on
+them. A policy is one class, made known by :func:`register_policy`:
 
 ============  =====================================================================
 ``static``        equal shares; never changes.
 ``proportional``  shares proportional to profiled throughput; fixed after the first plan.
-``dynamic``       shares proportional to measured throughput, online. This is the cost
-                  model with ``α_i = 0``: ``t_i(b) = b / samples_per_s_i``.
-``optimal``       minimise the predicted step time ``max_{i∈G} t_i(b_i) + c(G)`` with the
-                  fitted curve ``t_i(b) = max(τ_i, α_i + β_i·b)`` per rank and the
-                  learned all-reduce time ``c`` of the ranks in, ``G``
-                  (:func:`subset.solve_subset_split`): a rank that costs more in
-                  communication than it adds in compute is left out (``b_i = 0``).
-                  Rank 0 is always in: it holds the run's state (checkpoints, the
-                  parameters a rank brought back receives).
+``dynamic``       shares proportional to measured throughput: ``t_i(b) = b / samples_per_s_i``.
+``optimal``       minimise ``max_{i∈G} t_i(b_i) + c(G)`` with the fitted curves
+                  ``t_i(b) = max(τ_i, α_i + β_i·b)`` and the learned all-reduce ``c`` of the
+                  ranks in, ``G`` (:func:`subset.solve_subset_split`): a rank that costs
+                  more in communication than it adds is left out. Rank 0 is always in.
 ============  =====================================================================
-
-Every adaptive policy's prediction of a plan includes ``c`` of its ranks in when the
-balancer gives one (``comm_cost_s``), so predictions compare with measured steps.
 
 The adaptive policies adopt a proposal only when
 
     gain = (P_current − P_proposed) / P_current  >  threshold + noise margin
 
-where ``P`` is the predicted step time over the fresh ranks and the noise margin is the
-gain that estimation noise alone would fake: with ``n`` ranks whose levels have relative
-standard error ``se``, the largest of ``n`` noisy estimates of equal times exceeds their
-mean by about ``se·sqrt(2·ln n)``, which a rebalance to "equal" would promise to win back.
-Only ranks that could be the slowest count in that ``n`` (the *contenders*: busy times
-within :data:`CONTENDER_SIGMAS` standard errors of the slowest one's). When the measured
-busy times themselves show one rank clearly slower than the rest — the step is unbalanced
-beyond noise, as after a first move from equal shares that fell short — there is one
-contender and no margin, and the move the imbalance calls for is not blocked by noise it
-does not have. Where the levels drift — a rank's speed on a shared machine wanders for
-tens of steps, which no window's i.i.d. error shows — each rank's standard error is at
-least ``se_forecast``, how far the levels measurably moved between decisions
-(:mod:`hetero_ray.planning.forecast`), and so is the margin, one contender or many: the
-plan meets the next interval's levels, not this window's. Stale ranks (no recent records)
-keep their size; the rest is balanced around them. A plan with a rank over its cap (a CPU quota its node fills: see
-planning/quota.py) is moved whatever the gain: the cap says what the fitted curve cannot.
-
-A gain that beats the required one by less than ``confirm_below``× is adopted only when the
-decision before, under the same plan, saw one too: identical workers on a shared machine
-take turns being briefly slow, and early in a run, before the levels' drift is measured,
-one such turn can beat the bar at one decision (two of five 200-step runs moved once that
-way); the next decision no longer saw it. Devices that really differ beat the bar by far
-(adopted at once) or at every decision (adopted one interval later).
+the margin being what estimation noise alone would fake, ``k·se·sqrt(2 ln n)`` over the
+*contenders* (ranks within :data:`CONTENDER_SIGMAS` standard errors of the slowest), each
+``se`` at least the levels' measured drift between decisions (planning/forecast.py). A gain
+under ``confirm_below``× the bar waits for the next decision to see it again. A plan with a
+rank over its cap moves whatever the gain. The reasoning and its measurements:
+docs/profiling-and-planning.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
-from hetero_ray import validate
 from hetero_ray.errors import ConfigError
-from hetero_ray.planning.alike import pool_alike
+from hetero_ray.planning.alike import alike_note, pool_alike
 from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.planning.cost_model import curve_busy_time_s
+from hetero_ray.planning.decision import Decision, PolicyConfig
 from hetero_ray.planning.estimates import Estimates
 from hetero_ray.planning.forecast import LevelForecastNoise
 from hetero_ray.planning.plan import Plan, equal_split
@@ -83,94 +56,6 @@ CONTENDER_SIGMAS = 3.0
 # 38/35). Ranks this close start as one speed; the decisions that follow, on steady steps
 # and their noise, split them again where a move gains what a move must.
 FIRST_PLAN_ALIKE_SPREAD = 0.15
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Knobs shared by the adaptive policies; defaults carry their reason."""
-
-    # Adopt only if the predicted step time drops by more than this fraction: a switch
-    # costs a broadcast and some lost overlap, and smaller gains drown in noise.
-    rebalance_threshold: float = 0.05
-    # Steps after an adoption before the next may be adopted (0: every interval may change).
-    cooldown_steps: int = 0
-    # b_min: the smallest local batch a rank is given (every rank needs ≥ 1 sample).
-    min_local_batch_size: int = 1
-    # Multiplier on the noise margin se·sqrt(2 ln n) added to the threshold (0: off).
-    noise_margin: float = 1.0
-    # A gain below this multiple of the required gain is adopted only when the decision
-    # before, under the same plan, also saw one (1: at once): see the module docstring.
-    confirm_below: float = 2.0
-
-    def __post_init__(self):
-        validate.fraction_below_one("rebalance_threshold", self.rebalance_threshold, of="the step time")
-        validate.non_negative_int("cooldown_steps", self.cooldown_steps)
-        validate.positive_int("min_local_batch_size", self.min_local_batch_size)
-        k = self.noise_margin
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k < math.inf:
-            raise ConfigError(f"noise_margin must be a finite number ≥ 0, got {k!r}")
-        c = self.confirm_below
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 1 <= c < math.inf:
-            raise ConfigError(f"confirm_below must be a finite number ≥ 1, got {c!r}")
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a policy decided at one rebalance point.
-
-    Attributes:
-        adopt: True when ``plan`` is a new plan to publish.
-        plan: the plan in force after the decision (the new one, or the current one).
-        reason: why, in words a person reads in the decision log.
-        policy: the policy's name.
-        global_step: the step the decision was made at.
-        proposed_local_batch_sizes: what the policy would switch to (also when rejected);
-            None when it proposed nothing.
-        predicted_step_time_s: predicted step time of the proposal (NaN: none).
-        current_predicted_step_time_s: predicted step time of the current plan (NaN: unknown).
-        predicted_gain: ``(current − proposed)/current`` (NaN: nothing to compare).
-        required_gain: the gain a proposal had to beat (threshold + noise margin).
-        estimates: the estimates the decision was made from (None: none were given).
-        left_out: the ranks the proposal leaves out (``b_i = 0``).
-        all_ranks_step_time_s: predicted step time of the best split over every rank
-            that could be in (NaN: not computed), to set beside a proposal that leaves
-            ranks out.
-    """
-
-    adopt: bool
-    plan: Plan
-    reason: str
-    policy: str
-    global_step: int
-    proposed_local_batch_sizes: Optional[tuple[int, ...]] = None
-    predicted_step_time_s: float = math.nan
-    current_predicted_step_time_s: float = math.nan
-    predicted_gain: float = math.nan
-    required_gain: float = math.nan
-    estimates: Optional[Estimates] = field(default=None, repr=False, compare=False)
-    left_out: tuple[int, ...] = ()
-    all_ranks_step_time_s: float = math.nan
-
-    def to_record(self) -> dict:
-        """A row of the ``decisions`` table.
-
-        ``local_batch_sizes`` is the proposal (the new plan when adopted); without one, the
-        plan in force.
-        """
-        sizes = self.proposed_local_batch_sizes or self.plan.local_batch_sizes
-        return {
-            "global_step": int(self.global_step),
-            "policy": self.policy,
-            "adopted": bool(self.adopt),
-            "reason": self.reason,
-            "plan_version": int(self.plan.version),
-            "local_batch_sizes": [int(b) for b in sizes],
-            "predicted_step_time_s": _finite_or_none(self.predicted_step_time_s),
-            "current_predicted_step_time_s": _finite_or_none(self.current_predicted_step_time_s),
-            "predicted_gain": _finite_or_none(self.predicted_gain),
-            "left_out_ranks": [int(r) for r in self.left_out],
-            "all_ranks_predicted_step_time_s": _finite_or_none(self.all_ranks_step_time_s),
-        }
 
 
 Capacities = Optional[Sequence[RankCapacity]]
@@ -458,7 +343,7 @@ class _AdaptivePolicy(_BasePolicy):
             all_ranks_step_time_s=all_ranks_s,
         )
         notes = (_membership_notes(view.b_now, proposal, left_out, proposed_pred, all_ranks_s) + kept_in_note
-                 + _alike_note(alike, (view.alphas, view.betas, view.floors), f"{required:.1%} or their noise")
+                 + alike_note(alike, (view.alphas, view.betas, view.floors), f"{required:.1%} or their noise")
                  + _stale_notes(view))
         if tuple(proposal) == current.local_batch_sizes:
             self._lead_under_version = None
@@ -636,8 +521,8 @@ class OptimalPolicy(_AdaptivePolicy):
         if alike:
             sizes = solve_split(pooled_a, pooled_b, global_batch_size, self.config.min_local_batch_size, caps,
                                 pooled_f)
-        alike_note = _alike_note(alike, (alphas, betas, floors), f"{FIRST_PLAN_ALIKE_SPREAD:.0%}, a first plan's noise")
-        return Plan(0, tuple(sizes), f"optimal: split for the profiled cost model{alike_note}")
+        note = alike_note(alike, (alphas, betas, floors), f"{FIRST_PLAN_ALIKE_SPREAD:.0%}, a first plan's noise")
+        return Plan(0, tuple(sizes), f"optimal: split for the profiled cost model{note}")
 
     def _first_plan_with_communication(self, alphas, betas, floors, global_batch_size: int, caps,
                                        comm_cost_s: CommCost) -> Plan:
@@ -697,23 +582,11 @@ def _contenders(busy_time_s: np.ndarray, rel_se: np.ndarray) -> int:
     return int(np.sum(~(z >= CONTENDER_SIGMAS)))  # NaN (0/0: identical, no noise) counts as a contender
 
 
-def _alike_note(groups: list[list[int]], curves, within: str) -> str:
-    """The reason's words for the groups of alike ranks whose own curves differ (ranks with
-    one curve already, as one node's profile gives, need no word)."""
-    rows = [np.asarray(c, dtype=np.float64) for c in curves]
-    differ = [g for g in groups if any(np.ptp(row[g]) > 0 for row in rows)]
-    return "".join(f"; ranks {_short_list(np.asarray(g))} alike (within {within}): one speed" for g in differ)
-
-
 def _comm_s(comm_cost_s: Optional[CommCost], sizes) -> float:
     """``c`` of the ranks a split puts in (0 without a communication model)."""
     if comm_cost_s is None:
         return 0.0
     return float(comm_cost_s(frozenset(int(r) for r, b in enumerate(sizes) if b > 0)))
-
-
-def _finite_or_none(x: float) -> Optional[float]:
-    return float(x) if x is not None and math.isfinite(x) else None
 
 
 def _short_list(ranks: np.ndarray, limit: int = 8) -> str:
