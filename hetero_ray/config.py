@@ -223,7 +223,7 @@ class PlanConfig:
             _store(self, plan_changes=validate.plan_changes("--plan-changes", self.plan_changes))
 
     def policy_config(self) -> dict:
-        """Keyword arguments of :class:`hetero_ray.planning.policies.PolicyConfig`."""
+        """Keyword arguments of :class:`hetero_ray.planning.decision.PolicyConfig`."""
         return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
 
 

@@ -165,7 +165,7 @@ class HeteroConfig:
                 validate.per_rank("--worker-devices", self.worker_devices, max_workers)
 
     def policy_config(self) -> dict:
-        """Keyword arguments of :class:`hetero_ray.planning.policies.PolicyConfig`."""
+        """Keyword arguments of :class:`hetero_ray.planning.decision.PolicyConfig`."""
         return self.plan.policy_config()
 
     @property

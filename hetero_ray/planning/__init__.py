@@ -18,14 +18,13 @@ shell around :class:`~hetero_ray.planning.planner.Planner`.
 """
 
 from hetero_ray.planning.cost_model import CurveFit, fit_curve
+from hetero_ray.planning.decision import Decision, PolicyConfig
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
 from hetero_ray.planning.policies import (
     DEFAULT_POLICY,
-    Decision,
     DynamicPolicy,
     OptimalPolicy,
     Policy,
-    PolicyConfig,
     ProportionalPolicy,
     StaticPolicy,
     make_policy,

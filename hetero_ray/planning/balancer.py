@@ -106,7 +106,8 @@ from hetero_ray.planning.cost_model import kept_mean_s
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates
 from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial, shares_without, step_periods, steps_per_epoch
 from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares, lift_to_hold, tighter
-from hetero_ray.planning.policies import Decision, Policy
+from hetero_ray.planning.decision import Decision
+from hetero_ray.planning.policies import Policy
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.quota import QuotaCaps
 

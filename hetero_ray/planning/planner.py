@@ -57,7 +57,8 @@ from hetero_ray.planning.capacity import (
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.feed_trial import DEFAULT_WINDOW_STEPS, FeedTrial, feed_candidates, ranks_words
 from hetero_ray.planning.plan import Plan
-from hetero_ray.planning.policies import PolicyConfig, make_policy, register_policy
+from hetero_ray.planning.decision import PolicyConfig
+from hetero_ray.planning.policies import make_policy, register_policy
 from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ import numpy as np
 
 from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.planning.estimates import ClusterEstimates
-from hetero_ray.planning.policies import Decision, Policy
+from hetero_ray.planning.decision import Decision
+from hetero_ray.planning.policies import Policy
 from hetero_ray.planning.solver import predicted_step_time_s, solve_split
 from hetero_ray.planning.plan import Plan
 
