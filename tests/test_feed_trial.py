@@ -13,7 +13,8 @@ import pytest
 from hetero_ray.errors import ConfigError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
-from hetero_ray.planning.balancer import Balancer, DecisionState
+from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.balancer_state import DecisionState
 from hetero_ray.planning.feed_trial import (
     DONE, FEEDING, FeedTrial, TrialWindow, feed_candidates, judge, ranks_words, shares_without, step_periods,
     steps_per_epoch,

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from hetero_ray.metrics.run_files import PLANNER_STATE_FILE
-from hetero_ray.planning.balancer import Proposal
+from hetero_ray.planning.balancer_state import Proposal
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster

@@ -3,92 +3,27 @@
 Plain class, owned by the planner (:mod:`hetero_ray.planning.planner`), which acts on what
 it returns. It learns the plan in force from the records themselves (each row carries its
 ``plan_version`` and ``local_batch_size``), so it never decides on a plan the workers are
-not running.
+not running. Its jobs, each explained in docs/profiling-and-planning.md:
 
-Workers switch plans only at rebalance points (global steps that are multiples of the
-interval), and records reach the balancer in batches, some steps after they ran. A
-decision made when the records *reach* a rebalance point is a point late: the workers
-have passed it and the plan waits a whole interval. So the balancer decides for the next
-point ``B`` as soon as the records after this batch would arrive too late:
+- **In time.** Records arrive in batches, steps after they ran, so it decides for the next
+  point ``B`` once the next batch would come too late:
 
-    g = newest step every rank has reported;  lead = ⌈lag / step time⌉ + gap + 1
-    if g + lead ≥ B and the last adopted proposal is in force (or none is pending):
-        decision = policy.decide(plan in force, estimates, g);  B = next point after g + lead
+      g = newest step every rank has reported;  lead = ⌈lag / step time⌉ + gap + 1
+      if g + lead ≥ B and no adopted proposal is pending: decide at g
 
-with ``lag`` how old step ``g`` already is (its wall time against the clock now) and
-``gap`` the most steps the workers ran between two of the last few record batches.
-Counted in steps, not seconds: a pause in which no step runs (an evaluation, a
-checkpoint) would otherwise count as many steps and push the next decisions past several
-points. Without step times it decides at ``g = B − 1``.
-
-An adopted decision's row waits until the new plan has run ``achieved_window_steps``
-complete steps; then its ``achieved_step_time_s`` (the slowest rank's busy time plus the
-step's all-reduce time, ``max_{i∈G} t_i + c(G)`` over the ranks in, over those steps, as
-their kept mean: :func:`~hetero_ray.planning.cost_model.kept_mean_s`, which rejects isolated spikes but, unlike a median, counts a slow mode that recurs — a
-device stalling into its CPU quota's next period every other step) is filled in and the
-row is emitted, prediction and outcome side by side.
-
-Every decision row also carries ``rest_of_step_s``: how much longer the plan decided on
-took a step, over its newest complete steps, than its slowest rank's mean busy time plus
-the mean all-reduce — the optimizer, the loop, and the jitter of each step waiting for
-its unluckiest rank, which curves of mean busy times leave out. No split changes it
-much, so plans are compared without it; added to a prediction it gives the step time a
-person measures.
-
-A worse plan is never kept. A cost line fitted at one batch size can mislead at another
-(under a CPU quota a device looks fast while its step fits in the quota's burst), so a
-prediction can be wrong. After ``rollback_check_steps`` steps of an adopted plan, the
-same quantity is compared with the plan it replaced over its last as many steps before
-the switch (the newest: a device that slowed down just before is measured slow on both
-sides, so adapting to it is not mistaken for a worse plan); if the step got slower by
-more than :data:`ROLLBACK_MARGIN`, the old shares are proposed again at once — in force
-from the next point, so the worse plan runs at most one interval — and the balancer
-holds the restored plan for one more decision. It also stops trusting the extrapolation
-that misled it: every rank the worse plan gave more samples may from then on be given at
-most half that increase (a cap the policy respects, until the worker group restarts). A
-second wrong move halves it again, so the shares approach the largest a rank really runs
-at its predicted speed instead of swinging between two plans. When the step came out
-more than :data:`CLIFF_FACTOR` times the prediction, the cost is no line near that size
-but a cliff — a CPU quota the rank's step already fills, so every sample more stalls
-into the next period, and halving would only bisect towards the cliff, a costly interval
-per try — so those ranks may not grow at all.
-
-A plan can also pass that check and turn worse later (its first steps ran within a CPU
-quota's burst, or the check's few steps were lucky): as long as it is in force, every
-later decision judges it again, over its newest ``rollback_check_steps`` steps, against
-the same measurement of its predecessor. Worse by more than :data:`REVERT_MARGIN`, it is
-*reverted* — the same as a rollback (the old shares at the next point, a hold, the caps
-that stop the policy from proposing it again) under its own name in the decision row —
-unless the ranks it gave no more samples slowed down as much: then the machine or a
-device changed, not the plan, and the old shares would be no faster. Nor is a plan that
-held through a decision after its check reverted once a rank's speed changes (the
-estimates find it: a lasting shift, not a quota's alternating steps): its predecessor was
-measured before the change, and the policy re-plans for the new speeds instead. A rank
-given two samples more that then runs at half speed is a device that slowed down, not a
-worse plan; reverting to the shares measured before would move nothing off it.
-
-Before any of that, a move is bounded (:mod:`hetero_ray.planning.moves`): a rank may be
-given only so much beyond the largest share its curve knows that, if it runs there at a
-third of the speed it showed (a quota's burst), the step grows by at most a quarter. A move
-beyond the known shares is a trial, checked after ``TRIAL_CHECK_STEPS`` steps instead of
-``rollback_check_steps``; its plan carries a check point (``Plan.check_after_steps``: those
-steps plus the records' lag) where the ranks ask again, so its rollback is in force there.
-
-Where the cliff is a CPU quota it shows before any move: the ranks' step rows carry their
-cgroup's quota and the CPU they use under it, and a node's ranks may grow only as far as
-the quota carries at the plan's step time (:mod:`hetero_ray.planning.quota`).
-
-A run that reads a Ray Data pipeline may also hold a *feeding trial*
-(:mod:`hetero_ray.planning.feed_trial`): once a decision has kept a plan with every
-candidate in and whole epochs of it are measured (looked for with every batch of records),
-the candidates are left out for a window of whole epochs (longer while the two are within
-their noise), and then keeps whichever of the two
-measured faster — the candidates out for good (the policy holds them out), or their old
-shares back. The policy
-decides nothing while the trial runs; no rollback judges the trial's plans (the trial's
-own measurement does, on rank 0's step periods: a plan that feeds the pipeline is judged
-by what the ranks in wait for, which curves of busy time do not see). Its two rows in the
-decisions table carry both measured rates.
+  counted in steps (``gap``: the most steps run between two of the last batches), so a
+  pause in which no step runs does not push decisions past their points.
+- **Prediction beside outcome.** An adopted decision's row waits for the new plan's
+  ``achieved_step_time_s`` (``max_{i∈G} t_i + c(G)`` as a kept mean); every row carries
+  ``rest_of_step_s``, what a step takes beyond that.
+- **A worse plan is never kept.** After ``rollback_check_steps`` (a trial beyond the known
+  shares: ``TRIAL_CHECK_STEPS``, at its own check point) the step is compared with the plan
+  it replaced; slower by :data:`ROLLBACK_MARGIN`, the old shares come back at once, and the
+  ranks it grew may grow half as far next time (not at all past :data:`CLIFF_FACTOR` × the
+  prediction). Later decisions judge it again (:data:`REVERT_MARGIN`), unless the ranks it
+  left alone slowed as much. Moves are bounded before that (planning/moves.py, quota.py).
+- **The feeding trial** (planning/feed_trial.py): candidates left out for whole epochs
+  beside a window with them in; the faster stays. No policy decision while it runs.
 """
 
 from __future__ import annotations
@@ -98,17 +33,18 @@ import dataclasses
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from hetero_ray.planning.balancer_state import BalancerOutput, DecisionState, PlanInForce, Predecessor, Proposal, StepInfo
+from hetero_ray.planning.balancer_trial import FeedTrialSteps
 from hetero_ray.planning.comm import CommEstimates
 from hetero_ray.planning.cost_model import kept_mean_s
-from hetero_ray.planning.estimates import ClusterEstimates, Estimates
-from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial, shares_without, step_periods, steps_per_epoch
-from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares, lift_to_hold, tighter
 from hetero_ray.planning.decision import Decision
-from hetero_ray.planning.policies import Policy
+from hetero_ray.planning.estimates import ClusterEstimates, Estimates
+from hetero_ray.planning.feed_trial import FEEDING, WAITING, FeedTrial
+from hetero_ray.planning.moves import TRIAL_CHECK_STEPS, MeasuredShares, lift_to_hold, tighter
 from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.policies import Policy
 from hetero_ray.planning.quota import QuotaCaps
 
 _STEPS_TRACKED = 1024  # per-step completeness kept for the newest steps only (a trial's windows: whole epochs)
@@ -129,104 +65,7 @@ REVERT_MARGIN = 0.10
 CLIFF_FACTOR = 1.5
 
 
-@dataclass
-class _Predecessor:
-    """The plan an adoption replaced (for a rollback)."""
-
-    local_batch_sizes: tuple[int, ...]
-    version: int
-
-
-@dataclass(frozen=True)
-class _InForce:
-    """A plan that passed its first check, judged again at every decision while in force."""
-
-    version: int
-    predecessor: _Predecessor
-    before_s: float  # the predecessor's step time, as the first check measured it
-    before_busy_s: tuple[float, ...]  # … and each rank's mean busy time over the same steps
-    predicted_s: Optional[float]  # the plan's predicted step time (None: unknown)
-    speed_changes: int  # the ranks' speed changes the estimates had found when it last passed
-    held: bool = False  # it passed a judgement at a decision after its first check
-
-
-@dataclass(frozen=True)
-class DecisionState:
-    """A saved :meth:`Balancer.decision_state`, read back and checked."""
-
-    awaiting_outcome: Optional[tuple[dict, int]]
-    waiting_since_version: Optional[int]
-    predecessor: Optional[_Predecessor]
-    holds_left: int
-    learned_caps: tuple[Optional[int], ...]
-    feed_trial: Optional[FeedTrial] = None
-
-    @classmethod
-    def from_dict(cls, state: dict, num_workers: int) -> "DecisionState":
-        """Raises (KeyError, TypeError, ValueError) when ``state`` is not a saved one for
-        ``num_workers`` ranks."""
-        awaiting = state.get("awaiting_outcome")
-        predecessor = state.get("predecessor")
-        waiting = state.get("waiting_since_version")
-        learned = tuple(None if c is None else int(c) for c in state.get("learned_caps") or ())
-        if learned and len(learned) != num_workers:
-            raise ValueError(f"{len(learned)} learned caps for {num_workers} ranks")
-        return cls(
-            awaiting_outcome=None if awaiting is None else (dict(awaiting["row"]), int(awaiting["proposed_under_version"])),
-            waiting_since_version=None if waiting is None else int(waiting),
-            predecessor=None if predecessor is None else _Predecessor(
-                tuple(int(b) for b in predecessor["local_batch_sizes"]), int(predecessor["version"])),
-            holds_left=int(state.get("holds_left") or 0),
-            learned_caps=learned,
-            feed_trial=None if not state.get("feed_trial") else FeedTrial.from_dict(state["feed_trial"]),
-        )
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """Shares the balancer adopted, not yet a plan: the planner alone numbers plans."""
-
-    local_batch_sizes: tuple[int, ...]
-    reason: str
-    row: dict = field(repr=False)  # its decision row, emitted once the outcome is measured
-    probe_sizes: tuple[int, ...] = ()  # Plan.probe_sizes
-    check_after_steps: int = 0  # Plan.check_after_steps
-
-    def numbered(self, version: int) -> Plan:
-        """The plan the shares become as ``version``, which their decision row records."""
-        plan = Plan(version, self.local_batch_sizes, self.reason, self.probe_sizes, self.check_after_steps)
-        self.row["plan_version"] = plan.version
-        return plan
-
-
-@dataclass
-class BalancerOutput:
-    """What the actor must do after a batch of records."""
-
-    decision_rows: list[dict] = field(default_factory=list)  # for the metrics store
-    new_plans: list[Proposal] = field(default_factory=list)  # for the planner to number, in order
-
-
-@dataclass
-class _StepInfo:
-    ranks: set = field(default_factory=set)
-    max_busy_time_s: float = 0.0  # of the ranks in (a rank left out times a probe of its own)
-    comm_time_s: float = math.inf  # the all-reduce: the least wait of the ranks in (planning/comm.py)
-    step_time_s: float = -math.inf  # the step's (the slowest rank's); -inf: not reported
-    wall_time: float = -math.inf  # when the step ended (the latest rank's clock)
-    rank0_wall_time: float = math.nan  # … on rank 0's clock (a feeding trial's step periods)
-    epoch: int = -1
-    plan_version: int = -1
-    local_batch_sizes: dict = field(default_factory=dict)
-    busy_time_s: dict = field(default_factory=dict)  # per rank
-
-    @property
-    def cost_s(self) -> float:
-        """The step as the policies predict it: ``max_{i∈G} t_i + c(G)``."""
-        return self.max_busy_time_s + (self.comm_time_s if math.isfinite(self.comm_time_s) else 0.0)
-
-
-class Balancer:
+class Balancer(FeedTrialSteps):
     def __init__(self, policy: Policy, rebalance_interval: int, window_steps: int = 32,
                  achieved_window_steps: Optional[int] = None, global_batch_size: Optional[int] = None,
                  memory_caps: Optional[Callable[[], Optional[list]]] = None):
@@ -246,7 +85,7 @@ class Balancer:
         self.attempt = -1
         self.estimates: Optional[ClusterEstimates] = None
         self.comm = CommEstimates()  # c(G) of the groups of ranks in (planning/comm.py)
-        self._steps: collections.OrderedDict[int, _StepInfo] = collections.OrderedDict()
+        self._steps: collections.OrderedDict[int, StepInfo] = collections.OrderedDict()
         self._next_point = 0  # the rebalance point the next decision is for
         self._gap_steps: collections.deque = collections.deque(maxlen=_GAPS_TRACKED)
         self._newest_complete = -1
@@ -255,9 +94,9 @@ class Balancer:
         self._waiting_since_version: Optional[int] = None  # a proposal made under this version
         self._awaiting_outcome: Optional[tuple[dict, int]] = None  # (row, version it was proposed under)
         self._achieved: list[float] = []
-        self._predecessor: Optional[_Predecessor] = None  # of the adoption awaiting its check
+        self._predecessor: Optional[Predecessor] = None  # of the adoption awaiting its check
         self._holds_left = 0  # decisions to skip after a rollback
-        self._in_force: Optional[_InForce] = None  # the adopted plan judged again (module docstring)
+        self._in_force: Optional[PlanInForce] = None  # the adopted plan judged again (module docstring)
         self._learned_caps: list[Optional[int]] = []  # per rank, from rollbacks (see module docstring)
         self._quota_caps = QuotaCaps(0)  # per rank, from CPU quotas and use (planning/quota.py)
         self._measured = MeasuredShares(0)  # per rank, busy times at the shares it ran (planning/moves.py)
@@ -324,7 +163,7 @@ class Balancer:
         for row in current:
             info = self._steps.get(row["global_step"])
             if info is None:
-                info = self._steps[row["global_step"]] = _StepInfo()
+                info = self._steps[row["global_step"]] = StepInfo()
                 while len(self._steps) > _STEPS_TRACKED:
                     self._steps.popitem(last=False)
             info.ranks.add(row["rank"])
@@ -395,7 +234,7 @@ class Balancer:
         lag_s = lag_s if 0.0 <= lag_s <= _MAX_LAG_S else 0.0  # unknown, or clocks that disagree
         return math.ceil(lag_s / step_s) + max(self._gap_steps, default=0) + 1
 
-    def _on_complete_step(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> None:
+    def _on_complete_step(self, global_step: int, info: StepInfo, out: BalancerOutput) -> None:
         if self._is_full(info.local_batch_sizes.values()):  # a short last window is no plan's group
             self.comm.add([r for r, b in info.local_batch_sizes.items() if b > 0], info.comm_time_s)
         if self._awaiting_outcome is None:
@@ -462,113 +301,15 @@ class Balancer:
             self._waiting_since_version = current.version
             out.decision_rows.extend(self.flush())  # a previous adoption, superseded: what was measured
             self._awaiting_outcome, self._achieved = (row, current.version), []
-            self._predecessor = _Predecessor(sizes, current.version)
+            self._predecessor = Predecessor(sizes, current.version)
             self._in_force = None
         else:
             out.decision_rows.append(row)
         return True
 
     # ------------------------------------------------------------------ the feeding trial
-    def _trial_periods(self, version: int) -> list[tuple[float, int]]:
-        """Rank 0's step periods and samples over ``version``'s complete steps, an epoch's
-        short last one included (feed_trial.step_periods)."""
-        steps = [(step, info.rank0_wall_time, sum(info.local_batch_sizes.values()))
-                 for step, info in self._steps.items()
-                 if info.plan_version == version and len(info.ranks) == self.num_workers
-                 and math.isfinite(info.rank0_wall_time)]
-        return step_periods(steps, self.feed_trial.settle_steps)
-
-    def _trial_window(self, version: int):
-        """``version``'s window over whole epochs; None until an epoch's length is known
-        (feed_trial: a window within an epoch leaves out what the epoch's end costs)."""
-        epoch_steps = steps_per_epoch(self._epoch_starts)
-        return None if epoch_steps is None else self.feed_trial.window(self._trial_periods(version), epoch_steps)
-
     def _trial_batch(self) -> int:
         return self.global_batch_size or self._full_window
-
-    def _trial_starts_between_points(self, newest_complete: int, out: BalancerOutput) -> bool:
-        """The trial's start, looked for with a batch that reaches no point (the policy does
-        not decide there)."""
-        global_step = self._newest_full_step(newest_complete)
-        if global_step is None:
-            return False
-        info = self._steps[global_step]
-        if self._waiting_since_version is not None and info.plan_version <= self._waiting_since_version:
-            return False
-        current = Plan(info.plan_version, tuple(info.local_batch_sizes[r] for r in range(self.num_workers)))
-        return self._trial_starts(global_step, current, out)
-
-    def _trial_starts(self, global_step: int, current: Plan, out: BalancerOutput) -> bool:
-        """Leaves the candidates out from the next point, when the plan in force was kept by
-        a decision, has every candidate in and a training window measured; False: not yet."""
-        trial = self.feed_trial
-        if (self._settled_version != current.version or self._awaiting_outcome is not None
-                or self._predecessor is not None or not trial.all_in(current.local_batch_sizes)):
-            return False
-        training = self._trial_window(current.version)
-        epoch_steps = steps_per_epoch(self._epoch_starts)
-        if training is None or (self._end_global_step is not None and global_step + trial.settle_steps
-                                + trial.shortest(epoch_steps) >= self._end_global_step):
-            return False  # not measured yet, or too late to measure the feeding window before the run ends
-        try:
-            sizes = shares_without(current.local_batch_sizes, trial.candidates,
-                                   self.policy.config.min_local_batch_size, self._memory_caps())
-        except ValueError as e:
-            trial.abandon()
-            out.decision_rows.append(self._trial_row(global_step, False, f"feeding trial not run: {e}", current.version,
-                                                     current.local_batch_sizes))
-            return True
-        trial.start(training, current.local_batch_sizes, current.version)
-        them = "them" if len(trial.candidates) > 1 else "it"
-        reason = (f"feeding trial: {trial.words} left out, the cores {them} trained on left to the Ray Data "
-                  f"pipeline, to be measured over {trial.shortest(epoch_steps)} steps (whole "
-                  f"epochs) against {training.samples_per_s:,.0f} "
-                  f"samples/s with {them} training (the last {training.steps} steps)")
-        row = self._trial_row(global_step, True, reason, current.version, sizes)
-        row["plan_version"] = None  # the planner's to give (Proposal.numbered)
-        row["samples_per_s_training"] = training.samples_per_s
-        out.new_plans.append(Proposal(sizes, reason, row, _one_sample_probes(sizes)))
-        out.decision_rows.append(row)
-        self._waiting_since_version, self._in_force = current.version, None
-        return True
-
-    def _trial_measures(self, global_step: int, current: Plan, out: BalancerOutput) -> bool:
-        """While the candidates are out: nothing changes until the feeding window is
-        measured, then the faster stays. False: the trial was abandoned (another plan is in
-        force: a scripted change), and the policy decides."""
-        trial = self.feed_trial
-        if not trial.all_out(current.local_batch_sizes):
-            trial.abandon()
-            out.decision_rows.append(self._trial_row(
-                global_step, False, f"feeding trial abandoned: plan v{current.version} has {trial.words} in "
-                "before the trial measured them out", current.version, current.local_batch_sizes))
-            return False
-        feeding = self._trial_window(current.version)
-        config = self.policy.config
-        if feeding is None or not trial.clear(feeding, config.rebalance_threshold, config.noise_margin,
-                                              steps_per_epoch(self._epoch_starts)):
-            return True  # this point passes: the trial's plan stays in force, measured longer
-        verdict = trial.conclude(feeding, config.rebalance_threshold, config.noise_margin)
-        if verdict.feed:
-            row = self._trial_row(global_step, False, verdict.reason, current.version, current.local_batch_sizes)
-            row["feeding_ranks"] = list(trial.candidates)
-        else:
-            restored = trial.training_sizes
-            row = self._trial_row(global_step, True, verdict.reason, current.version, restored)
-            row["plan_version"] = None  # the planner's to give (Proposal.numbered)
-            out.new_plans.append(Proposal(restored, verdict.reason, row,
-                                          _one_sample_probes(restored) if 0 in restored else ()))
-            self._waiting_since_version = current.version
-        row["samples_per_s_training"] = verdict.training.samples_per_s
-        row["samples_per_s_feeding"] = verdict.feeding.samples_per_s
-        out.decision_rows.append(row)
-        return True
-
-    def _trial_row(self, global_step: int, adopted: bool, reason: str, version: int, sizes) -> dict:
-        """A decision row of the trial (``sizes``: the plan it proposes or keeps): measured
-        rates, no prediction."""
-        return self._row(global_step, adopted, reason, version, sizes, rest_of=version)
 
     def _row(self, global_step: int, adopted: bool, reason: str, version: Optional[int], sizes, *,
              rest_of: int, **measured) -> dict:
@@ -660,7 +401,7 @@ class Balancer:
         """The ranks a feeding trial keeps out for the pipeline."""
         return self.feed_trial.held_out if self.feed_trial is not None else frozenset()
 
-    def _complete_steps_of(self, version: int) -> list[_StepInfo]:
+    def _complete_steps_of(self, version: int) -> list[StepInfo]:
         """The complete steps run under ``version`` that have a busy time, oldest first."""
         return [i for i in self._steps.values()
                 if i.plan_version == version and len(i.ranks) == self.num_workers and i.max_busy_time_s > 0]
@@ -686,7 +427,7 @@ class Balancer:
         comm_s = statistics.fmean(comm) if comm else 0.0
         return max(0.0, statistics.fmean(i.step_time_s for i in infos) - slowest_busy_s - comm_s)
 
-    def _rolled_back(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> bool:
+    def _rolled_back(self, global_step: int, info: StepInfo, out: BalancerOutput) -> bool:
         """Judges the adopted plan against its predecessor once (see the module docstring);
         True when it was rolled back."""
         if self._predecessor is None or self._awaiting_outcome is None:
@@ -698,7 +439,7 @@ class Balancer:
             return False
         if not achieved > before * (1 + ROLLBACK_MARGIN):
             predicted = self._awaiting_outcome[0].get("predicted_step_time_s")
-            self._in_force = _InForce(info.plan_version, predecessor, before,
+            self._in_force = PlanInForce(info.plan_version, predecessor, before,
                                       self._busy_times_of(predecessor.version, len(self._achieved)), predicted,
                                       self.estimates.speed_changes())
             return False
@@ -707,7 +448,7 @@ class Balancer:
         self._roll_back(global_step, info, predecessor, before, achieved, reason, out)
         return True
 
-    def _reverted(self, global_step: int, info: _StepInfo, out: BalancerOutput) -> bool:
+    def _reverted(self, global_step: int, info: StepInfo, out: BalancerOutput) -> bool:
         """Judges the plan in force again (see the module docstring); True when it was reverted."""
         judged = self._in_force
         if info.plan_version != judged.version:
@@ -747,12 +488,12 @@ class Balancer:
         """Each rank's mean busy time over the newest ``num_steps`` complete steps of ``version``."""
         return self._mean_busy_times(self._complete_steps_of(version)[-num_steps:])
 
-    def _mean_busy_times(self, infos: list[_StepInfo]) -> tuple[float, ...]:
+    def _mean_busy_times(self, infos: list[StepInfo]) -> tuple[float, ...]:
         """Each rank's mean busy time over ``infos`` (0 where it was out; NaN: no steps)."""
         return tuple(statistics.fmean(i.busy_time_s.get(r, 0.0) for i in infos) if infos else math.nan
                      for r in range(self.num_workers))
 
-    def _roll_back(self, global_step: int, info: _StepInfo, predecessor: _Predecessor, before_s: float,
+    def _roll_back(self, global_step: int, info: StepInfo, predecessor: Predecessor, before_s: float,
                    achieved_s: float, reason: str, out: BalancerOutput, predicted_s: Optional[float] = None) -> None:
         """The plan in force made the step slower: its shares go back to its predecessor's."""
         predicted = predicted_s
@@ -856,10 +597,3 @@ def outside_slowdown(sizes_before, sizes_now, busy_before_s, busy_now_s, margin:
     the old shares would be no faster. Ranks whose busy time is unknown (NaN) say nothing."""
     return any(now <= before and t_now > t_before * (1 + margin)
                for before, now, t_before, t_now in zip(sizes_before, sizes_now, busy_before_s, busy_now_s))
-
-
-def _one_sample_probes(sizes) -> tuple[int, ...]:
-    """One sample a step for each rank left out: its cores go to the pipeline, not to probes."""
-    return tuple(1 if b == 0 else 0 for b in sizes)
-
-

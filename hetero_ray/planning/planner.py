@@ -50,7 +50,8 @@ from __future__ import annotations
 import logging
 from typing import Optional, Sequence, Union
 
-from hetero_ray.planning.balancer import Balancer, DecisionState, Proposal
+from hetero_ray.planning.balancer import Balancer
+from hetero_ray.planning.balancer_state import DecisionState, Proposal
 from hetero_ray.planning.capacity import (
     RankCapacity, core_capacities, rank_capacities, rank_memory_caps,
 )
