@@ -22,6 +22,7 @@ import pandas as pd
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import DATA_LOADER_SOURCE, STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.planning.estimates import Estimates, RankEstimate
 from hetero_ray.profiling.capability import CpuInfo, DeviceCapability, NodeCapability
 
 
@@ -112,6 +113,41 @@ def with_cpu_probe(document: dict, beta_s_per_sample: float = 5e-4) -> dict:
                max_batch_size=4000, probe=[{"batch_size": b, "busy_time_s": 0.001 + beta_s_per_sample * b}
                                            for b in (8, 16, 32, 64)])
     return document
+
+
+# ---- planning and the records --------------------------------------------------------------
+
+def estimates_for(alphas, betas, sizes, fresh=None, rel_se=0.0) -> "Estimates":
+    """A policy's snapshot of ranks on lines ``α + β·b`` at these shares, each fitted from 20 steps."""
+    n = len(alphas)
+    fresh = [True] * n if fresh is None else fresh
+    rows = [
+        RankEstimate(rank=r, alpha_s=alphas[r], beta_s_per_sample=betas[r],
+                     samples_per_s=sizes[r] / (alphas[r] + betas[r] * sizes[r]), num_points=20, last_step=99,
+                     fresh=fresh[r], local_batch_size=sizes[r], busy_time_s=alphas[r] + betas[r] * sizes[r],
+                     busy_time_rel_se=rel_se, num_batch_sizes=1, num_rejected=0, slope_fitted=True)
+        for r in range(n)
+    ]
+    return Estimates.from_rank_estimates(rows, global_step=100)
+
+
+def step_rows(cluster, step: int, plan: dict, attempt: int) -> list[dict]:
+    """The planner's rows of one step of a simulated cluster (planning/simulation.py) under ``plan``."""
+    sizes = plan["local_batch_sizes"]
+    return [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
+             "plan_version": plan["version"], "attempt": attempt}
+            for r, (b, t) in enumerate(zip(sizes, cluster.busy_times_s(sizes, step)))]
+
+
+def step_row(global_step: int, rank: int, attempt: int = 0, batch: int = 8, busy: float = 0.01,
+             step_time: float = 0.02, wall: float = None) -> dict:
+    """A metrics-store row of one rank's step, every timing column present."""
+    row = {c: 0.0 for c in STEP_COLUMNS if c.endswith("_s")}
+    row.update(epoch=0, step=global_step, global_step=global_step, rank=rank, node_id=f"node{rank}",
+               attempt=attempt, local_batch_size=batch, global_batch_size=2 * batch, plan_version=0,
+               busy_time_s=busy, step_time_s=step_time, wait_time_s=step_time - busy, loss=1.0, lr=0.1,
+               wall_time=1000.0 + global_step * step_time if wall is None else wall)
+    return row
 
 
 # ---- runs ---------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_a_decision_splits_identical_ranks_apart_by_noise_as_one_speed():
     """Two identical ranks whose estimates are 8 % apart (5 % standard error each), beside a
     half- and a quarter-speed rank, all on equal shares: the move the slow ranks call for
     keeps the identical ranks within one sample (without pooling: 33 and 30)."""
-    from tests.test_balancing_policies import estimates_for
+    from tests.helpers import estimates_for
 
     betas = [1.2e-3, 1.3e-3, 2.4e-3, 4.8e-3]
     d = make_policy("optimal").decide(Plan(0, (24,) * 4), estimates_for([0.0] * 4, betas, [24] * 4, rel_se=0.05),

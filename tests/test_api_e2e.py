@@ -27,52 +27,11 @@ import torch
 
 from hetero_ray import HeteroConfig, HeteroTrainer, ProfileModel
 from tests import api_jobs
+from tests.api_runs import (
+    BATCH, EPOCHS, NUM_SAMPLES, STEPS, assert_exactly_once, assert_one_device, final_weights, fit,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-NUM_SAMPLES, BATCH, EPOCHS = 140, 30, 2  # 5 steps an epoch, the last a short window of 20
-STEPS = EPOCHS * 5
-
-
-def _fit(tmp_path, name, hetero_config, **config):
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-
-    trainer = HeteroTrainer(
-        api_jobs.batchnorm_loop,
-        train_loop_config={"num_samples": NUM_SAMPLES, "epochs": EPOCHS, **config},
-        scaling_config=ScalingConfig(num_workers=3),
-        run_config=RunConfig(name=name, storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)),
-        hetero_config=hetero_config,
-    )
-    return trainer.fit()
-
-
-def _final_weights(result) -> dict:
-    with result.checkpoint.as_directory() as directory:
-        return torch.load(os.path.join(directory, "user_state.pt"), weights_only=True)["model"]
-
-
-def _assert_one_device(weights: dict) -> None:
-    reference = api_jobs.one_device(NUM_SAMPLES, BATCH, EPOCHS)
-    initial = api_jobs.make_model().state_dict()
-    moved = max((reference[k].float() - initial[k].float()).abs().max().item() for k in reference)
-    assert moved > 1e-2, "training did not move the weights; the comparison would be empty"
-    worst = {k: (reference[k].float() - weights[k].float()).abs().max().item() for k in reference}
-    assert max(worst.values()) < 1e-5, f"3 uneven workers diverged from one device: {worst}"
-
-
-def _assert_exactly_once(run_dir: str) -> None:
-    ids = pd.read_parquet(os.path.join(run_dir, "sample_ids.parquet"))
-    for epoch, rows in ids.groupby("epoch"):
-        assert sorted(rows["sample_index"]) == list(range(NUM_SAMPLES)), f"epoch {epoch}"
-    steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
-    per_step = steps.groupby("global_step")["local_batch_size"].sum()
-    assert per_step.index.tolist() == list(range(STEPS))
-    # Every rank's row of every step, once: none lost in a worker's buffer by a crash.
-    assert not steps.duplicated(["global_step", "rank"]).any()
-    ranks = steps.groupby("global_step")["rank"].nunique()
-    assert (ranks == steps["rank"].nunique()).all(), ranks[ranks != steps["rank"].nunique()]
-
 
 def test_a_user_loop_with_batchnorm_under_plan_changes_and_a_sigkill_is_one_device_exactly_once(ray_session, tmp_path):
     """Two mid-epoch plan changes, and rank 1 SIGKILLed right after the checkpoint of step 3
@@ -85,7 +44,7 @@ def test_a_user_loop_with_batchnorm_under_plan_changes_and_a_sigkill_is_one_devi
                           plan_changes=({"global_step": 3, "local_batch_sizes": [6, 12, 12]},
                                         {"global_step": 7, "local_batch_sizes": [20, 5, 5]}))
     crash = {"at_step": 4, "after_checkpoint": "checkpoint_000000004", "run_dir": run_dir}
-    result = _fit(tmp_path, "api-bn", hetero, checkpoint_every=3, crash=crash)
+    result = fit(tmp_path, "api-bn", hetero, checkpoint_every=3, crash=crash)
 
     with open(os.path.join(run_dir, "attempts.json")) as f:
         attempts = json.load(f)
@@ -93,8 +52,8 @@ def test_a_user_loop_with_batchnorm_under_plan_changes_and_a_sigkill_is_one_devi
     assert result.metrics["restored_from"] == 3  # the user's own checkpoint contents came back
     assert result.metrics["epoch"] == EPOCHS - 1 and "loss" in result.metrics
     assert "loss" in result.metrics_dataframe.columns
-    _assert_one_device(_final_weights(result))
-    _assert_exactly_once(run_dir)
+    assert_one_device(final_weights(result))
+    assert_exactly_once(run_dir)
     steps = pd.read_parquet(os.path.join(run_dir, "steps.parquet"))
     sizes = steps.sort_values("rank").groupby("global_step")["local_batch_size"].agg(list)
     assert sizes[2] == [14, 10, 6] and sizes[3] == [6, 12, 12]
@@ -117,7 +76,7 @@ def test_nodes_are_profiled_with_the_users_model_beside_the_workers_start(ray_se
                           make_batch=api_jobs.random_batch, name="pattern-bn")
     hetero = HeteroConfig(global_batch_size=BATCH, profile_model=recipe, profile_batch_sizes=(4, 16),
                           profile_timeout_s=api_jobs.WORKERS_START_WAIT_S + 120)
-    result = _fit(tmp_path, "api-profiled", hetero)
+    result = fit(tmp_path, "api-profiled", hetero)
 
     with open(os.path.join(run_dir, "nodes.json")) as f:
         document = json.load(f)

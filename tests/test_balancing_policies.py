@@ -14,11 +14,9 @@ from hetero_ray.planning import (
     ClusterEstimates,
     Decision,
     DynamicPolicy,
-    Estimates,
     OptimalPolicy,
     PolicyConfig,
     ProportionalPolicy,
-    RankEstimate,
     SimulatedCluster,
     StaticPolicy,
     fit_curve,
@@ -30,6 +28,7 @@ from hetero_ray.planning import (
 from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.errors import ConfigError
 from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
+from tests.helpers import estimates_for
 from hetero_ray.planning.plan import Plan
 
 SAMPLES_PER_RANK = 32  # B = 32·n
@@ -158,19 +157,6 @@ def test_no_fresh_estimates_keep_the_plan():
 
 
 # ---------------------------------------------------------------- thresholds and cooldown
-def estimates_for(alphas, betas, sizes, fresh=None, rel_se=0.0):
-    n = len(alphas)
-    fresh = [True] * n if fresh is None else fresh
-    rows = [
-        RankEstimate(rank=r, alpha_s=alphas[r], beta_s_per_sample=betas[r],
-                     samples_per_s=sizes[r] / (alphas[r] + betas[r] * sizes[r]), num_points=20, last_step=99,
-                     fresh=fresh[r], local_batch_size=sizes[r], busy_time_s=alphas[r] + betas[r] * sizes[r],
-                     busy_time_rel_se=rel_se, num_batch_sizes=1, num_rejected=0, slope_fitted=True)
-        for r in range(n)
-    ]
-    return Estimates.from_rank_estimates(rows, global_step=100)
-
-
 def test_threshold_rejects_small_gains_and_records_why():
     plan = Plan(3, (32, 32))
     est = estimates_for([0.0, 0.0], [1e-3, 1.1e-3], [32, 32])  # ~5 % apart

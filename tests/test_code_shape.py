@@ -35,3 +35,19 @@ def test_no_function_is_over_its_limit():
                 if length > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = length
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (cut them into named steps): {long}"
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in helper modules (tests/helpers.py and the like): importing a
+    test module runs its module-level set-up and ties two files' tests together."""
+    tests = ROOT / "tests"
+    found = {}
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            imported = [n for n in names if n.split(".")[:2][-1].startswith("test_") and n.startswith("tests.")]
+            if imported:
+                found.setdefault(path.name, []).extend(imported)
+    assert not found, f"test modules that import another: {found}"

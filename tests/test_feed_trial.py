@@ -24,7 +24,7 @@ from hetero_ray.planning.policies import PolicyConfig, make_policy
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.trainer import _feed_trial_mode
-from tests.test_balancing_policies import estimates_for
+from tests.helpers import estimates_for
 
 # --- which ranks
 

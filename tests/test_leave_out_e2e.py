@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from hetero_ray import HeteroConfig
-from tests import test_api_e2e as api
+from tests import api_runs as api
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -47,13 +47,13 @@ def test_ranks_left_out_brought_back_and_crashed_while_out_keep_one_device_weigh
                           record_sample_ids=True, plan_changes=LEAVE_AND_REJOIN)
     run_dir = str(tmp_path / "leave-out")
     crash = {"at_step": 7, "after_checkpoint": "checkpoint_000000007", "run_dir": run_dir}
-    result = api._fit(tmp_path, "leave-out", hetero, checkpoint_every=3, crash=crash)
+    result = api.fit(tmp_path, "leave-out", hetero, checkpoint_every=3, crash=crash)
 
     with open(os.path.join(run_dir, "attempts.json")) as f:
         attempts = json.load(f)
     assert [a["start_global_step"] for a in attempts] == [0, 7], attempts
-    api._assert_one_device(api._final_weights(result))
-    api._assert_exactly_once(run_dir)
+    api.assert_one_device(api.final_weights(result))
+    api.assert_exactly_once(run_dir)
     steps = _steps(run_dir)
     sizes = {s: rows.sort_values("rank")["local_batch_size"].tolist() for s, rows in steps.groupby("global_step")}
     probes = {s: rows.sort_values("rank")["probe_batch_size"].tolist() for s, rows in steps.groupby("global_step")}

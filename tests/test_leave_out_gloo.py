@@ -31,7 +31,7 @@ from hetero_ray.training.rejoin import Groups
 from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 from tests.helpers import on_gloo_ranks
-from tests.test_sync_batchnorm import LEARNING_RATE, MODELS, make_batches, train_on_one_device
+from tests.batchnorm_cases import LEARNING_RATE, MODELS, make_batches, train_on_one_device
 
 pytestmark = pytest.mark.slow
 

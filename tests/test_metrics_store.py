@@ -12,16 +12,7 @@ import pytest
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
-
-
-def step_row(global_step: int, rank: int, attempt: int = 0, batch: int = 8, busy: float = 0.01,
-             step_time: float = 0.02, wall: float = None) -> dict:
-    row = {c: 0.0 for c in STEP_COLUMNS if c.endswith("_s")}
-    row.update(epoch=0, step=global_step, global_step=global_step, rank=rank, node_id=f"node{rank}",
-               attempt=attempt, local_batch_size=batch, global_batch_size=2 * batch, plan_version=0,
-               busy_time_s=busy, step_time_s=step_time, wait_time_s=step_time - busy, loss=1.0, lr=0.1,
-               wall_time=1000.0 + global_step * step_time if wall is None else wall)
-    return row
+from tests.helpers import step_row
 
 
 def steps(first: int, last: int, ranks=(0, 1), **kw) -> list[dict]:

@@ -13,7 +13,7 @@ from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster
 from hetero_ray.training.micro_batches import MicroBatchPolicy
 from tests.helpers import cpu_device, node
-from tests.test_planner import step_rows
+from tests.helpers import step_rows
 
 B = 40
 # Rank 0 is 4x faster but holds 8 samples at most: by time alone it takes 32 of 40.

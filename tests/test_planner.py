@@ -16,7 +16,7 @@ from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster
 from hetero_ray.runtime.planner_actor import PlannerActor
-from tests.helpers import cpu_device, node
+from tests.helpers import cpu_device, node, step_rows
 
 B = 40
 NODES = [node("fast", [cpu_device(beta=0.001, cap=26)]).to_dict(),
@@ -43,13 +43,6 @@ def actor(run_dir, store=None, **overrides) -> PlannerActor:
     """As the driver makes it (a restart makes it again with the same arguments)."""
     return PlannerActor(store or FakeStore(), str(run_dir),
                         **{**dict(global_batch_size=B, policy="optimal", rebalance_interval=5), **overrides})
-
-
-def step_rows(cluster: SimulatedCluster, step: int, plan: dict, attempt: int) -> list[dict]:
-    sizes = plan["local_batch_sizes"]
-    return [{"rank": r, "global_step": step, "local_batch_size": b, "busy_time_s": float(t),
-             "plan_version": plan["version"], "attempt": attempt}
-            for r, (b, t) in enumerate(zip(sizes, cluster.busy_times_s(sizes, step)))]
 
 
 def test_records_feed_the_plan_rank_0_is_given():

@@ -22,65 +22,19 @@ from hetero_ray.training.current_step import CurrentStep
 from hetero_ray.training.model_prep import prepare_model
 from hetero_ray.training.session import LoopParts
 from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from tests.batchnorm_cases import (
+    CONV_INPUT_SHAPE, LEARNING_RATE, MODELS, make_batches, make_conv_model, perturb_batchnorm, statistics,
+    train_on_one_device,
+)
 from tests.helpers import on_gloo_ranks
 
 WORLD_SIZE = 3
 LOCAL_BATCH_SIZES = [7, 3, 2]
 ZERO_PIECE_SIZES = [5, 0, 3]  # rank 1's piece of a short window is empty: it runs one dummy sample
 STEP_SPLITS = [[7, 3, 2], [2, 6, 4], [4, 0, 8], [3, 5, 4]]  # a new split each step, as a rebalance makes
-LEARNING_RATE = 0.1
-CONV_INPUT_SHAPE = (3, 5, 5)  # per sample
-LINEAR_INPUT_SHAPE = (10,)
-NUM_CLASSES = 3
 
 # float32 throughout: the tolerances of tests/test_gradients.py.
 RTOL, ATOL = 1e-5, 1e-6
-
-
-# --- models and data, identical in every process -------------------------------------
-
-def _perturb_batchnorm(model: nn.Module) -> nn.Module:
-    """γ ≠ 1, β ≠ 0 and running stats ≠ (0, 1), so a formula that drops one of them shows."""
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for layer in model.modules():
-            if isinstance(layer, nn.modules.batchnorm._BatchNorm):
-                size = layer.num_features
-                if layer.affine:
-                    layer.weight.copy_(0.5 + torch.rand(size, generator=generator))
-                    if layer.bias is not None:
-                        layer.bias.copy_(0.1 * torch.randn(size, generator=generator))
-                if layer.track_running_stats:
-                    layer.running_mean.copy_(0.1 * torch.randn(size, generator=generator))
-                    layer.running_var.copy_(0.5 + torch.rand(size, generator=generator))
-    return model
-
-
-def make_conv_model() -> nn.Module:
-    torch.manual_seed(0)
-    return _perturb_batchnorm(nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, NUM_CLASSES)))
-
-
-def make_linear_model() -> nn.Module:
-    torch.manual_seed(0)
-    return _perturb_batchnorm(nn.Sequential(
-        nn.Linear(10, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, NUM_CLASSES)))
-
-
-MODELS = {"conv": (make_conv_model, CONV_INPUT_SHAPE), "linear": (make_linear_model, LINEAR_INPUT_SHAPE)}
-
-
-def make_batches(input_shape: tuple, splits: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One global batch of sum(split) real samples per step."""
-    generator = torch.Generator().manual_seed(1)
-    batches = []
-    for split in splits:
-        global_batch_size = sum(split)
-        inputs = 1.5 + 2.0 * torch.randn(global_batch_size, *input_shape, generator=generator)  # mean ≠ 0, std ≠ 1
-        targets = torch.randint(0, NUM_CLASSES, (global_batch_size,), generator=generator)
-        batches.append((inputs, targets))
-    return batches
 
 
 def _rank_piece(rank: int, split: list[int]) -> tuple[slice, float]:
@@ -90,29 +44,6 @@ def _rank_piece(rank: int, split: list[int]) -> tuple[slice, float]:
         return slice(0, 1), 0.0
     start = sum(split[:rank])
     return slice(start, start + size), rank_weight(size, sum(split))
-
-
-def _statistics(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-
-
-# --- one device: torch's own BatchNorm on the whole global batch ----------------------
-
-def train_on_one_device(model_name: str, splits: list[list[int]], lr: float = 0.0) -> dict:
-    make_model, input_shape = MODELS[model_name]
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    record = {"grads": [], "losses": []}
-    for inputs, targets in make_batches(input_shape, splits):
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(inputs), targets)
-        loss.backward()
-        record["grads"].append([p.grad.clone() for p in model.parameters()])
-        record["losses"].append(loss.detach())
-        optimizer.step()
-    record["params"] = [p.detach().clone() for p in model.parameters()]
-    record["statistics"] = _statistics(model)
-    return record
 
 
 # --- three ranks: DDP, the weighted hook, and (converted) BatchNorm -------------------
@@ -140,7 +71,7 @@ def train_on_ranks(rank: int, model_name: str, splits: list[list[int]], convert:
         record["losses"].append(global_loss)
         optimizer.step()
     record["params"] = [p.detach().clone() for p in model.parameters()]
-    record["statistics"] = _statistics(model)
+    record["statistics"] = statistics(model)
     return record
 
 
@@ -161,7 +92,7 @@ TORCH_BATCHNORM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: n
 def make_layer(case: dict) -> nn.Module:
     num_dims = 1 + len(case["feature_shape"])
     layer = TORCH_BATCHNORM[num_dims](case["feature_shape"][0], momentum=case["momentum"], affine=case["affine"])
-    return _perturb_batchnorm(layer)
+    return perturb_batchnorm(layer)
 
 
 def make_layer_data(case: dict) -> dict[str, torch.Tensor]:
@@ -189,7 +120,7 @@ def layer_on_one_device(case: dict) -> dict:
     with torch.no_grad():
         layer(data["x_second"])
     return {"y": y.detach(), "dx": x.grad, "dgamma": None if layer.weight is None else layer.weight.grad,
-            "dbeta": None if layer.bias is None else layer.bias.grad, "statistics": _statistics(layer)}
+            "dbeta": None if layer.bias is None else layer.bias.grad, "statistics": statistics(layer)}
 
 
 def layer_on_ranks(rank: int, case: dict) -> dict:
@@ -203,7 +134,7 @@ def layer_on_ranks(rank: int, case: dict) -> dict:
     with torch.no_grad():
         layer(data["x_second"][piece])
     return {"y": y.detach(), "dx": x.grad, "dgamma": None if layer.weight is None else layer.weight.grad,
-            "dbeta": None if layer.bias is None else layer.bias.grad, "statistics": _statistics(layer),
+            "dbeta": None if layer.bias is None else layer.bias.grad, "statistics": statistics(layer),
             "piece": piece, "weight": state.weight}
 
 
@@ -245,7 +176,7 @@ def _assert_same_statistics_on_every_rank(per_rank: list[dict], scenario: str) -
 # --- a. the global batch's gradients, loss and running statistics ---------------------
 
 @pytest.mark.parametrize("model_name", ["conv", "linear"])
-def test_every_rank_gets_one_devices_gradients_loss_and_statistics(per_rank, model_name):
+def test_every_rank_gets_one_devices_gradients_loss_andstatistics(per_rank, model_name):
     expected = train_on_one_device(model_name, [LOCAL_BATCH_SIZES])
 
     for results in per_rank:
@@ -364,7 +295,7 @@ def _model_with_every_batchnorm() -> nn.Module:
         _batchnorm2d_without_beta(3, momentum=0.3),
     )
     model[5].weight.requires_grad_(False)  # a frozen γ stays frozen
-    _perturb_batchnorm(model)
+    perturb_batchnorm(model)
     for layer in model.modules():
         if getattr(layer, "num_batches_tracked", None) is not None:
             layer.num_batches_tracked.fill_(7)
@@ -460,8 +391,8 @@ def test_without_a_process_group_it_is_torchs_batchnorm(momentum, feature_shape)
     batches = [torch.randn(6, *feature_shape, generator=generator) for _ in range(3)]
     upstream = torch.randn(6, *feature_shape, generator=generator)
     layer_type = nn.BatchNorm1d if len(feature_shape) == 1 else nn.BatchNorm2d
-    reference = _perturb_batchnorm(layer_type(4, momentum=momentum))
-    layer = convert_batchnorm(_perturb_batchnorm(layer_type(4, momentum=momentum)), WeightedAllReduceState())
+    reference = perturb_batchnorm(layer_type(4, momentum=momentum))
+    layer = convert_batchnorm(perturb_batchnorm(layer_type(4, momentum=momentum)), WeightedAllReduceState())
 
     for x in batches:  # training mode: batch statistics, running statistics updated
         for module in (reference, layer):

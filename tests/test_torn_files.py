@@ -17,7 +17,7 @@ from hetero_ray.metrics.records import SCHEMAS
 from hetero_ray.metrics.run_writer import WAL_FILE
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.runtime.finishing import Outcome, finish_run
-from tests.test_metrics_store import step_row
+from tests.helpers import step_row
 
 PLAN = {"plan_version": 0, "first_global_step": 0, "epoch": 0, "step": 0, "attempt": 0, "num_workers": 2,
         "global_batch_size": 16, "local_batch_sizes": [8, 8], "reason": "x", "wall_time": 1.0}
