@@ -10,6 +10,8 @@ import pandas as pd
 import torch
 
 from hetero_ray import HeteroTrainer
+from hetero_ray.planning.plan import Plan
+from hetero_ray.planning.policies import StaticPolicy
 from tests import api_jobs
 
 NUM_SAMPLES, BATCH, EPOCHS = 140, 30, 2  # 5 steps an epoch, the last a short window of 20
@@ -58,3 +60,15 @@ def assert_exactly_once(run_dir: str) -> None:
     assert not steps.duplicated(["global_step", "rank"]).any()
     ranks = steps.groupby("global_step")["rank"].nunique()
     assert (ranks == steps["rank"].nunique()).all(), ranks[ranks != steps["rank"].nunique()]
+
+
+class FirstSplitPolicy(StaticPolicy):
+    """``static`` with a first plan of its own, 14/10/6 of 30: a policy that a test registers
+    for itself alone (the driver hands its class to the planner actor, which imports it
+    from here)."""
+
+    name = "first_split_from_tests"
+
+    def initial_plan(self, global_batch_size, num_workers, capacities=None, caps=None) -> Plan:
+        assert (global_batch_size, num_workers) == (30, 3), (global_batch_size, num_workers)
+        return Plan(0, (14, 10, 6), f"{self.name}: 14/10/6")

@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from hetero_ray import HeteroConfig
+from hetero_ray.planning import policies
 from tests import api_runs as api
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -38,12 +39,15 @@ def _steps(run_dir: str) -> pd.DataFrame:
 
 
 def test_ranks_left_out_brought_back_and_crashed_while_out_keep_one_device_weights_and_exactly_once(
-        ray_session, tmp_path):
+        ray_session, tmp_path, monkeypatch):
     """Ranks 1 and 2 out at steps 2–3, back in a short window, rank 1 out again from step 6;
     it dies at step 7, once the checkpoint after step 6 is registered (checkpoints after
     steps 3, 4 (the epoch's end) and 6, each named by the step it resumes at): the group
-    resumes at step 7 with rank 1 still out, and brings it back at step 8."""
-    hetero = HeteroConfig(global_batch_size=api.BATCH, policy="static", batch_split=(14, 10, 6), rebalance_interval=1,
+    resumes at step 7 with rank 1 still out, and brings it back at step 8. The first plan,
+    14/10/6, is a policy this test registers for itself: its class reaches the planner actor."""
+    monkeypatch.setattr(policies, "_REGISTERED", dict(policies._REGISTERED))
+    policies.register_policy(api.FirstSplitPolicy)
+    hetero = HeteroConfig(global_batch_size=api.BATCH, policy=api.FirstSplitPolicy.name, rebalance_interval=1,
                           record_sample_ids=True, plan_changes=LEAVE_AND_REJOIN)
     run_dir = str(tmp_path / "leave-out")
     crash = {"at_step": 7, "after_checkpoint": "checkpoint_000000007", "run_dir": run_dir}
@@ -57,6 +61,7 @@ def test_ranks_left_out_brought_back_and_crashed_while_out_keep_one_device_weigh
     steps = _steps(run_dir)
     sizes = {s: rows.sort_values("rank")["local_batch_size"].tolist() for s, rows in steps.groupby("global_step")}
     probes = {s: rows.sort_values("rank")["probe_batch_size"].tolist() for s, rows in steps.groupby("global_step")}
+    assert sizes[0] == sizes[1] == [14, 10, 6]  # the registered policy's first plan
     assert sizes[2] == sizes[3] == [30, 0, 0] and sizes[4] == [7, 8, 5] and sizes[6] == [20, 0, 10]
     assert sizes[8] == [6, 12, 12]  # brought back after the restart
     # a rank left out times a probe of half its last share (10 and 6 before step 2; 12 before step 6)
