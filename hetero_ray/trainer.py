@@ -109,7 +109,7 @@ class HeteroTrainer:
         hetero_config.check_workers(self._max_workers)
         self._emulate_devices = None  # each rank's curve, read from the profiles now: bad input fails here
         if hetero_config.emulate_devices is not None:
-            from hetero_ray.training.curve_emulation import device_curves
+            from hetero_ray.runtime.device_curves import device_curves
 
             self._emulate_devices = [c.to_dict() for c in device_curves("HeteroConfig.emulate_devices",
                                                                         hetero_config.emulate_devices)]

@@ -155,7 +155,7 @@ def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_
     returns (what it returned, the store, the Ray Train stand-in). ``data_feeds``: the
     feeds of ``get_dataset_shard`` by dataset name (actor handles); ``rebalance_interval``:
     1 asks for a plan at every step, so a script's plan starts where it says."""
-    from hetero_ray.training.reporting import read_state
+    from hetero_ray.training.loop_report import read_state
 
     settings = WorkerSettings(experiment_name="in-process", global_batch_size=global_batch_size, seed=seed,
                               rebalance_interval=rebalance_interval, device_mode="cpu", record_sample_ids=True,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
-from hetero_ray.training.reporting import _checkpoint_dir_name
+from hetero_ray.training.loop_report import _checkpoint_dir_name
 
 
 @pytest.mark.parametrize("global_step, taken_here, restored, expected", [

@@ -13,9 +13,8 @@ from hetero_ray.errors import ConfigError, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray import ProfileModel
 from hetero_ray.training import curve_emulation
-from hetero_ray.training.curve_emulation import (
-    CurveEmulator, DeviceCurve, common_factor, curve_pad_s, device_curves, rank_ratio,
-)
+from hetero_ray.runtime.device_curves import device_curves
+from hetero_ray.training.curve_emulation import CurveEmulator, DeviceCurve, common_factor, curve_pad_s, rank_ratio
 from tests.helpers import FakeClocks
 
 H100 = os.path.join(os.path.dirname(__file__), "data", "h100_resnet18_nodes.json")

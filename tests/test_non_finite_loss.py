@@ -15,7 +15,7 @@ import torch
 
 from hetero_ray import HeteroConfig, HeteroTrainer
 from hetero_ray.errors import UserError
-from hetero_ray.training.reporting import check_loss_is_finite
+from hetero_ray.training.loop_report import check_loss_is_finite
 from tests.helpers import built_in_job_trainer
 
 

@@ -45,7 +45,7 @@ from hetero_ray.training.epoch_totals import EpochTotals
 from hetero_ray.training.identity import WorkerIdentity
 from hetero_ray.training.loader import PlanFollowingLoader
 from hetero_ray.training.precision import Precision
-from hetero_ray.training.reporting import check_loss_is_finite
+from hetero_ray.training.loop_report import check_loss_is_finite
 
 
 GRAD_SCALER_KEY = "grad_scaler"  # fp16's loss scale and its growth tracker, in the checkpoint's extra

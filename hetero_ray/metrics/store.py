@@ -283,7 +283,7 @@ class MetricsStore:
     def checkpoint_reached(self) -> bool:
         """A checkpoint is about to be reported, its step rows already here: on URI storage
         the tables go there first, so a driver that crashes leaves them beside every
-        checkpoint Ray Train registered (training/reporting.py waits for this; see
+        checkpoint Ray Train registered (training/loop_report.py waits for this; see
         :mod:`hetero_ray.metrics.remote_copy`). False when the copy failed (said here): the
         checkpoint is then not reported, and the next one copies again."""
         if self._remote_run_uri is None or self._finalized:

@@ -118,7 +118,7 @@ def report(metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> 
     the balancer's state (in its ``hetero_ray/`` folder), and the step records it covers
     are stored first. Every rank calls it the same number of times; pass the checkpoint
     from rank 0 (or from every rank)."""
-    from hetero_ray.training.reporting import report as report_
+    from hetero_ray.training.loop_report import report as report_
 
     report_(_session.current("report"), metrics, checkpoint)
 

@@ -26,7 +26,7 @@ and the rank pads its step so that its busy time at local batch ``b`` is
 So "rank 0 behaves like the H100 in this nodes.json, ranks 1-2 like a CPU line" reads
 ``--emulate-devices h100_nodes.json:gpu0,curve:0:2:0.5*2``. A path names a file on the
 driver's machine: the driver resolves every entry to its curve before anything starts and
-sends the numbers to the workers (:func:`device_curves`).
+sends the numbers to the workers (:func:`hetero_ray.runtime.device_curves.device_curves`).
 
 **The common factor k.** A rank can only pad: it cannot run faster than this machine runs
 the model. The H100 curve is 7 ms where this CPU takes far longer, so every curve is
@@ -64,11 +64,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
-from hetero_ray.config import parse_emulated_device
 from hetero_ray.errors import UserError
-from hetero_ray.planning.capacity import probe_rows
-from hetero_ray.planning.cost_model import curve_busy_time_s, fit_curve
-from hetero_ray.profiling.capability import read_nodes_document
+from hetero_ray.planning.cost_model import curve_busy_time_s
 
 logger = logging.getLogger(__name__)
 
@@ -183,59 +180,3 @@ class CurveEmulator:
         slept_from = time.perf_counter()
         time.sleep(delay)
         self.padded_s += time.perf_counter() - slept_from
-
-
-# ---------------------------------------------------------------------------- the entries
-def device_curves(name: str, entries: Sequence[str]) -> list[DeviceCurve]:
-    """Each rank's curve from its ``--emulate-devices`` entry (syntax checked by the config);
-    profiles are read here, on the driver. UserError on a missing, malformed or unprobed profile."""
-    documents: dict[str, dict] = {}
-    curves = []
-    for entry in entries:
-        spec = parse_emulated_device(name, entry)
-        if "floor_ms" in spec:
-            curves.append(DeviceCurve(spec["floor_ms"] / 1e3, spec["alpha_ms"] / 1e3, spec["beta_ms"] / 1e3, entry))
-            continue
-        path = spec["profile"]
-        if path not in documents:
-            documents[path] = _load_profile(name, path)
-        curves.append(_profile_curve(name, entry, documents[path], spec))
-    return curves
-
-
-def _load_profile(name: str, path: str) -> dict:
-    return read_nodes_document(path, f"{name}:")
-
-
-def _profile_curve(name: str, entry: str, document: dict, spec: dict) -> DeviceCurve:
-    """The first device of the profile that the entry names and that has a model probe."""
-    # Without a kind the GPU is meant; a CPU only where the profile probed no GPU.
-    kind = spec["kind"] or ("gpu" if _has_probed_gpu(document, spec["node"]) else "cpu")
-    probed = []
-    for node in document["nodes"]:
-        if node.get("status", "ok") != "ok" or not _names(node, spec["node"]):
-            continue
-        for device in node.get("devices") or ():
-            rows = probe_rows(device) if isinstance(device, dict) else []
-            if not rows:
-                continue
-            probed.append(f"{str(node.get('node_id'))[:8]}:{device.get('kind')}{device.get('index', 0)}")
-            if device.get("kind") != kind or (spec["index"] is not None and device.get("index", 0) != spec["index"]):
-                continue
-            fit = fit_curve([r["batch_size"] for r in rows], [r["busy_time_s"] for r in rows])
-            return DeviceCurve(fit.floor_s, fit.alpha_s, fit.beta_s_per_sample, entry)
-    which = ", ".join(probed) or "none"
-    raise UserError(f"{name} entry {entry!r}: {spec['profile']} has no such device with a model probe "
-                    f"(probed devices: {which}); name one of them as PROFILE.json[:NODE][:gpuN|cpuN], or "
-                    f"profile again with --model MODEL")
-
-
-def _has_probed_gpu(document: dict, node_name: Optional[str]) -> bool:
-    return any(isinstance(d, dict) and d.get("kind") == "gpu" and probe_rows(d)
-               for n in document["nodes"] if n.get("status", "ok") == "ok" and _names(n, node_name)
-               for d in n.get("devices") or ())
-
-
-def _names(node: dict, name: Optional[str]) -> bool:
-    return name is None or str(node.get("node_id", "")).startswith(name) or name in (node.get("hostname"),
-                                                                                    node.get("ip"))

@@ -32,7 +32,7 @@ import ray.train
 from hetero_ray.errors import UserError
 from hetero_ray.training import session as worker_session
 from hetero_ray.training.allocator import keep_freed_memory
-from hetero_ray.training.reporting import read_state
+from hetero_ray.training.loop_report import read_state
 
 _NON_SCALAR_LOSS = "grad can be implicitly created only for scalar outputs"
 

@@ -58,7 +58,7 @@ from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
 from hetero_ray.training.heap import freeze_heap
 from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
-from hetero_ray.training.reporting import check_data_matches
+from hetero_ray.training.loop_report import check_data_matches
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
 from hetero_ray.training.weighting import rank_weight

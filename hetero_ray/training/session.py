@@ -80,8 +80,8 @@ class WorkerSettings:
     # Node profiles made beside the workers' start: how long rank 0 waits for them at the
     # first plan (see runtime/node_profiling.py).
     first_plan_wait_s: float = 0.0
-    allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/reporting.py)
-    tables_to_uri: bool = False  # URI storage: the tables reach it before each checkpoint (training/reporting.py)
+    allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/loop_report.py)
+    tables_to_uri: bool = False  # URI storage: the tables reach it before each checkpoint (training/loop_report.py)
     # HeteroTrainer(datasets=...): the one that follows the plan, read from the run's feed
     # actor of its name, and those Ray Train splits for evaluation (training/dataset_shard.py).
     data_feeds: Optional[list[str]] = None
