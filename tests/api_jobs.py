@@ -156,13 +156,21 @@ def _maybe_crash(config: dict, completed_step: int) -> None:
     marker = os.path.join(crash["run_dir"], "crashed_once")
     if os.path.exists(marker):
         return
-    deadline = time.monotonic() + 60
-    while not (_latest_checkpoint_dir(crash["run_dir"]) or "").endswith(crash["after_checkpoint"]):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{crash['after_checkpoint']} was never registered")
-        time.sleep(0.05)
+    wait_until_registered(crash["run_dir"], crash["after_checkpoint"])
     open(marker, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wait_until_registered(run_dir: str, checkpoint_name: str, timeout_s: float = 60.0) -> None:
+    """Until Ray Train has registered ``checkpoint_name`` as its latest. A loop that fails
+    right after a report waits for this first: Ray Train registers a checkpoint once every
+    rank's report of it is in, and a rank that fails before a slower one has reported
+    leaves a restart with no checkpoint."""
+    deadline = time.monotonic() + timeout_s
+    while not (_latest_checkpoint_dir(run_dir) or "").endswith(checkpoint_name):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{checkpoint_name} was never registered")
+        time.sleep(0.05)
 
 
 def _latest_checkpoint_dir(run_dir: str):

@@ -13,6 +13,7 @@ import torch
 
 from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
 from hetero_ray.training.loop_report import _checkpoint_dir_name
+from tests import api_jobs
 
 
 @pytest.mark.parametrize("global_step, taken_here, restored, expected", [
@@ -37,8 +38,9 @@ def test_a_report_right_after_a_resume_gets_a_new_name():
 
 
 def restart_then_report_loop(config):
-    """Attempt 0 trains 4 steps, checkpoints and fails; attempt 1 reports a checkpoint at
-    once (the same position), then trains to the end."""
+    """Attempt 0 trains 4 steps, checkpoints, and fails once Ray Train has registered the
+    checkpoint; attempt 1 reports a checkpoint at once (the same position), then trains to
+    the end."""
     import tempfile
 
     import ray.train
@@ -61,6 +63,7 @@ def restart_then_report_loop(config):
         model(inputs).mean().backward()
         if restored is None and step == 3:
             report("before-crash")
+            api_jobs.wait_until_registered(config["run_dir"], "checkpoint_000000004")
             # An error a restart cures (a lost peer): the same RuntimeError at the same step on
             # every rank is a bug in the loop, and ends the run without a restart.
             raise ConnectionError("a worker lost its peer")
@@ -74,7 +77,8 @@ def test_the_report_right_after_a_restart_leaves_the_checkpoint_resumed_from_int
     from hetero_ray import HeteroConfig, HeteroTrainer
     from hetero_ray.runtime.checkpoints import ray_train_dir, registered_checkpoint_names
 
-    trainer = HeteroTrainer(restart_then_report_loop, scaling_config=ScalingConfig(num_workers=2),
+    trainer = HeteroTrainer(restart_then_report_loop, train_loop_config={"run_dir": str(tmp_path / "names")},
+                            scaling_config=ScalingConfig(num_workers=2),
                             run_config=RunConfig(name="names", storage_path=str(tmp_path),
                                                  failure_config=FailureConfig(max_failures=1)),
                             hetero_config=HeteroConfig(global_batch_size=8, policy="static"))
