@@ -20,6 +20,13 @@ def format_shares(sizes) -> str:
     return "/".join(str(int(b)) for b in sizes)
 
 
+def format_list(items, limit: int = 8) -> str:
+    """The first ``limit`` items, then how many more: ``0, 1, 2, … (+5)`` (ranks in a reason)."""
+    items = list(items)
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (f" … (+{len(items) - limit})" if len(items) > limit else "")
+
+
 def format_duration(seconds: Optional[float], compact: bool = True) -> str:
     """``75`` → ``1m15s`` (compact, for progress lines) or ``1 min 15 s``; ``–`` when unknown."""
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):

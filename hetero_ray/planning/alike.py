@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from hetero_ray.formatting import format_list
 from hetero_ray.planning.cost_model import curve_busy_time_s
 
 # z: busy times this many standard errors of their difference apart are two speeds; closer,
@@ -93,9 +94,4 @@ def alike_note(groups: list[list[int]], curves, within: str) -> str:
     with one curve already, as one node's profile gives, need no word)."""
     rows = [np.asarray(c, dtype=np.float64) for c in curves]
     differ = [g for g in groups if any(np.ptp(row[g]) > 0 for row in rows)]
-    return "".join(f"; ranks {_short_list(g)} alike (within {within}): one speed" for g in differ)
-
-
-def _short_list(ranks: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(str(int(r)) for r in ranks[:limit])
-    return shown + (f" … (+{len(ranks) - limit})" if len(ranks) > limit else "")
+    return "".join(f"; ranks {format_list(int(r) for r in g)} alike (within {within}): one speed" for g in differ)

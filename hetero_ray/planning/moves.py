@@ -44,6 +44,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from hetero_ray.formatting import format_list
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.estimates import Estimates
 
@@ -149,7 +150,7 @@ class MeasuredShares:
                  for rank, cap in enumerate(caps) if cap is not None and sizes[rank] >= cap > known_sizes[rank]]
         if not parts:
             return ""
-        return "bounded move: " + ", ".join(parts[:8]) + (f" … (+{len(parts) - 8})" if len(parts) > 8 else "")
+        return "bounded move: " + format_list(parts)
 
 
 def lift_to_hold(move_caps: Sequence[Optional[int]], hard_caps: Sequence[Optional[int]],

@@ -35,6 +35,7 @@ from typing import Optional, Protocol, Sequence
 import numpy as np
 
 from hetero_ray.errors import ConfigError
+from hetero_ray.formatting import format_list
 from hetero_ray.planning.alike import alike_note, pool_alike
 from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.planning.cost_model import curve_busy_time_s
@@ -401,7 +402,7 @@ class _AdaptivePolicy(_BasePolicy):
         if not (newly_out and math.isfinite(all_ranks_s) and not (all_ranks_s - proposed_pred) / all_ranks_s > required):
             return proposal, left_out, ""
         own_gain = (all_ranks_s - proposed_pred) / all_ranks_s
-        note = (f"; ranks {_short_list(np.asarray(newly_out))} kept in: leaving them out would gain "
+        note = (f"; ranks {format_list(newly_out)} kept in: leaving them out would gain "
                 f"{own_gain:+.1%} ({all_ranks_s * 1e3:.2f} → {proposed_pred * 1e3:.2f} ms), within the "
                 f"required {required:.1%}")
         proposal, left_out, _ = _AdaptivePolicy._propose(self, current, *pooled, view.usable, view.lo, view.hi,
@@ -417,7 +418,7 @@ class _AdaptivePolicy(_BasePolicy):
         gain, required = predictions["predicted_gain"], predictions["required_gain"]
         over = [r for r in np.flatnonzero(view.usable) if view.hi[r] is not None and view.b_now[r] > view.hi[r]]
         if over:  # no gain to weigh: a plan over its caps cannot stay in force (e.g. a CPU quota it stalls on)
-            summary = (f"ranks {_short_list(np.asarray(over))} over their caps "
+            summary = (f"ranks {format_list(int(r) for r in over)} over their caps "
                        f"({', '.join(f'{int(view.b_now[r])} > {view.hi[r]}' for r in over[:8])}); {summary}")
         elif not gain > required:
             self._lead_under_version = None
@@ -459,23 +460,25 @@ class _DecisionView:
 
 def _membership_notes(b_now: np.ndarray, proposal, left_out, proposed_pred: float, all_ranks_s: float) -> str:
     """The reason's words on ranks the proposal leaves out or brings back."""
-    note = ""
-    if left_out:
-        note = (f"; ranks {_short_list(np.asarray(left_out))} left out: their all-reduce costs more than "
-                f"they add (predicted {proposed_pred * 1e3:.2f} ms without them, "
-                f"{all_ranks_s * 1e3:.2f} ms with every rank in)")
+    note = f"; {_left_out_words(left_out, proposed_pred, all_ranks_s)}" if left_out else ""
     back = [r for r in range(len(b_now)) if b_now[r] == 0 and proposal[r] > 0]
     if back:
-        note += f"; ranks {_short_list(np.asarray(back))} brought back: predicted faster with them"
+        note += f"; ranks {format_list(back)} brought back: predicted faster with them"
     return note
+
+
+def _left_out_words(left_out, without_s: float, with_every_rank_s: float) -> str:
+    """Why ranks are out of a plan, as a decision's reason and a first plan's say it."""
+    return (f"ranks {format_list(left_out)} left out: their all-reduce costs more than they add (predicted "
+            f"{without_s * 1e3:.2f} ms without them, {with_every_rank_s * 1e3:.2f} ms with every rank in)")
 
 
 def _stale_notes(view: _DecisionView) -> str:
     """The reason's words on ranks the decision could not move: stale, or held out."""
     stale = np.flatnonzero(~view.usable & ~view.held)
-    note = f"; ranks {_short_list(stale)} stale, kept at their size" if stale.size else ""
+    note = f"; ranks {format_list(int(r) for r in stale)} stale, kept at their size" if stale.size else ""
     if view.held.any():
-        note += f"; ranks {_short_list(np.flatnonzero(view.held))} kept out: they feed the pipeline"
+        note += f"; ranks {format_list(int(r) for r in np.flatnonzero(view.held))} kept out: they feed the pipeline"
     return note
 
 
@@ -531,11 +534,9 @@ class OptimalPolicy(_AdaptivePolicy):
         result = solve_subset_split(alphas, betas, global_batch_size, comm_cost_s, self.config.min_local_batch_size,
                                     caps, floors, must_include=[0])
         every_rank_s = comm_cost_s(frozenset(range(len(alphas))))
-        out = ", ".join(str(r) for r in result.left_out)
-        reason = (f"optimal with an all-reduce of {every_rank_s * 1e3:.3g} ms for every rank: "
-                  + (f"ranks {out} left out: their all-reduce costs more than they add (predicted "
-                     f"{result.predicted_step_time_s * 1e3:.3f} ms without them, "
-                     f"{result.all_ranks_step_time_s * 1e3:.3f} ms with every rank in)" if out else "every rank in"))
+        out = (_left_out_words(result.left_out, result.predicted_step_time_s, result.all_ranks_step_time_s)
+               if result.left_out else "every rank in")
+        reason = f"optimal with an all-reduce of {every_rank_s * 1e3:.3g} ms for every rank: {out}"
         return Plan(0, tuple(result.local_batch_sizes), reason)
 
     def _propose(self, current: Plan, alphas, betas, floors, usable, lo, hi, comm_cost_s):
@@ -587,8 +588,3 @@ def _comm_s(comm_cost_s: Optional[CommCost], sizes) -> float:
     if comm_cost_s is None:
         return 0.0
     return float(comm_cost_s(frozenset(int(r) for r, b in enumerate(sizes) if b > 0)))
-
-
-def _short_list(ranks: np.ndarray, limit: int = 8) -> str:
-    shown = ", ".join(str(int(r)) for r in ranks[:limit])
-    return shown + (f" … (+{ranks.size - limit})" if ranks.size > limit else "")
