@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from hetero_ray.errors import UserError
 from hetero_ray.flags import add_deprecated_alias
-from hetero_ray.profiling.capability import read_nodes_document
+from hetero_ray.profiling.capability import node_named, read_nodes_document
 
 HELP = "what-if planning from a saved profile (nodes.json): curves, shares, predicted step time; no Ray"
 
@@ -144,7 +144,7 @@ def parse_workers(spec: Optional[str], nodes: list[dict]) -> tuple[list[str], li
             raise UserError(f"--workers entry {entry!r}: expected [NODE:]KIND[*COUNT] with KIND gpu or cpu and "
                             "COUNT ≥ 1, e.g. gpu,cpu*3 or 28c424db:gpu")
         kind, count = match["kind"], int(match["count"] or 1)
-        candidates = [str(n.get("node_id")) for n in ok if _names(n, match["node"])] if match["node"] else \
+        candidates = [str(n.get("node_id")) for n in ok if node_named(n, match["node"])] if match["node"] else \
             [str(n.get("node_id")) for n in ok]
         if match["node"] and len(candidates) != 1:
             known = ", ".join(f"{str(n.get('node_id'))[:8]} ({n.get('hostname') or n.get('ip') or '?'})" for n in ok)
@@ -166,10 +166,6 @@ def parse_workers(spec: Optional[str], nodes: list[dict]) -> tuple[list[str], li
             node_ids.append(node_id)
             kinds.append(kind)
     return node_ids, kinds
-
-
-def _names(node: dict, name: str) -> bool:
-    return str(node.get("node_id", "")).startswith(name) or name in (node.get("hostname"), node.get("ip"))
 
 
 # ---------------------------------------------------------------------------- the report

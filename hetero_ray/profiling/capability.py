@@ -207,6 +207,13 @@ def read_nodes_document(path: str, label: str) -> dict:
     return document
 
 
+def node_named(node: dict, name: Optional[str]) -> bool:
+    """Whether a node of a nodes.json document is the one a user named: a node-id prefix, a
+    hostname or an IP (None names every node)."""
+    return name is None or str(node.get("node_id", "")).startswith(name) or name in (node.get("hostname"),
+                                                                                    node.get("ip"))
+
+
 def write_nodes_json(path: str, nodes: Sequence[NodeCapability], model: Optional[str] = None,
                      batch_sizes: Optional[Sequence[int]] = None) -> None:
     """Writes the document atomically (a reader never sees half a file)."""

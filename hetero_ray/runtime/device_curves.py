@@ -12,7 +12,7 @@ from hetero_ray.config import parse_emulated_device
 from hetero_ray.errors import UserError
 from hetero_ray.planning.capacity import probe_rows
 from hetero_ray.planning.cost_model import fit_curve
-from hetero_ray.profiling.capability import read_nodes_document
+from hetero_ray.profiling.capability import node_named, read_nodes_document
 from hetero_ray.training.curve_emulation import DeviceCurve
 
 
@@ -43,7 +43,7 @@ def _profile_curve(name: str, entry: str, document: dict, spec: dict) -> DeviceC
     kind = spec["kind"] or ("gpu" if _has_probed_gpu(document, spec["node"]) else "cpu")
     probed = []
     for node in document["nodes"]:
-        if node.get("status", "ok") != "ok" or not _names(node, spec["node"]):
+        if node.get("status", "ok") != "ok" or not node_named(node, spec["node"]):
             continue
         for device in node.get("devices") or ():
             rows = probe_rows(device) if isinstance(device, dict) else []
@@ -62,10 +62,5 @@ def _profile_curve(name: str, entry: str, document: dict, spec: dict) -> DeviceC
 
 def _has_probed_gpu(document: dict, node_name: Optional[str]) -> bool:
     return any(isinstance(d, dict) and d.get("kind") == "gpu" and probe_rows(d)
-               for n in document["nodes"] if n.get("status", "ok") == "ok" and _names(n, node_name)
+               for n in document["nodes"] if n.get("status", "ok") == "ok" and node_named(n, node_name)
                for d in n.get("devices") or ())
-
-
-def _names(node: dict, name: Optional[str]) -> bool:
-    return name is None or str(node.get("node_id", "")).startswith(name) or name in (node.get("hostname"),
-                                                                                    node.get("ip"))
