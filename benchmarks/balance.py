@@ -113,9 +113,9 @@ def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_c
 
     config = TrainConfig(
         model=args.model, dataset="synthetic_image", num_samples=args.batch_size * (args.steps + 1),
-        batch_size=args.batch_size, epochs=1, max_steps=args.steps, num_workers=args.num_workers,
+        global_batch_size=args.batch_size, epochs=1, max_steps=args.steps, num_workers=args.num_workers,
         policy=policy, emulate_speeds=emulate_speeds, rebalance_interval=args.rebalance_interval,
-        checkpoint_every=10 * args.steps, output_dir=output_dir, experiment_name=label,
+        checkpoint_every=10 * args.steps, storage_path=output_dir, name=label,
         address=args.address, max_failures=0, emulate_speed_changes=speed_changes, profile=profile,
     )
     started = time.monotonic()

@@ -67,11 +67,11 @@ def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, 
     steps_per_epoch = min(num_steps, EPOCH_STEPS)
     config = TrainConfig(
         model=model, dataset="synthetic_image", num_samples=batch_size * steps_per_epoch,
-        batch_size=batch_size, epochs=math.ceil(num_steps / steps_per_epoch), max_steps=num_steps, num_workers=num_workers,
+        global_batch_size=batch_size, epochs=math.ceil(num_steps / steps_per_epoch), max_steps=num_steps, num_workers=num_workers,
         policy="optimal", emulate_speeds=speeds, emulate_devices=devices, emulate_devices_factor=devices_factor,
         emulate_speed_changes=changes,
-        rebalance_interval=args.rebalance_interval, checkpoint_every=10 * num_steps, output_dir=output_dir,
-        experiment_name=label, max_failures=0,
+        rebalance_interval=args.rebalance_interval, checkpoint_every=10 * num_steps, storage_path=output_dir,
+        name=label, max_failures=0,
     )
     started = time.monotonic()
     result = run_training(config, emit=lambda line: None)

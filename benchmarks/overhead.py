@@ -38,10 +38,10 @@ def run_hetero(output_dir: str, name: str, *, model: str, num_samples: int, batc
     from hetero_ray.config import TrainConfig
 
     config = TrainConfig(
-        model=model, dataset="synthetic_image", num_samples=num_samples, batch_size=batch_size,
+        model=model, dataset="synthetic_image", num_samples=num_samples, global_batch_size=batch_size,
         epochs=1000, max_steps=steps, num_workers=num_workers, policy=policy,
-        emulate_speeds=emulate_speeds, checkpoint_every=10 * steps, output_dir=output_dir,
-        experiment_name=name, max_failures=0,
+        emulate_speeds=emulate_speeds, checkpoint_every=10 * steps, storage_path=output_dir,
+        name=name, max_failures=0,
     )
     result = run_training(config, emit=lambda line: None)
     return result.summary["steady_samples_per_s"]

@@ -41,9 +41,9 @@ def run_with_interval(output_dir: str, name: str, profile_interval: int, *, mode
     from hetero_ray.config import TrainConfig
 
     config = TrainConfig(
-        model=model, dataset="synthetic_image", num_samples=batch_size * (steps + 1), batch_size=batch_size,
+        model=model, dataset="synthetic_image", num_samples=batch_size * (steps + 1), global_batch_size=batch_size,
         epochs=1000, max_steps=steps, num_workers=num_workers, policy="static",
-        checkpoint_every=10 * steps, output_dir=output_dir, experiment_name=name, max_failures=0,
+        checkpoint_every=10 * steps, storage_path=output_dir, name=name, max_failures=0,
         profile_interval=profile_interval, profile=False,  # node profiling happens before step 0 either way
     )
     result = run_training(config, emit=lambda line: None)

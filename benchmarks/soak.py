@@ -149,10 +149,10 @@ def run_soak(steps: int = DEFAULT_STEPS, num_workers: int = DEFAULT_NUM_WORKERS,
     output_dir = output_dir or tempfile.mkdtemp(prefix="hetero_ray_soak_")
     steps_per_epoch = num_samples // BATCH_SIZE
     config = TrainConfig(
-        model="mlp", dataset="synthetic_image", num_samples=num_samples, eval_samples=256, batch_size=BATCH_SIZE,
+        model="mlp", dataset="synthetic_image", num_samples=num_samples, eval_samples=256, global_batch_size=BATCH_SIZE,
         epochs=-(-steps // steps_per_epoch), max_steps=steps, num_workers=num_workers, policy="static",
-        profile=False, checkpoint_every=10 * steps_per_epoch, max_failures=0, output_dir=output_dir,
-        experiment_name=experiment_name,
+        profile=False, checkpoint_every=10 * steps_per_epoch, max_failures=0, storage_path=output_dir,
+        name=experiment_name,
     )
     # The driver reads the bound when it starts the store actor (runtime/actors.py).
     previous = os.environ.get(STORE_MAX_RECENT_STEPS_ENV_VAR)

@@ -7,9 +7,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from hetero_ray.metrics import run_files
-from hetero_ray.reporting.run_dir_files import read_run_json
-from hetero_ray.reporting.run_source import OfflineRunSource, RunSource
+from hetero_ray.reporting.run_source import OfflineRunSource, RunSource, read_config
 from hetero_ray.reporting.table_cache import TableCache
 from hetero_ray_dashboards.live_source import LiveRunSource
 from hetero_ray_dashboards.run_keys import (
@@ -110,8 +108,7 @@ class RunCatalog:
             run_dir = resolve_run_dir(self.runs_dir, name)
         except Exception:  # noqa: BLE001 - not under runs_dir, or not reachable: no config
             return {}, None
-        config = read_run_json(run_dir, run_files.CONFIG_FILE, {})
-        return (config if isinstance(config, dict) else {}), OFFLINE + name
+        return read_config(run_dir), OFFLINE + name
 
     def successor(self, key: str) -> Optional[str]:
         """For a live run that has ended: its run directory's key (if under runs_dir)."""

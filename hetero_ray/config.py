@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hetero_ray import validate
+from hetero_ray.validate import named
 from hetero_ray.errors import ConfigError
 from hetero_ray.flags import (
     float_list, flag_name, int_list, label_selectors, plan_change, setting, speed_change, str_list,
     worker_range,
 )
+from hetero_ray.planning.decision import PolicyConfig
 from hetero_ray.planning.policies import DEFAULT_POLICY, policy_names
 from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S, probe_batch_sizes_around
 
@@ -78,18 +80,18 @@ class DataConfig:
     eval_samples: int = setting(512, "synthetic datasets: held-out samples", type=int)
 
     def __post_init__(self):
-        validate.choice("--model", self.model, MODELS)
-        validate.choice("--dataset", self.dataset, DATASETS)
+        validate.choice(named("model"), self.model, MODELS)
+        validate.choice(named("dataset"), self.dataset, DATASETS)
         if self.is_text != (self.dataset in TEXT_DATASETS):
             kind = "a text dataset (synthetic_text)" if self.is_text else "an image dataset"
-            raise ConfigError(f"--model {self.model} needs {kind}, got --dataset {self.dataset}")
+            raise ConfigError(f"{named('model')} {self.model} needs {kind}, got {named('dataset')} {self.dataset}")
         if self.dataset in FILE_DATASETS and not self.data_dir:
             raise ConfigError(
-                f"--dataset {self.dataset} reads its files from --data-dir; pass the folder "
-                f"that holds (or should receive, with --download) the {self.dataset} batches"
+                f"{named('dataset')} {self.dataset} reads its files from {named('data_dir')}; pass the folder "
+                f"that holds (or should receive, with {named('download')}) the {self.dataset} batches"
             )
-        validate.positive_int("--num-samples", self.num_samples)
-        validate.positive_int("--eval-samples", self.eval_samples)
+        validate.positive_int(named("num_samples"), self.num_samples)
+        validate.positive_int(named("eval_samples"), self.eval_samples)
 
     @property
     def is_text(self) -> bool:
@@ -100,8 +102,8 @@ class DataConfig:
 class OptimizationConfig:
     """Depends on the global batch only, never on the workers or their speeds."""
 
-    batch_size: int = setting(64, "global batch size B: the samples of one optimiser step across all workers", type=int,
-                               name="--global-batch-size", aliases=("--batch-size",))
+    global_batch_size: int = setting(64, "global batch size B: the samples of one optimiser step across all workers",
+                                     type=int, aliases=("--batch-size",))
     epochs: int = setting(1, "passes over the training samples", type=int)
     max_steps: Optional[int] = setting(None, "stop after this many global steps", type=int)  # ≤ epochs' worth
     lr: float = setting(0.05, "learning rate", type=float)
@@ -113,15 +115,15 @@ class OptimizationConfig:
     seed: int = setting(0, "the data order (one seeded permutation per epoch) and the initial weights", type=int)
 
     def __post_init__(self):
-        validate.positive_int("--global-batch-size", self.batch_size)
-        validate.positive_int("--epochs", self.epochs)
+        validate.positive_int(named("global_batch_size"), self.global_batch_size)
+        validate.positive_int(named("epochs"), self.epochs)
         if self.max_steps is not None:
-            validate.positive_int("--max-steps", self.max_steps)
-        validate.positive_number("--lr", self.lr)
-        validate.choice("--optimizer", self.optimizer, OPTIMIZERS)
-        validate.choice("--lr-schedule", self.lr_schedule, LR_SCHEDULES)
-        validate.choice("--precision", self.precision, PRECISIONS)
-        validate.non_negative_int("--seed", self.seed)
+            validate.positive_int(named("max_steps"), self.max_steps)
+        validate.positive_number(named("lr"), self.lr)
+        validate.choice(named("optimizer"), self.optimizer, OPTIMIZERS)
+        validate.choice(named("lr_schedule"), self.lr_schedule, LR_SCHEDULES)
+        validate.choice(named("precision"), self.precision, PRECISIONS)
+        validate.non_negative_int(named("seed"), self.seed)
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,9 @@ class ClusterConfig:
     backend: str = setting("auto", f"{_one_of(BACKENDS)}; auto: nccl when all ranks have GPUs, else gloo")
     # Per-worker Ray label selectors, e.g. [{"gpu": "h100"}, {"cpu-only": "1"}]: which node
     # each rank may run on (one TorchTrainer gives every worker the same resources).
-    worker_label_selectors: Optional[list[dict]] = setting(
+    worker_labels: Optional[list[dict]] = setting(
         None, "per-worker node label selectors, ';' between workers (e.g. gpu=h100;gpu=h100;cpu-only=1)",
-        name="--worker-labels", type=label_selectors, metavar="K=V[,K=V];…")
+        type=label_selectors, metavar="K=V[,K=V];…")
     # Per-worker device kinds ["gpu", "gpu", "cpu"]: mixed GPU and CPU workers in one job
     # (placed on nodes labelled hetero-ray.io/device=gpu|cpu; gloo between them).
     worker_devices: Optional[list[str]] = setting(
@@ -149,31 +151,31 @@ class ClusterConfig:
               "labelled hetero-ray.io/device (see cluster_configs/)", type=str_list, metavar="gpu|cpu,…")
 
     def __post_init__(self):
-        validate.positive_int("--num-workers", self.num_workers)
+        validate.positive_int(named("num_workers"), self.num_workers)
         if self.min_workers is not None:
-            validate.positive_int("--num-workers (minimum)", self.min_workers)
+            validate.positive_int(f"{named('num_workers')} (minimum)", self.min_workers)
             if self.min_workers > self.num_workers:
-                raise ConfigError(f"--num-workers {self.min_workers}-{self.num_workers}: the minimum must not "
+                raise ConfigError(f"{named('num_workers')} {self.min_workers}-{self.num_workers}: the minimum must not "
                                   "exceed the maximum")
-        validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
-        validate.choice("--use-gpu", self.use_gpu, USE_GPU_CHOICES)
-        validate.choice("--backend", self.backend, BACKENDS)
-        if self.worker_label_selectors is not None:
-            selectors = validate.sequence("--worker-labels", self.worker_label_selectors)
-            validate.per_rank("--worker-labels", selectors, self.num_workers)
+        validate.positive_number(named("cpus_per_worker"), self.cpus_per_worker)
+        validate.choice(named("use_gpu"), self.use_gpu, USE_GPU_CHOICES)
+        validate.choice(named("backend"), self.backend, BACKENDS)
+        if self.worker_labels is not None:
+            selectors = validate.sequence(named("worker_labels"), self.worker_labels)
+            validate.per_rank(named("worker_labels"), selectors, self.num_workers)
             for selector in selectors:
                 if not isinstance(selector, dict) or not all(
                         isinstance(k, str) and k and isinstance(v, str) for k, v in selector.items()):
-                    raise ConfigError(f"--worker-labels: each worker's selector must map label names to "
+                    raise ConfigError(f"{named('worker_labels')}: each worker's selector must map label names to "
                                       f"values (KEY=VALUE), got {selector!r}")
-            _store(self, worker_label_selectors=selectors)
+            _store(self, worker_labels=selectors)
         if self.worker_devices is not None:
-            devices = validate.device_kinds("--worker-devices", self.worker_devices)
-            validate.per_rank("--worker-devices", devices, self.num_workers)
-            if self.worker_label_selectors is not None:
-                raise ConfigError("--worker-devices and --worker-labels both place workers; give one of them")
+            devices = validate.device_kinds(named("worker_devices"), self.worker_devices)
+            validate.per_rank(named("worker_devices"), devices, self.num_workers)
+            if self.worker_labels is not None:
+                raise ConfigError(f"{named('worker_devices')} and {named('worker_labels')} both place workers; give one of them")
             if self.use_gpu == "no" and "gpu" in devices:
-                raise ConfigError("--worker-devices asks for GPU workers but --use-gpu is no")
+                raise ConfigError(f"{named('worker_devices')} asks for GPU workers but {named('use_gpu')} is no")
             _store(self, worker_devices=devices)
 
     @property
@@ -190,7 +192,7 @@ class ClusterConfig:
             from hetero_ray.constants import DEVICE_LABEL
 
             return [{DEVICE_LABEL: kind} for kind in self.worker_devices]
-        return self.worker_label_selectors
+        return self.worker_labels
 
 
 @dataclass(frozen=True)
@@ -212,19 +214,18 @@ class PlanConfig:
         type=plan_change, metavar="STEP:B0,B1,...", repeat=True, aliases=("--plan-change",))
 
     def __post_init__(self):
-        validate.choice("--policy", self.policy, policy_names())
+        validate.choice(named("policy"), self.policy, policy_names())
         if self.batch_split is not None:
             # Shares of the global batch: TrainConfig checks them against --global-batch-size and the ranks.
-            _store(self, batch_split=validate.int_list("--batch-split", self.batch_split))
-        validate.positive_int("--rebalance-interval", self.rebalance_interval)
-        validate.fraction_below_one("--rebalance-threshold", self.rebalance_threshold, of="the step time")
-        validate.non_negative_int("--rebalance-cooldown", self.rebalance_cooldown)
+            _store(self, batch_split=validate.int_list(named("batch_split"), self.batch_split))
+        validate.positive_int(named("rebalance_interval"), self.rebalance_interval)
+        PolicyConfig(**self.policy_config())  # checks the threshold and the cooldown
         if self.plan_changes is not None:
-            _store(self, plan_changes=validate.plan_changes("--plan-changes", self.plan_changes))
+            _store(self, plan_changes=validate.plan_changes(named("plan_changes"), self.plan_changes))
 
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.planning.decision.PolicyConfig`."""
-        return {"rebalance_threshold": float(self.rebalance_threshold), "cooldown_steps": self.rebalance_cooldown}
+        return {"rebalance_threshold": self.rebalance_threshold, "rebalance_cooldown": self.rebalance_cooldown}
 
 
 @dataclass(frozen=True)
@@ -247,19 +248,19 @@ class EmulationConfig:
 
     def __post_init__(self):
         if self.emulate_speeds is not None:
-            _store(self, emulate_speeds=validate.fractions("--emulate-speeds", self.emulate_speeds,
+            _store(self, emulate_speeds=validate.fractions(named("emulate_speeds"), self.emulate_speeds,
                                                            of="the real speed"))
         if self.emulate_speed_changes is not None:
-            _store(self, emulate_speed_changes=validate.speed_changes("--emulate-speed-changes",
+            _store(self, emulate_speed_changes=validate.speed_changes(named("emulate_speed_changes"),
                                                                       self.emulate_speed_changes))
         if self.emulate_devices is not None:
-            _store(self, emulate_devices=emulated_devices("--emulate-devices", self.emulate_devices))
+            _store(self, emulate_devices=emulated_devices(named("emulate_devices"), self.emulate_devices))
         if self.emulate_devices_factor is not None:
-            _store(self, emulate_devices_factor=validate.positive_number("--emulate-devices-factor",
+            _store(self, emulate_devices_factor=validate.positive_number(named("emulate_devices_factor"),
                                                                          self.emulate_devices_factor))
             if self.emulate_devices is None:
-                raise ConfigError("--emulate-devices-factor stretches the curves of --emulate-devices; give "
-                                  "--emulate-devices too, or leave the factor out")
+                raise ConfigError(f"{named('emulate_devices_factor')} stretches the curves of {named('emulate_devices')}; give "
+                                  f"{named('emulate_devices')} too, or leave the factor out")
 
 
 # --- emulated devices: the syntax of one rank's entry (training/curve_emulation.py reads the files)
@@ -334,11 +335,11 @@ class ProfilingConfig:
         aliases=("--profile-timeout",))
 
     def __post_init__(self):
-        validate.switch("--profile", self.profile)
+        validate.switch(named("profile"), self.profile)
         if self.profile_batch_sizes is not None:
-            _store(self, profile_batch_sizes=validate.probe_sizes("--profile-batch-sizes", self.profile_batch_sizes))
-        validate.non_negative_int("--profile-interval", self.profile_interval)
-        validate.positive_number("--profile-timeout-s", self.profile_timeout_s, unit="seconds")
+            _store(self, profile_batch_sizes=validate.probe_sizes(named("profile_batch_sizes"), self.profile_batch_sizes))
+        validate.non_negative_int(named("profile_interval"), self.profile_interval)
+        validate.positive_number(named("profile_timeout_s"), self.profile_timeout_s, unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -353,9 +354,9 @@ class FaultToleranceConfig:
         False, "train on when a loss is NaN or infinite (by default the run stops at that step, naming it)")
 
     def __post_init__(self):
-        validate.positive_int("--checkpoint-every", self.checkpoint_every)
-        validate.non_negative_int("--max-failures", self.max_failures)
-        validate.switch("--allow-non-finite-loss", self.allow_non_finite_loss)
+        validate.positive_int(named("checkpoint_every"), self.checkpoint_every)
+        validate.non_negative_int(named("max_failures"), self.max_failures)
+        validate.switch(named("allow_non_finite_loss"), self.allow_non_finite_loss)
 
 
 @dataclass(frozen=True)
@@ -364,22 +365,21 @@ class OutputConfig:
 
     # The flags are Ray Train's RunConfig(name=..., storage_path=...): one word for each in the
     # CLI, the Python API and the examples (the settings keep their config.json keys).
-    experiment_name: str = setting(help="the run's name, its folder under --storage-path (default run-YYYYmmdd-HHMMSS)",
-                                   default_factory=default_experiment_name, name="--name",
-                                   aliases=("--experiment-name",))
-    output_dir: str = setting("runs", "where runs go: a run is the folder STORAGE_PATH/NAME (shared by every node "
-                                      "of a multi-node cluster)", name="--storage-path", aliases=("--output-dir",))
+    name: str = setting(help="the run's name, its folder under --storage-path (default run-YYYYmmdd-HHMMSS)",
+                        default_factory=default_experiment_name, aliases=("--experiment-name",))
+    storage_path: str = setting("runs", "where runs go: a run is the folder STORAGE_PATH/NAME (shared by every node "
+                                        "of a multi-node cluster)", aliases=("--output-dir",))
     record_sample_ids: bool = setting(False, "write sample_ids.parquet (exactly-once audit)")
 
     def __post_init__(self):
-        if not isinstance(self.experiment_name, str) or not _EXPERIMENT_NAME.match(self.experiment_name):
+        if not isinstance(self.name, str) or not _EXPERIMENT_NAME.match(self.name):
             raise ConfigError(
-                f"--name {self.experiment_name!r} must be 1-100 characters of letters, "
+                f"{named('name')} {self.name!r} must be 1-100 characters of letters, "
                 "digits, '.', '_' or '-', starting with a letter or digit"
             )
-        if not self.output_dir:
-            raise ConfigError("--storage-path must not be empty")
-        validate.switch("--record-sample-ids", self.record_sample_ids)
+        if not self.storage_path:
+            raise ConfigError(f"{named('storage_path')} must not be empty")
+        validate.switch(named("record_sample_ids"), self.record_sample_ids)
 
 
 # --- the rules that join parts: TrainConfig's, and HeteroConfig's with its own words
@@ -388,30 +388,30 @@ class OutputConfig:
 def check_shares(plan: PlanConfig, batch_size: int) -> None:
     """The plan's shares add up to the global batch (known before the workers are)."""
     if plan.batch_split is not None:
-        validate.shares("--batch-split", plan.batch_split, batch_size, "--global-batch-size")
+        validate.shares(named("batch_split"), plan.batch_split, batch_size, named("global_batch_size"))
     for change in plan.plan_changes or ():
-        validate.shares(f"--plan-changes at step {change['global_step']}", change["local_batch_sizes"], batch_size,
-                        "--global-batch-size", may_leave_out=True)
+        validate.shares(f"{named('plan_changes')} at step {change['global_step']}", change["local_batch_sizes"], batch_size,
+                        named("global_batch_size"), may_leave_out=True)
 
 
 def check_ranks(plan: PlanConfig, emulation: EmulationConfig, batch_size: int, num_workers: int) -> None:
     """What depends on the number of workers (the most a run may have): a sample per
     worker in every step, one value per rank in every per-rank setting."""
     if batch_size < num_workers:
-        raise ConfigError(f"--global-batch-size {batch_size} is smaller than --num-workers {num_workers}: every worker "
+        raise ConfigError(f"{named('global_batch_size')} {batch_size} is smaller than {named('num_workers')} {num_workers}: every worker "
                           "needs at least one sample per step; raise the global batch or use fewer workers")
     if plan.batch_split is not None:
-        validate.per_rank("--batch-split", plan.batch_split, num_workers)
+        validate.per_rank(named("batch_split"), plan.batch_split, num_workers)
     for change in plan.plan_changes or ():
-        validate.per_rank(f"--plan-changes at step {change['global_step']}", change["local_batch_sizes"], num_workers)
+        validate.per_rank(f"{named('plan_changes')} at step {change['global_step']}", change["local_batch_sizes"], num_workers)
     if emulation.emulate_speeds is not None:
-        validate.per_rank("--emulate-speeds", emulation.emulate_speeds, num_workers)
+        validate.per_rank(named("emulate_speeds"), emulation.emulate_speeds, num_workers)
     for change in emulation.emulate_speed_changes or ():
         if change["rank"] >= num_workers:
-            raise ConfigError(f"--emulate-speed-changes rank {change['rank']} does not exist with "
-                              f"--num-workers {num_workers}")
+            raise ConfigError(f"{named('emulate_speed_changes')} rank {change['rank']} does not exist with "
+                              f"{named('num_workers')} {num_workers}")
     if emulation.emulate_devices is not None:
-        validate.per_rank("--emulate-devices", emulation.emulate_devices, num_workers)
+        validate.per_rank(named("emulate_devices"), emulation.emulate_devices, num_workers)
 
 
 def default_of(part: type, name: str) -> Any:
@@ -432,8 +432,8 @@ class TrainConfig:
     """Everything a training run needs, in parts that check themselves.
 
     Built from settings by name, as the CLI's flags, the job entrypoints and config.json
-    name them — ``TrainConfig(model="mlp", batch_size=64, num_workers=2)`` — each going
-    to the part that declares it; read the same way (``config.batch_size``) or by part
+    name them — ``TrainConfig(model="mlp", global_batch_size=64, num_workers=2)`` — each going
+    to the part that declares it; read the same way (``config.global_batch_size``) or by part
     (``config.cluster.elastic``).
 
     Raises:
@@ -460,17 +460,18 @@ class TrainConfig:
 
     def _check_across_parts(self) -> None:
         """The rules that join parts (each part has checked its own fields)."""
-        check_ranks(self.plan, self.emulation, self.batch_size, self.num_workers)
-        if self.dataset not in FILE_DATASETS and self.num_samples < self.batch_size:
+        check_ranks(self.plan, self.emulation, self.global_batch_size, self.num_workers)
+        if self.dataset not in FILE_DATASETS and self.num_samples < self.global_batch_size:
             raise ConfigError(
-                f"--num-samples {self.num_samples} is smaller than --global-batch-size {self.batch_size}; "
+                f"{named('num_samples')} {self.num_samples} is smaller than {named('global_batch_size')} {self.global_batch_size}; "
                 "one epoch would not fill one global batch"
             )
-        check_shares(self.plan, self.batch_size)
+        check_shares(self.plan, self.global_batch_size)
 
     @classmethod
     def from_dict(cls, settings: dict) -> "TrainConfig":
         """From :meth:`to_dict`'s shape (a run's config.json, of this version or an older one)."""
+        settings = renamed_settings(settings)
         unknown = sorted(set(settings) - set(_PART_OF))
         if unknown:
             raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
@@ -488,7 +489,17 @@ class TrainConfig:
         """The profile's sizes, else sizes around the mean local batch ``b = B/n``: b/4, b/2, b, 2b."""
         if self.profile_batch_sizes:
             return list(self.profile_batch_sizes)
-        return probe_batch_sizes_around(self.batch_size, self.num_workers)
+        return probe_batch_sizes_around(self.global_batch_size, self.num_workers)
+
+
+# config.json keys of older versions, whose settings were renamed to their flags' names.
+_OLD_KEYS = {"batch_size": "global_batch_size", "experiment_name": "name", "output_dir": "storage_path",
+             "worker_label_selectors": "worker_labels"}
+
+
+def renamed_settings(settings: dict) -> dict:
+    """A config.json's settings under this version's names (an older run's keys renamed)."""
+    return {_OLD_KEYS.get(key, key): value for key, value in settings.items()}
 
 
 def parts() -> dict[str, type]:
@@ -508,7 +519,7 @@ def part_title(name: str) -> str:
 
 _PARTS: dict[str, type] = typing.get_type_hints(TrainConfig)
 _PART_OF: dict[str, str] = {f.name: part for part, cls in _PARTS.items() for f in dataclasses.fields(cls)}
-for _name, _part_name in _PART_OF.items():  # config.batch_size reads config.optimization.batch_size
+for _name, _part_name in _PART_OF.items():  # config.seed reads config.optimization.seed
     setattr(TrainConfig, _name, property(operator.attrgetter(f"{_part_name}.{_name}")))
 
 
@@ -525,7 +536,7 @@ RESUME_MAY_CHANGE = frozenset({
     "epochs", "max_steps",
     # where the ranks run: the math depends on the global batch only
     "address", "num_workers", "min_workers", "cpus_per_worker", "use_gpu", "backend",
-    "worker_label_selectors", "worker_devices",
+    "worker_labels", "worker_devices",
     # the plan: each rank's share of the same global batch
     "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown", "plan_changes",
     "emulate_speeds", "emulate_speed_changes", "emulate_devices", "emulate_devices_factor",
@@ -538,7 +549,7 @@ RESUME_MAY_CHANGE = frozenset({
     "data_dir", "download", "verify_checksums",
 })
 # Which run this is, not how it trains: the same by construction on a --resume.
-RUN_IDENTITY = frozenset({"experiment_name", "output_dir", "resume"})
+RUN_IDENTITY = frozenset({"name", "storage_path", "resume"})
 
 
 def resume_fixed_fields() -> tuple[str, ...]:
@@ -555,6 +566,7 @@ def changed_on_resume(recorded: dict, config: TrainConfig) -> list[str]:
     """
     missing = object()
     changes = []
+    recorded = renamed_settings(recorded)
     for name in resume_fixed_fields():
         before, now = recorded.get(name, missing), getattr(config, name)
         if before is not missing and before != now:

@@ -5,24 +5,22 @@ The names are those of ``hetero-ray train``'s settings (``--policy`` is ``policy
 ``--rebalance-interval`` is ``rebalance_interval``, …), and so are the checks and the
 defaults: a ``HeteroConfig`` is made of the same parts as the built-in job's
 :class:`~hetero_ray.config.TrainConfig` (the plan, emulation, profiling, …), which check
-their own fields, and the rules that join them are the same functions. Only the words
-differ: an error a part raises names ``--policy`` to a CLI user and ``HeteroConfig.policy``
-here. Settings that depend on the number of workers (a per-rank list) are checked again by
+their own fields once, and the rules that join them are the same functions, run under the
+API's words (:func:`in_api_words`): an error names ``HeteroConfig.policy`` here where it
+names ``--policy`` to a CLI user. Settings that depend on the number of workers (a per-rank list) are checked again by
 :class:`~hetero_ray.trainer.HeteroTrainer`, which knows it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import re
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 from hetero_ray import validate
 from hetero_ray.config import (
     ClusterConfig, EmulationConfig, FaultToleranceConfig, OptimizationConfig, OutputConfig, PlanConfig,
-    ProfilingConfig, check_ranks, check_shares, default_of, setting_flag, setting_names,
+    ProfilingConfig, check_ranks, check_shares, default_of,
 )
 from hetero_ray.errors import ConfigError
 from hetero_ray.profiling.recipe import ProfileModel
@@ -111,7 +109,7 @@ class HeteroConfig:
 
     def __post_init__(self):
         with in_api_words():
-            OptimizationConfig(batch_size=self.global_batch_size, seed=self.seed)
+            OptimizationConfig(global_batch_size=self.global_batch_size, seed=self.seed)
             plan = PlanConfig(policy=self.policy, batch_split=self.batch_split,
                               rebalance_interval=self.rebalance_interval,
                               rebalance_threshold=self.rebalance_threshold,
@@ -126,7 +124,7 @@ class HeteroConfig:
             FaultToleranceConfig(allow_non_finite_loss=self.allow_non_finite_loss)
             OutputConfig(record_sample_ids=self.record_sample_ids)
             if self.worker_devices is not None:
-                devices = validate.device_kinds("--worker-devices", self.worker_devices)
+                devices = validate.device_kinds(validate.named("worker_devices"), self.worker_devices)
                 self._store(worker_devices=ClusterConfig(num_workers=len(devices), worker_devices=devices).worker_devices)
             check_shares(plan, self.global_batch_size)
         object.__setattr__(self, "plan", plan)
@@ -135,7 +133,7 @@ class HeteroConfig:
                             (emulation, ("emulate_speeds", "emulate_speed_changes", "emulate_devices"))):
             self._store(**{name: getattr(part, name) for name in names if getattr(part, name) is not None})
         object.__setattr__(self, "emulate_devices_factor", emulation.emulate_devices_factor)  # a number, checked
-        object.__setattr__(self, "output_dir", validate.optional_path("HeteroConfig.output_dir", self.output_dir))
+        object.__setattr__(self, "output_dir", validate.optional_path(API_WORDS.name("output_dir"), self.output_dir))
         if self.feed_trial not in (None, True, False):
             raise ConfigError(f"HeteroConfig.feed_trial must be None (where it applies), True or False, got "
                               f"{self.feed_trial!r}")
@@ -162,7 +160,7 @@ class HeteroConfig:
         with in_api_words():
             check_ranks(self.plan, self.emulation, self.global_batch_size, max_workers)
             if self.worker_devices is not None:
-                validate.per_rank("--worker-devices", self.worker_devices, max_workers)
+                validate.per_rank(validate.named("worker_devices"), self.worker_devices, max_workers)
 
     def policy_config(self) -> dict:
         """Keyword arguments of :class:`hetero_ray.planning.decision.PolicyConfig`."""
@@ -188,19 +186,10 @@ class HeteroConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
 
 
-# The CLI's flags as HeteroTrainer's arguments name them: the parts' checks speak in flags.
-_API_NAMES = {"--global-batch-size": "HeteroConfig.global_batch_size", "--batch-size": "HeteroConfig.global_batch_size",
-              "--num-workers": "ScalingConfig.num_workers",
-              **{flag: f"HeteroConfig.{f.name}" for f in dataclasses.fields(HeteroConfig) if f.name in setting_names()
-                 for flag in (setting_flag(f.name), "--" + f.name.replace("_", "-"))}}
-_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
+# The API's words: HeteroConfig's fields, and the workers as Ray Train's ScalingConfig names them.
+API_WORDS = validate.Words("HeteroConfig", {"num_workers": "ScalingConfig"})
 
 
-@contextlib.contextmanager
-def in_api_words() -> Iterator[None]:
-    """Re-raises a part's :class:`ConfigError` with each flag it names as the API names it
-    (``--policy`` → ``HeteroConfig.policy``)."""
-    try:
-        yield
-    except ConfigError as e:
-        raise ConfigError(_FLAG.sub(lambda flag: _API_NAMES.get(flag[0], flag[0]), str(e))) from None
+def in_api_words():
+    """Checks inside name each setting as the API does (``HeteroConfig.policy``)."""
+    return validate.words(API_WORDS)

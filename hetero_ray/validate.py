@@ -1,21 +1,64 @@
 """The checks every configuration shares: :class:`~hetero_ray.config.TrainConfig`'s parts,
 :class:`~hetero_ray.hetero_config.HeteroConfig` and
 :class:`~hetero_ray.profiling.profile_config.ProfileConfig` reject a value with the same
-words, naming the setting the way its user wrote it (``--global-batch-size`` on the command line,
-``HeteroConfig.global_batch_size`` in Python).
+words, naming the setting the way its user wrote it.
 
-Each check raises :class:`~hetero_ray.errors.ConfigError` or returns the value in the form
-the configs store (a list for a sequence, a float for a number); ``name`` is the setting's
-name as the user wrote it.
+A setting has one name, its field's (``global_batch_size``); :func:`named` writes it in the
+words in force — its flag ``--global-batch-size`` (the command line, job entrypoints,
+config.json), ``HeteroConfig.global_batch_size`` under the API's :func:`words` — so a part
+checks its fields once for every front end. Each check raises
+:class:`~hetero_ray.errors.ConfigError` or returns the value in the form the configs store
+(a list for a sequence, a float for a number); ``name`` is the setting as :func:`named` wrote it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from hetero_ray.errors import ConfigError
+
+def flag_of(setting: str) -> str:
+    """The flag of a setting: ``profile_timeout_s`` → ``--profile-timeout-s``."""
+    return "--" + setting.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a front end writes its settings: as flags (``--global-batch-size``, the default), or
+    as fields of its class (``HeteroConfig.global_batch_size``), with those it takes from
+    another class under that one's name (``{"num_workers": "ScalingConfig"}``)."""
+
+    owner: Optional[str] = None
+    elsewhere: Mapping[str, str] = field(default_factory=dict)
+
+    def name(self, setting: str) -> str:
+        if self.owner is None:
+            return flag_of(setting)
+        return f"{self.elsewhere.get(setting, self.owner)}.{setting}"
+
+
+_WORDS: contextvars.ContextVar[Words] = contextvars.ContextVar("hetero_ray.words", default=Words())
+
+
+def named(setting: str) -> str:
+    """``setting`` as its user wrote it, in the words in force (its flag, unless a front end chose others)."""
+    return _WORDS.get().name(setting)
+
+
+@contextlib.contextmanager
+def words(in_force: Words) -> Iterator[None]:
+    """Checks inside name each setting in ``in_force``'s words."""
+    token = _WORDS.set(in_force)
+    try:
+        yield
+    finally:
+        _WORDS.reset(token)
+
 
 # What a probe needs: the fit t(b) = α + β·b has two unknowns.
 MIN_PROBE_SIZES = 2
@@ -134,9 +177,9 @@ def shares(name: str, sizes, total: int, total_name: str, *, may_leave_out: bool
     return sizes
 
 
-def per_rank(name: str, values: Sequence, num_workers: int, workers_name: str = "--num-workers") -> None:
+def per_rank(name: str, values: Sequence, num_workers: int) -> None:
     if len(values) != num_workers:
-        raise ConfigError(f"{name} has {len(values)} values but {workers_name} is {num_workers}; "
+        raise ConfigError(f"{name} has {len(values)} values but {named('num_workers')} is {num_workers}; "
                           "give one value per rank")
 
 

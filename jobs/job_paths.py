@@ -60,11 +60,12 @@ def resolve_output_paths(command: str, argv: Sequence[str], environ: Optional[di
         args, _ = build_parser().parse_known_args([command, *argv])
     root = job_output_root(environ)
     added: list[str] = []
-    output_dir = getattr(args, "output_dir", None)
+    setting = "output_dir" if command == "bench" else "storage_path"  # the bench's flag, the train's
+    output_dir = getattr(args, setting, None)
     if command == "bench" and output_dir is None:  # the bench's own default, under the root
         output_dir = os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S"))
     if output_dir is not None and not os.path.isabs(os.path.expanduser(output_dir)):
-        added += ["--output-dir" if command == "bench" else "--storage-path", os.path.join(root, output_dir)]
+        added += ["--" + setting.replace("_", "-"), os.path.join(root, output_dir)]
     json_path = getattr(args, "json", None)
     if json_path and not os.path.isabs(os.path.expanduser(json_path)):
         added += ["--json", os.path.join(root, json_path)]

@@ -71,7 +71,7 @@ def walk(argv: list[str]) -> list[tuple[str, str]]:
         preflight.check(config)
         device_mode = "mixed" if config.cluster.mixed_devices else "cpu"  # "gpu" would need a cluster's GPUs
         trainer = builtin_trainer(config, device_mode, emit=lambda line: None)
-        run = storage.resolve(os.path.abspath(config.output_dir), config.experiment_name, None)
+        run = storage.resolve(os.path.abspath(config.storage_path), config.name, None)
         trainer._torch_trainer(run, device_mode, first_plan_wait_s=0.0)
         trainer._run_spec(run, False, config.cpus_per_worker)
 

@@ -88,7 +88,7 @@ def _fast_config(output_dir: str, **overrides):
     from hetero_ray.config import TrainConfig
 
     values = dict(model="mlp", dataset="synthetic_image", num_samples=256, eval_samples=64,
-                  batch_size=32, epochs=1, num_workers=2, output_dir=output_dir,
+                  global_batch_size=32, epochs=1, num_workers=2, storage_path=output_dir,
                   checkpoint_every=1000, max_failures=0, policy="static", profile=False)
     values.update(overrides)
     return TrainConfig(**values)
@@ -108,7 +108,7 @@ def one_worker_run(ray_session, tmp_path_factory):
     from tests.helpers import ONE_DEVICE_JOB
 
     return run_training(_fast_config(str(tmp_path_factory.mktemp("one-worker")), num_workers=1,
-                                     experiment_name="one", **ONE_DEVICE_JOB))
+                                     name="one", **ONE_DEVICE_JOB))
 
 
 _KUBERAY_SCHEMA_TESTS = "tests/test_cluster_configs_kuberay.py"

@@ -155,7 +155,7 @@ def step_row(global_step: int, rank: int, attempt: int = 0, batch: int = 8, busy
 # The built-in job that uneven, balanced and bf16 runs on several ranks are held to
 # (conftest's one_worker_run trains it once on one worker): 3 epochs of ceil(600 / 48) = 13
 # steps, the last a short window of 24.
-ONE_DEVICE_JOB = dict(model="mlp", num_samples=600, batch_size=48, epochs=3, seed=5, lr=0.1)
+ONE_DEVICE_JOB = dict(model="mlp", num_samples=600, global_batch_size=48, epochs=3, seed=5, lr=0.1)
 
 
 def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_step: int = 0,
@@ -186,8 +186,8 @@ def write_run(run_dir, num_steps: int = 40, policy: str = "static", batches=(6, 
     run_dir = str(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {
-        "experiment_name": os.path.basename(run_dir), "policy": policy, "num_workers": len(batches),
-        "batch_size": sum(batches), "epochs": num_steps // 10, "num_samples": 10 * sum(batches),
+        "name": os.path.basename(run_dir), "policy": policy, "num_workers": len(batches),
+        "global_batch_size": sum(batches), "epochs": num_steps // 10, "num_samples": 10 * sum(batches),
         "dataset": "synthetic_image", "model": "mlp"})
     store = MetricsStore(run_dir, os.path.basename(run_dir), parquet_flush_interval_s=3600)
     store.begin_attempt(0, num_workers=len(batches))

@@ -53,9 +53,9 @@ def trained_run(ray_session, tmp_path_factory):
     from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
 
-    config = TrainConfig(model="mlp", num_samples=256, eval_samples=64, batch_size=32, epochs=1, num_workers=2,
+    config = TrainConfig(model="mlp", num_samples=256, eval_samples=64, global_batch_size=32, epochs=1, num_workers=2,
                          policy="static", profile=False, checkpoint_every=4, max_failures=0,
-                         output_dir=str(tmp_path_factory.mktemp("trained")), experiment_name="orig")
+                         storage_path=str(tmp_path_factory.mktemp("trained")), name="orig")
     return run_training(config, emit=lambda line: None).run_dir
 
 
@@ -289,18 +289,18 @@ def test_every_setting_is_compared_or_may_change_on_resume():
     assert not RESUME_MAY_CHANGE & RUN_IDENTITY
     fixed = resume_fixed_fields()
     assert set(fixed) | RESUME_MAY_CHANGE | RUN_IDENTITY == set(fields)
-    assert {"model", "dataset", "batch_size", "lr", "optimizer", "lr_schedule", "drop_last", "seed",
+    assert {"model", "dataset", "global_batch_size", "lr", "optimizer", "lr_schedule", "drop_last", "seed",
             "num_samples"} <= set(fixed)
-    config = TrainConfig(experiment_name="a")
-    assert set(run_fingerprint(config)) == set(fixed) - {"batch_size"} | {"global_batch_size"}
+    config = TrainConfig(name="a")
+    assert set(run_fingerprint(config)) == set(fixed)
     recorded = config.to_dict()
     may_change = dict(epochs=5, max_steps=3, num_workers=4, min_workers=2, policy="static", batch_split=[16] * 4,
                       verify_checksums=False, profile=False, checkpoint_every=7, max_failures=0,
-                      allow_non_finite_loss=True, experiment_name="b", output_dir="elsewhere", resume=True)
+                      allow_non_finite_loss=True, name="b", storage_path="elsewhere", resume=True)
     assert changed_on_resume(recorded, TrainConfig(**may_change)) == []
-    assert changed_on_resume(recorded, TrainConfig(experiment_name="a", drop_last=True, lr=0.5)) == [
+    assert changed_on_resume(recorded, TrainConfig(name="a", drop_last=True, lr=0.5)) == [
         "--lr was 0.05, now 0.5", "--drop-last was off, now on"]
-    assert changed_on_resume({"model": "simple_cnn"}, TrainConfig(experiment_name="a", lr=0.5)) == [], \
+    assert changed_on_resume({"model": "simple_cnn"}, TrainConfig(name="a", lr=0.5)) == [], \
         "a setting an older run did not record is not compared"
 
 

@@ -360,7 +360,7 @@ def _turns_worse_run(slow_ranks_too: bool = False, steps: int = 60):
 
     The policy may not move for 15 steps after its move (a cooldown): what undoes the plan
     at the next point is the balancer's judgement of the outcome, not a new prediction."""
-    balancer = Balancer(make_policy("optimal", PolicyConfig(cooldown_steps=15)), rebalance_interval=10)
+    balancer = Balancer(make_policy("optimal", PolicyConfig(rebalance_cooldown=15)), rebalance_interval=10)
     balancer.begin_attempt(attempt=0, num_workers=4, start_global_step=0)
     sizes, version, since, rows_out, history = [24, 24, 24, 24], 0, 0, [], []
     for step in range(steps):

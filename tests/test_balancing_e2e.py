@@ -24,7 +24,7 @@ def test_optimal_plans_mid_epoch_keep_exactly_once_and_the_math(one_worker_run, 
 
     reference = one_worker_run
     balanced = run_training(
-        fast_config(num_workers=3, experiment_name="optimal", policy="optimal", batch_split=[16, 16, 16],
+        fast_config(num_workers=3, name="optimal", policy="optimal", batch_split=[16, 16, 16],
                     emulate_speeds=[1.0, 0.5, 0.25], emulate_speed_changes=[{"global_step": 20, "rank": 0, "speed": 0.2}],
                     rebalance_interval=3, record_sample_ids=True, **ONE_DEVICE_JOB),
     )
@@ -57,8 +57,8 @@ def test_emulated_speeds_reach_the_first_plan_only_through_the_ranks_own_measure
     (both ranks alike), and the first plan comes from each rank timing its own padded step."""
     from hetero_ray.builtin.driver import run_training
 
-    run = run_training(fast_config(experiment_name="warm-up", model="simple_cnn", policy="optimal", profile=True,
-                                   emulate_speeds=[1.0, 0.25], batch_size=64, num_samples=128,
+    run = run_training(fast_config(name="warm-up", model="simple_cnn", policy="optimal", profile=True,
+                                   emulate_speeds=[1.0, 0.25], global_batch_size=64, num_samples=128,
                                    profile_batch_sizes=[8, 32, 64]))
 
     first = run_files.read_table(run.run_dir, "plans").sort_values("first_global_step").iloc[0]

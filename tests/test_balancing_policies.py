@@ -209,7 +209,7 @@ def test_cooldown_blocks_adoptions_for_the_configured_steps():
     n = 8
     a, b = heterogeneous(n, 5)
     cluster = SimulatedCluster(a, b, noise=0.05, seed=5, speed_changes=[(45, 1, 0.5), (85, 2, 0.5)])
-    policy = make_policy("optimal", PolicyConfig(cooldown_steps=100))
+    policy = make_policy("optimal", PolicyConfig(rebalance_cooldown=100))
     result = run_policy(policy, cluster, steps=200, global_batch_size=32 * n)
     steps = [d.global_step for d in result.adopted]
     assert steps and all(later - earlier >= 100 for earlier, later in zip(steps, steps[1:]))
@@ -299,11 +299,11 @@ def test_optimal_first_plan_from_profiled_fits():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"rebalance_threshold": -0.1}, r"rebalance_threshold must be in \[0, 1\)"),
-        ({"rebalance_threshold": 1.0}, r"rebalance_threshold must be in \[0, 1\)"),
-        ({"rebalance_threshold": "5%"}, r"rebalance_threshold must be in \[0, 1\)"),
-        ({"cooldown_steps": -1}, "cooldown_steps must be a non-negative integer"),
-        ({"cooldown_steps": 2.5}, "cooldown_steps must be a non-negative integer"),
+        ({"rebalance_threshold": -0.1}, r"--rebalance-threshold must be in \[0, 1\)"),
+        ({"rebalance_threshold": 1.0}, r"--rebalance-threshold must be in \[0, 1\)"),
+        ({"rebalance_threshold": "5%"}, r"--rebalance-threshold must be in \[0, 1\)"),
+        ({"rebalance_cooldown": -1}, "--rebalance-cooldown must be a non-negative integer"),
+        ({"rebalance_cooldown": 2.5}, "--rebalance-cooldown must be a non-negative integer"),
         ({"min_local_batch_size": 0}, "min_local_batch_size must be a positive integer"),
         ({"noise_margin": -1}, "noise_margin must be a finite number ≥ 0"),
         ({"noise_margin": math.inf}, "noise_margin must be a finite number ≥ 0"),
@@ -344,10 +344,10 @@ def test_decision_record_fits_the_decisions_table():
 
 
 def test_policy_state_round_trip():
-    policy = OptimalPolicy(PolicyConfig(cooldown_steps=50))
+    policy = OptimalPolicy(PolicyConfig(rebalance_cooldown=50))
     plan = Plan(0, (32, 32))
     assert policy.decide(plan, estimates_for([0, 0], [1e-3, 2e-3], [32, 32]), 100).adopt
-    restored = OptimalPolicy(PolicyConfig(cooldown_steps=50))
+    restored = OptimalPolicy(PolicyConfig(rebalance_cooldown=50))
     restored.load_state_dict(policy.state_dict())
     d = restored.decide(plan, estimates_for([0, 0], [1e-3, 2e-3], [32, 32]), 120)
     assert not d.adopt and d.reason.startswith("cooldown: 20 of 50 steps")

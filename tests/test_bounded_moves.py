@@ -134,7 +134,7 @@ def test_the_worst_allowed_speed_at_a_cap_keeps_the_step_within_the_bound():
 
 
 def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed: int = 0,
-         cooldown_steps: int = 0, readings=None, trial_checks: bool = True) -> dict:
+         rebalance_cooldown: int = 0, readings=None, trial_checks: bool = True) -> dict:
     """Drives a balancer the way workers do: a step's records arrive as it ends; a proposal
     is in force from the next rebalance point (a multiple of ``interval``, or a trial's
     check point: plan.next_point, with no lookahead), the newest one when several came.
@@ -143,7 +143,7 @@ def _run(busy_fn, sizes, *, steps: int, interval: int, noise: float = 0.02, seed
     plan_first_step)``, if given, adds each rank's CPU reading (cpu_util...) to its row;
     ``trial_checks=False``: the workers switch at multiples of ``interval`` only."""
     n = len(sizes)
-    balancer = Balancer(make_policy("optimal", PolicyConfig(cooldown_steps=cooldown_steps)),
+    balancer = Balancer(make_policy("optimal", PolicyConfig(rebalance_cooldown=rebalance_cooldown)),
                         rebalance_interval=interval, global_batch_size=sum(sizes))
     balancer.begin_attempt(attempt=0, num_workers=n, start_global_step=0)
     rng = np.random.default_rng(seed)

@@ -662,7 +662,7 @@ def storage_problems(job: dict) -> list[str]:
     """The run directory outlives the cluster: on one volume claim mounted at the same path
     in every Ray container (the driver on the head, the checkpoints on the workers)."""
     _, config = _train_config(job["spec"]["entrypoint"])
-    return shared_storage_problems(_cluster_spec(job), config.output_dir)
+    return shared_storage_problems(_cluster_spec(job), config.storage_path)
 
 
 def shared_storage_problems(spec: dict, output_dir: str) -> list[str]:

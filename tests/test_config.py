@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from hetero_ray.config import (
-    ClusterConfig, EmulationConfig, PlanConfig, ProfilingConfig, TrainConfig, parts, setting_flag, setting_names,
+    ClusterConfig, EmulationConfig, PlanConfig, ProfilingConfig, TrainConfig, changed_on_resume, parts, setting_flag, setting_names,
 )
 from hetero_ray.errors import ConfigError
 
@@ -23,7 +23,7 @@ from hetero_ray.errors import ConfigError
 @pytest.mark.parametrize("part, settings, message", [
     (ClusterConfig, dict(num_workers=2, min_workers=3), "--num-workers 3-2: the minimum must not exceed the maximum"),
     (ClusterConfig, dict(num_workers=2, worker_devices=["gpu", "gpu"], use_gpu="no"), "but --use-gpu is no"),
-    (ClusterConfig, dict(num_workers=1, worker_devices=["cpu"], worker_label_selectors=[{"a": "b"}]),
+    (ClusterConfig, dict(num_workers=1, worker_devices=["cpu"], worker_labels=[{"a": "b"}]),
      "give one of them"),
     (PlanConfig, dict(rebalance_threshold=1.0), "--rebalance-threshold must be in [0, 1)"),
     (PlanConfig, dict(plan_changes=[{"global_step": -1, "local_batch_sizes": [1]}]), "--plan-changes: each change"),
@@ -59,13 +59,13 @@ def test_train_config_rejects_a_single_probe_size_naming_its_flag():
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(batch_size=3, num_workers=4), "--global-batch-size 3 is smaller than --num-workers 4"),
-    (dict(batch_size=64, num_samples=32), "--num-samples 32 is smaller than --global-batch-size 64"),
-    (dict(batch_size=64, batch_split=[40, 24, 0]), "--batch-split has 3 values but --num-workers is 2"),
-    (dict(batch_size=64, batch_split=[40, 20]), "--batch-split sums to 60, but --global-batch-size is 64"),
-    (dict(batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [64]}]),
+    (dict(global_batch_size=3, num_workers=4), "--global-batch-size 3 is smaller than --num-workers 4"),
+    (dict(global_batch_size=64, num_samples=32), "--num-samples 32 is smaller than --global-batch-size 64"),
+    (dict(global_batch_size=64, batch_split=[40, 24, 0]), "--batch-split has 3 values but --num-workers is 2"),
+    (dict(global_batch_size=64, batch_split=[40, 20]), "--batch-split sums to 60, but --global-batch-size is 64"),
+    (dict(global_batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [64]}]),
      "--plan-changes at step 4 has 1 values but --num-workers is 2"),
-    (dict(batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [60, 3]}]),
+    (dict(global_batch_size=64, plan_changes=[{"global_step": 4, "local_batch_sizes": [60, 3]}]),
      "--plan-changes at step 4 sums to 63, but --global-batch-size is 64"),
     (dict(emulate_speeds=[1.0, 0.5, 0.5]), "--emulate-speeds has 3 values but --num-workers is 2"),
     (dict(emulate_speed_changes=[{"global_step": 4, "rank": 2, "speed": 0.5}]),
@@ -73,29 +73,29 @@ def test_train_config_rejects_a_single_probe_size_naming_its_flag():
 ])
 def test_rules_across_parts(settings, message):
     with pytest.raises(ConfigError) as raised:
-        TrainConfig(experiment_name="x", **settings)
+        TrainConfig(name="x", **settings)
     assert message in str(raised.value)
 
 
 def test_a_file_dataset_is_not_held_to_num_samples():
-    config = TrainConfig(dataset="cifar10", data_dir="/data", batch_size=8192, num_samples=16, experiment_name="x")
-    assert config.batch_size == 8192
+    config = TrainConfig(dataset="cifar10", data_dir="/data", global_batch_size=8192, num_samples=16, name="x")
+    assert config.global_batch_size == 8192
 
 
 # --- the flat contract: construction, reads, config.json
 
 
 def test_flat_settings_go_to_their_parts_and_read_back_flat():
-    config = TrainConfig(model="mlp", batch_size=48, num_workers=3, policy="static", emulate_speeds=[1, 1, 0.5],
-                         profile_timeout_s=30, experiment_name="x")
-    assert (config.data.model, config.optimization.batch_size, config.cluster.num_workers) == ("mlp", 48, 3)
+    config = TrainConfig(model="mlp", global_batch_size=48, num_workers=3, policy="static", emulate_speeds=[1, 1, 0.5],
+                         profile_timeout_s=30, name="x")
+    assert (config.data.model, config.optimization.global_batch_size, config.cluster.num_workers) == ("mlp", 48, 3)
     assert (config.plan.policy, config.emulation.emulate_speeds) == ("static", [1.0, 1.0, 0.5])
-    assert (config.batch_size, config.num_workers, config.profile_timeout_s) == (48, 3, 30)
+    assert (config.global_batch_size, config.num_workers, config.profile_timeout_s) == (48, 3, 30)
     with pytest.raises(AttributeError):
-        config.batch_size = 64  # read-only: a change goes through replace(), which checks it
-    assert config.replace(batch_size=96).batch_size == 96 and config.batch_size == 48
+        config.global_batch_size = 64  # read-only: a change goes through replace(), which checks it
+    assert config.replace(global_batch_size=96).global_batch_size == 96 and config.global_batch_size == 48
     with pytest.raises(ConfigError, match="--global-batch-size 2 is smaller than --num-workers 3"):
-        config.replace(batch_size=2)
+        config.replace(global_batch_size=2)
 
 
 def test_every_setting_belongs_to_exactly_one_part():
@@ -107,21 +107,26 @@ def test_every_setting_belongs_to_exactly_one_part():
 
 
 def test_config_json_round_trips_and_keeps_the_keys_the_dashboard_reads():
-    config = TrainConfig(batch_size=48, num_workers=3, batch_split=[16, 16, 16], min_workers=2,
-                         plan_changes=[{"global_step": 4, "local_batch_sizes": [8, 16, 24]}], experiment_name="x")
+    config = TrainConfig(global_batch_size=48, num_workers=3, batch_split=[16, 16, 16], min_workers=2,
+                         plan_changes=[{"global_step": 4, "local_batch_sizes": [8, 16, 24]}], name="x")
     recorded = config.to_dict()
     assert list(recorded) == list(setting_names())
-    assert {"epochs", "max_steps", "batch_size", "dataset", "num_samples", "drop_last", "policy", "num_workers",
-            "model", "emulate_speeds", "experiment_name"} <= set(recorded)
+    assert {"epochs", "max_steps", "global_batch_size", "dataset", "num_samples", "drop_last", "policy", "num_workers",
+            "model", "emulate_speeds", "name"} <= set(recorded)
     assert TrainConfig.from_dict(recorded) == config
     recorded["batch_split"].append(1)
     assert config.batch_split == [16, 16, 16], "to_dict hands out copies"
 
 
 def test_a_config_json_of_an_older_version_still_loads():
-    older = TrainConfig(experiment_name="x").to_dict()
+    older = TrainConfig(name="x").to_dict()
     del older["emulate_speed_changes"]  # recorded before the speed changes were a setting
     assert TrainConfig.from_dict(older).emulate_speed_changes is None
+    for key, renamed in (("global_batch_size", "batch_size"), ("name", "experiment_name"),
+                         ("storage_path", "output_dir")):  # the settings' names before they were the flags'
+        older[renamed] = older.pop(key)
+    assert TrainConfig.from_dict(older) == TrainConfig.from_dict(TrainConfig(name="x").to_dict())
+    assert changed_on_resume(older, TrainConfig(name="x")) == []
     with pytest.raises(ConfigError, match="unknown configuration keys: bogus"):
         TrainConfig.from_dict({**older, "bogus": 1})
 
@@ -151,7 +156,7 @@ def test_hetero_config_is_checked_by_the_parts_of_the_cli_in_its_own_words():
         with pytest.raises(ConfigError) as from_api:
             HeteroConfig(global_batch_size=8, **settings)
         with pytest.raises(ConfigError) as from_cli:
-            TrainConfig(batch_size=8, num_workers=2, **settings)
+            TrainConfig(global_batch_size=8, num_workers=2, **settings)
         assert api in str(from_api.value) and flag in str(from_cli.value)
         assert str(from_api.value).replace(api, flag).replace("HeteroConfig.global_batch_size", "--global-batch-size") \
             == str(from_cli.value)
@@ -171,10 +176,10 @@ def test_every_setting_has_a_flag_and_the_flags_defaults_are_the_configs():
 
     args = _train_args("--name", "x")
     assert set(setting_names()) - set(vars(args)) == {"min_workers"}  # set by --num-workers MIN-MAX
-    assert config_from_args(args) == TrainConfig(experiment_name="x")
+    assert config_from_args(args) == TrainConfig(name="x")
     assert setting_flag("profile_timeout_s") == "--profile-timeout-s"
     assert setting_flag("profile") == "--no-profile"
-    assert setting_flag("worker_label_selectors") == "--worker-labels"
+    assert setting_flag("worker_labels") == "--worker-labels"
 
 
 def test_flags_become_settings():
@@ -185,14 +190,14 @@ def test_flags_become_settings():
         "--emulate-speeds", "1,1,0.5", "--emulate-speed-changes", "10:2:0.25", "--emulate-speed-changes", "20:2:1",
         "--plan-changes", "5:8,16,24", "--no-profile", "--no-verify-checksums", "--profile-timeout-s", "30",
         "--worker-labels", "a=1;a=1;b=2", "--drop-last", "--allow-non-finite-loss", "--name", "flags"))
-    assert (config.model, config.batch_size, config.min_workers, config.num_workers) == ("mlp", 48, 2, 3)
+    assert (config.model, config.global_batch_size, config.min_workers, config.num_workers) == ("mlp", 48, 2, 3)
     assert config.cluster.elastic and config.batch_split == [16, 16, 16]
     assert config.emulate_speed_changes == [{"global_step": 10, "rank": 2, "speed": 0.25},
                                             {"global_step": 20, "rank": 2, "speed": 1.0}]
     assert config.plan_changes == [{"global_step": 5, "local_batch_sizes": [8, 16, 24]}]
     assert (config.profile, config.verify_checksums, config.drop_last) == (False, False, True)
     assert config.allow_non_finite_loss and not TrainConfig().allow_non_finite_loss
-    assert config.profile_timeout_s == 30 and config.worker_label_selectors == [{"a": "1"}, {"a": "1"}, {"b": "2"}]
+    assert config.profile_timeout_s == 30 and config.worker_labels == [{"a": "1"}, {"a": "1"}, {"b": "2"}]
 
 
 def test_help_groups_the_flags_by_part_and_shows_the_defaults(capsys):

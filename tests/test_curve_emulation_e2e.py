@@ -26,7 +26,7 @@ def test_busy_times_follow_the_device_curves(ray_session, fast_config):
     from hetero_ray.builtin.driver import run_training
 
     config = fast_config(
-        num_workers=2, batch_size=32, num_samples=32 * 16, experiment_name="curves", rebalance_interval=1,
+        num_workers=2, global_batch_size=32, num_samples=32 * 16, name="curves", rebalance_interval=1,
         batch_split=[8, 24], plan_changes=[{"global_step": 8, "local_batch_sizes": [24, 8]}],
         emulate_devices=[f"{H100}:gpu0", "curve:0:5:1"],
     )

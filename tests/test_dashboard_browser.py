@@ -51,16 +51,16 @@ def train(config, retries: int = 1):
     except TrainingFailed as e:
         if retries <= 0 or "placement group was removed" not in str(e):
             raise
-        shutil.rmtree(os.path.join(config.output_dir, config.experiment_name), ignore_errors=True)
+        shutil.rmtree(os.path.join(config.storage_path, config.name), ignore_errors=True)
         return train(config, retries - 1)
 
 
 def config(output_dir: str, name: str, **overrides):
     from hetero_ray.config import TrainConfig
 
-    values = dict(model="mlp", dataset="synthetic_image", num_samples=512, eval_samples=64, batch_size=32,
-                  epochs=2, num_workers=2, output_dir=output_dir, checkpoint_every=1000, max_failures=0,
-                  emulate_speeds=[1.0, 0.5], rebalance_interval=8, experiment_name=name)
+    values = dict(model="mlp", dataset="synthetic_image", num_samples=512, eval_samples=64, global_batch_size=32,
+                  epochs=2, num_workers=2, storage_path=output_dir, checkpoint_every=1000, max_failures=0,
+                  emulate_speeds=[1.0, 0.5], rebalance_interval=8, name=name)
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -263,8 +263,8 @@ def test_live_run_shows_new_steps_without_a_reload(ray_session, fast_config, bro
     from hetero_ray_dashboards.app import create_app
 
     # ~100 steps of ~0.2-0.3 s: the job runs for a while after its first step.
-    cfg = fast_config(num_samples=3200, batch_size=32, emulate_speeds=[0.1, 0.05], policy="optimal",
-                      rebalance_interval=10, experiment_name="live-browser")
+    cfg = fast_config(num_samples=3200, global_batch_size=32, emulate_speeds=[0.1, 0.05], policy="optimal",
+                      rebalance_interval=10, name="live-browser")
     failure: dict = {}
 
     def job():
@@ -275,7 +275,7 @@ def test_live_run_shows_new_steps_without_a_reload(ray_session, fast_config, bro
 
     trainer = threading.Thread(target=job, daemon=True, name="live-training")
     trainer.start()
-    app = create_app(cfg.output_dir, address=ray.get_runtime_context().gcs_address)
+    app = create_app(cfg.storage_path, address=ray.get_runtime_context().gcs_address)
     server = Server(app)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     tab = context.new_page()

@@ -38,7 +38,7 @@ def test_gpu_label_without_cuda_falls_back_to_cpu_and_says_so():
 
 
 def test_worker_devices_become_label_selectors():
-    config = TrainConfig(num_workers=3, batch_size=48, worker_devices=["gpu", "gpu", "cpu"], experiment_name="x")
+    config = TrainConfig(num_workers=3, global_batch_size=48, worker_devices=["gpu", "gpu", "cpu"], name="x")
     assert config.cluster.mixed_devices
     assert config.cluster.label_selectors() == [{DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "gpu"}, {DEVICE_LABEL: "cpu"}]
 

@@ -44,7 +44,7 @@ NUM_SAMPLES, BATCH_SIZE, EPOCHS = 1200, 40, 2
 TOTAL_STEPS = EPOCHS * NUM_SAMPLES // BATCH_SIZE  # 60
 # The job every scenario runs: mlp (deterministic), slowed by emulation so failures land
 # mid-run, a checkpoint every 10 steps.
-JOB = dict(model="mlp", num_samples=NUM_SAMPLES, eval_samples=256, batch_size=BATCH_SIZE, epochs=EPOCHS, seed=0,
+JOB = dict(model="mlp", num_samples=NUM_SAMPLES, eval_samples=256, global_batch_size=BATCH_SIZE, epochs=EPOCHS, seed=0,
            lr=0.1, checkpoint_every=10, record_sample_ids=True)
 CLI_JOB = ["--model", "mlp", "--num-samples", str(NUM_SAMPLES), "--eval-samples", "256", "--global-batch-size", str(BATCH_SIZE),
            "--epochs", str(EPOCHS), "--seed", "0", "--lr", "0.1", "--checkpoint-every", "10",
@@ -64,7 +64,7 @@ def reference(ray_session, tmp_path_factory):
     from hetero_ray.config import TrainConfig
 
     config = TrainConfig(num_workers=REFERENCE_WORKERS, policy="static", profile=False, max_failures=0,
-                         output_dir=str(tmp_path_factory.mktemp("reference")), experiment_name="reference", **JOB)
+                         storage_path=str(tmp_path_factory.mktemp("reference")), name="reference", **JOB)
     result = run_training(config)
     return {"weights": torch.load(os.path.join(result.run_dir, "model_final.pt"), weights_only=True),
             "accuracy": result.summary["final_eval_metric"]}
@@ -158,7 +158,7 @@ def crash_planner(experiment: str) -> dict:
 def run_in_process(fast_config, name: str, **overrides):
     from hetero_ray.builtin.driver import run_training
 
-    values = dict(JOB, num_workers=2, emulate_speeds=[0.25, 0.25], max_failures=2, experiment_name=name)
+    values = dict(JOB, num_workers=2, emulate_speeds=[0.25, 0.25], max_failures=2, name=name)
     values.update(overrides)
     return run_training(fast_config(**values))
 

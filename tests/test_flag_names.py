@@ -14,6 +14,7 @@ from hetero_ray import HeteroConfig
 from hetero_ray.cli.main import build_parser, main
 from hetero_ray.cli.reference import subcommand_parsers
 from hetero_ray.cli.train import config_from_args
+from hetero_ray.config import TrainConfig, setting_names
 from hetero_ray.flags import DeprecatedFlag
 
 # HeteroConfig fields with no flag of their name, and why.
@@ -24,8 +25,13 @@ API_ONLY = {
     "feed_trial": "the Ray Data path's (HeteroTrainer(datasets=...)); the CLI's built-in jobs read map-style datasets",
     "feed_trial_steps": "the Ray Data path's feeding trial, as feed_trial",
 }
-# The switch that is on by default is written --no-<name> (argparse's one way to turn it off).
-SWITCHES_ON_BY_DEFAULT = {"profile"}
+
+
+def _own_flag(setting: str) -> str:
+    """``--x-y`` for ``x_y``; ``--no-x-y`` for a switch that is on by default (argparse's one way to
+    turn it off)."""
+    on_by_default = TrainConfig(name="x").to_dict().get(setting) is True
+    return "--" + ("no-" if on_by_default else "") + setting.replace("_", "-")
 
 
 def _flags(command: str) -> dict[str, object]:
@@ -40,11 +46,23 @@ def test_every_hetero_config_field_is_the_train_flag_of_its_name_or_api_only():
         if field.name in API_ONLY:
             assert API_ONLY[field.name], field.name
             continue
-        flag = "--" + ("no-" if field.name in SWITCHES_ON_BY_DEFAULT else "") + field.name.replace("_", "-")
+        flag = _own_flag(field.name)
         if flag not in flags or isinstance(flags[flag], DeprecatedFlag):
             missing.append(f"HeteroConfig.{field.name}: no {flag}")
     assert not missing, "\n".join(missing)
     assert set(API_ONLY) <= {f.name for f in dataclasses.fields(HeteroConfig)}, "API_ONLY names a field that is gone"
+
+
+def test_every_train_flag_is_the_name_of_the_setting_it_sets():
+    """``--x-y`` fills the setting ``x_y`` of TrainConfig and config.json: no flag is spelled
+    apart from its field, so an error, the docs and a run's files all use one word."""
+    for flag, action in _flags("train").items():
+        if action.dest not in setting_names() or isinstance(action, DeprecatedFlag):
+            continue
+        own = _own_flag(action.dest)
+        assert flag == own, f"{flag} sets {action.dest}: name the flag {own}"
+    flagged = {action.dest for action in _flags("train").values()}
+    assert set(setting_names()) - flagged == {"min_workers"}, "min_workers is set by --num-workers MIN-MAX"
 
 
 def test_the_run_name_and_where_runs_go_are_ray_trains_words_everywhere():
@@ -55,16 +73,16 @@ def test_the_run_name_and_where_runs_go_are_ray_trains_words_everywhere():
 
 
 @pytest.mark.parametrize("old, new, value, setting, expected", [
-    ("--batch-size", "--global-batch-size", "32", "batch_size", 32),
-    ("--experiment-name", "--name", "r1", "experiment_name", "r1"),
-    ("--output-dir", "--storage-path", "out", "output_dir", "out"),
+    ("--batch-size", "--global-batch-size", "32", "global_batch_size", 32),
+    ("--experiment-name", "--name", "r1", "name", "r1"),
+    ("--output-dir", "--storage-path", "out", "storage_path", "out"),
     ("--profile-timeout", "--profile-timeout-s", "9", "profile_timeout_s", 9.0),
     ("--plan-change", "--plan-changes", "4:16,16", "plan_changes", [{"global_step": 4, "local_batch_sizes": [16, 16]}]),
     ("--emulate-speed-change", "--emulate-speed-changes", "4:1:0.5", "emulate_speed_changes",
      [{"global_step": 4, "rank": 1, "speed": 0.5}]),
 ])
 def test_an_old_flag_sets_the_same_value_and_names_the_new_one(capsys, old, new, value, setting, expected):
-    base = ["train", "--global-batch-size", "32"] if setting != "batch_size" else ["train"]
+    base = ["train", "--global-batch-size", "32"] if setting != "global_batch_size" else ["train"]
     old_config = config_from_args(build_parser().parse_args([*base, old, value]))
     assert f"{old} is deprecated and will be removed; use {new}" in capsys.readouterr().err
     new_config = config_from_args(build_parser().parse_args([*base, new, value]))

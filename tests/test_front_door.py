@@ -20,7 +20,7 @@ from tests.cli import run_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-SETTINGS = dict(model="mlp", num_samples=256, batch_size=32, num_workers=2, batch_split=[20, 12], max_steps=6,
+SETTINGS = dict(model="mlp", num_samples=256, global_batch_size=32, num_workers=2, batch_split=[20, 12], max_steps=6,
                 checkpoint_every=3, seed=3, record_sample_ids=True, profile=False)
 FLAGS = ["--model", "mlp", "--num-samples", "256", "--global-batch-size", "32", "--num-workers", "2", "--batch-split", "20,12",
          "--max-steps", "6", "--checkpoint-every", "3", "--seed", "3", "--record-sample-ids", "--no-profile"]
@@ -53,7 +53,7 @@ def test_the_cli_and_the_api_run_of_one_job_leave_the_same_run(ray_session, tmp_
     code, out, err = run_cli(["train", *FLAGS, "--storage-path", str(tmp_path / "cli"), "--name", "job"],
                              capsys)
     assert code == 0, err[-3000:]
-    config = TrainConfig(**SETTINGS, output_dir=str(tmp_path / "api"), experiment_name="job")
+    config = TrainConfig(**SETTINGS, storage_path=str(tmp_path / "api"), name="job")
     HeteroTrainer(train_loop_per_worker, train_loop_config={"train": config.to_dict()},
                   scaling_config=ScalingConfig(num_workers=2),
                   run_config=RunConfig(name="job", storage_path=str(tmp_path / "api")),

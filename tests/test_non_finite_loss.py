@@ -110,7 +110,7 @@ def test_the_built_in_job_stops_on_a_nan_loss(ray_session, fast_config):
     with the setting, and the flag reaching every worker's settings (no run needed)."""
     from hetero_ray.builtin.driver import run_training
 
-    config = fast_config(lr=1e30, experiment_name="nan-builtin")
+    config = fast_config(lr=1e30, name="nan-builtin")
     with pytest.raises(UserError, match=r"the loss is (nan|inf) at global step \d+ on rank \d.*"
                                         r"--allow-non-finite-loss"):
         run_training(config)

@@ -251,9 +251,9 @@ def test_first_plan_gives_the_capped_node_the_smaller_share(ray_session, capped_
 
     head = ray_session.get_runtime_context().get_node_id()
     config = fast_config(
-        model="simple_cnn", num_workers=2, num_samples=640, batch_size=32, epochs=1, max_steps=4,
-        policy="optimal", profile=True, rebalance_interval=1000, experiment_name="capped-first-plan",
-        worker_label_selectors=[{"ray.io/node-id": head}, {"ray.io/node-id": capped_node}],
+        model="simple_cnn", num_workers=2, num_samples=640, global_batch_size=32, epochs=1, max_steps=4,
+        policy="optimal", profile=True, rebalance_interval=1000, name="capped-first-plan",
+        worker_labels=[{"ray.io/node-id": head}, {"ray.io/node-id": capped_node}],
     )
     result = run_training(config)
 

@@ -35,12 +35,12 @@ def test_uneven_workers_under_plan_changes_train_each_sample_once_to_one_workers
     one = one_worker_run
     # Plan changes mid-epoch 0 and mid-epoch 1 (13 steps an epoch), the second one giving
     # rank 0 the largest share; the last window of each epoch is short (24 of 48).
-    three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], experiment_name="three",
+    three = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], name="three",
                                      rebalance_interval=1, record_sample_ids=True,
                                      plan_changes=[{"global_step": 4, "local_batch_sizes": [8, 16, 24]},
                                                    {"global_step": 17, "local_batch_sizes": [30, 10, 8]}],
                                      **ONE_DEVICE_JOB))
-    bf16 = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], precision="bf16", experiment_name="bf16",
+    bf16 = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], precision="bf16", name="bf16",
                                     rebalance_interval=1,
                                     plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}], **ONE_DEVICE_JOB))
 

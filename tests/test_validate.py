@@ -37,7 +37,6 @@ from hetero_ray.errors import ConfigError
     (validate.shares, ("--batch-split", [40, 20], 64, "--global-batch-size"),
      "--batch-split sums to 60, but --global-batch-size is 64 (got 40,20)"),
     (validate.per_rank, ("--emulate-speeds", [1.0], 2), "--emulate-speeds has 1 values but --num-workers is 2"),
-    (validate.per_rank, ("X.batch_split", [1], 2, "ScalingConfig.num_workers"), "but ScalingConfig.num_workers is 2"),
     (validate.speed_changes, ("X", [{"global_step": 5, "rank": 0}]), "X: each change has the keys"),
     (validate.speed_changes, ("X", [{"global_step": 5, "rank": 0, "speed": 0}]), "speed (in (0, 1])"),
     (validate.speed_changes, ("X", [{"global_step": -1, "rank": 0, "speed": 1}]), "integers ≥ 0"),
@@ -70,3 +69,13 @@ def test_the_profilers_config_names_the_profile_commands_flags():
     with pytest.raises(ConfigError, match="--timeout must be a positive number of seconds"):
         ProfileConfig(timeout_s=0)
     assert ProfileConfig(batch_sizes=[32, 8, 8]).batch_sizes == (8, 32)
+
+
+def test_a_setting_is_named_in_the_words_of_the_front_end_that_checks_it():
+    api = validate.Words("HeteroConfig", {"num_workers": "ScalingConfig"})
+    assert validate.named("profile_timeout_s") == "--profile-timeout-s"
+    with validate.words(api):
+        assert validate.named("profile_timeout_s") == "HeteroConfig.profile_timeout_s"
+        with pytest.raises(ConfigError, match=r"^HeteroConfig.batch_split has 1 values but ScalingConfig.num_workers"):
+            validate.per_rank(validate.named("batch_split"), [1], 2)
+    assert validate.named("num_workers") == "--num-workers", "the words end with the block"

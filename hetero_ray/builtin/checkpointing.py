@@ -41,11 +41,8 @@ class TrainingState:
 
 def run_fingerprint(config) -> dict:
     """The settings a checkpoint is only valid for: those a --resume must repeat
-    (:func:`hetero_ray.config.resume_fixed_fields`), the global batch under the name
-    checkpoints have always used for it."""
-    fingerprint = {name: getattr(config, name) for name in resume_fixed_fields()}
-    fingerprint["global_batch_size"] = fingerprint.pop("batch_size")
-    return fingerprint
+    (:func:`hetero_ray.config.resume_fixed_fields`)."""
+    return {name: getattr(config, name) for name in resume_fixed_fields()}
 
 
 def capture_rng() -> dict:

@@ -94,7 +94,7 @@ def builtin_trainer(config: TrainConfig, device_mode: str, emit: Callable[[str],
     mixed = device_mode == "mixed"
     resources = {"CPU": config.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
     hetero = HeteroConfig(
-        global_batch_size=config.batch_size, policy=config.policy, batch_split=config.batch_split,
+        global_batch_size=config.global_batch_size, policy=config.policy, batch_split=config.batch_split,
         rebalance_interval=config.rebalance_interval, rebalance_threshold=config.rebalance_threshold,
         rebalance_cooldown=config.rebalance_cooldown, emulate_speeds=config.emulate_speeds,
         emulate_speed_changes=config.emulate_speed_changes, plan_changes=config.plan_changes, seed=config.seed,
@@ -112,7 +112,7 @@ def builtin_trainer(config: TrainConfig, device_mode: str, emit: Callable[[str],
             num_workers=(config.min_workers, config.num_workers) if config.cluster.elastic else config.num_workers,
             use_gpu=use_gpu, resources_per_worker=resources,
             label_selector=None if mixed else config.cluster.label_selectors()),
-        run_config=RunConfig(name=config.experiment_name, storage_path=os.path.abspath(config.output_dir),
+        run_config=RunConfig(name=config.name, storage_path=os.path.abspath(config.storage_path),
                              failure_config=FailureConfig(max_failures=config.max_failures)),
         hetero_config=hetero,
         torch_config=TorchConfig(backend=backend),

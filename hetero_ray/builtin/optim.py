@@ -44,5 +44,5 @@ def run_steps(config, num_samples: int) -> int:
     samples (a :class:`~hetero_ray.config.TrainConfig`), at most its ``max_steps``."""
     from hetero_ray.sampler import GlobalSampler
 
-    sampler = GlobalSampler(num_samples, config.batch_size, config.seed, config.drop_last)
+    sampler = GlobalSampler(num_samples, config.global_batch_size, config.seed, config.drop_last)
     return total_steps(config.epochs, sampler.steps_per_epoch, config.max_steps)

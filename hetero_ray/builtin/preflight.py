@@ -18,7 +18,7 @@ from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, repair_torn_sn
 
 
 def run_dir_of(config: TrainConfig) -> str:
-    return os.path.abspath(os.path.join(config.output_dir, config.experiment_name))
+    return os.path.abspath(os.path.join(config.storage_path, config.name))
 
 
 def check(config: TrainConfig) -> str:
@@ -28,7 +28,7 @@ def check(config: TrainConfig) -> str:
 
         check_data_dir(config.dataset, config.data_dir, download=config.download,
                        verify_checksums=config.verify_checksums)
-    check_output_dir(config.output_dir)
+    check_output_dir(config.storage_path)
     return check_run_dir(config)
 
 
@@ -111,12 +111,9 @@ def recorded_settings(run_dir: str, checkpoint_dir: str) -> dict:
     if saved:
         return saved
     try:
-        fingerprint = dict(load_state(checkpoint_dir).fingerprint)
+        return dict(load_state(checkpoint_dir).fingerprint)
     except (UserError, TypeError, ValueError):  # check_checkpoint_loads says why
         return {}
-    if "global_batch_size" in fingerprint:
-        fingerprint["batch_size"] = fingerprint.pop("global_batch_size")
-    return fingerprint
 
 
 def check_settings_unchanged(recorded: dict, config: TrainConfig) -> None:

@@ -21,7 +21,7 @@ class PolicyConfig:
     # costs a broadcast and some lost overlap, and smaller gains drown in noise.
     rebalance_threshold: float = 0.05
     # Steps after an adoption before the next may be adopted (0: every interval may change).
-    cooldown_steps: int = 0
+    rebalance_cooldown: int = 0
     # b_min: the smallest local batch a rank is given (every rank needs ≥ 1 sample).
     min_local_batch_size: int = 1
     # Multiplier on the noise margin se·sqrt(2 ln n) added to the threshold (0: off).
@@ -31,8 +31,10 @@ class PolicyConfig:
     confirm_below: float = 2.0
 
     def __post_init__(self):
-        validate.fraction_below_one("rebalance_threshold", self.rebalance_threshold, of="the step time")
-        validate.non_negative_int("cooldown_steps", self.cooldown_steps)
+        # The run's settings of the same names are checked here alone (PlanConfig builds one).
+        validate.fraction_below_one(validate.named("rebalance_threshold"), self.rebalance_threshold,
+                                    of="the step time")
+        validate.non_negative_int(validate.named("rebalance_cooldown"), self.rebalance_cooldown)
         validate.positive_int("min_local_batch_size", self.min_local_batch_size)
         k = self.noise_margin
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k < math.inf:

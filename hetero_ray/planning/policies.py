@@ -314,10 +314,10 @@ class _AdaptivePolicy(_BasePolicy):
             return self._keep(current, "no fresh estimate yet: keep the plan", est, global_step)
         level_forecast_se = self._level_forecast.observe(est)  # every decision's levels count
         current_pred = view.predicted(view.b_now)
-        if self._last_adopted_step is not None and global_step - self._last_adopted_step < cfg.cooldown_steps:
+        if self._last_adopted_step is not None and global_step - self._last_adopted_step < cfg.rebalance_cooldown:
             return self._keep(
                 current,
-                f"cooldown: {global_step - self._last_adopted_step} of {cfg.cooldown_steps} steps since "
+                f"cooldown: {global_step - self._last_adopted_step} of {cfg.rebalance_cooldown} steps since "
                 f"the last change at step {self._last_adopted_step}",
                 est, global_step, current_predicted_step_time_s=current_pred,
             )

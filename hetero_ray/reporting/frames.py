@@ -256,7 +256,7 @@ def epoch_progress(steps: pd.DataFrame, epochs: pd.DataFrame, config: dict[str, 
 
 
 def _steps_per_epoch(steps: pd.DataFrame, config: dict[str, Any]) -> Optional[int]:
-    batch = config.get("batch_size")
+    batch = config.get("global_batch_size")
     if config.get("dataset", "").startswith("synthetic") and config.get("num_samples") and batch:
         n = int(config["num_samples"])
         return n // batch if config.get("drop_last") else math.ceil(n / batch)
@@ -377,7 +377,7 @@ def compare_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
         evals = run["evals"]
         rows.append({
             "run": run["name"], "policy": config.get("policy", ""), "workers": config.get("num_workers"),
-            "global batch": config.get("batch_size"), "steps": int(len(cluster)),
+            "global batch": config.get("global_batch_size"), "steps": int(len(cluster)),
             "steady samples/s": round(steady) if steady else None,
             "vs first": round(steady / baseline, 2) if steady and baseline else None,
             "mean efficiency": round(float(cluster["efficiency"].tail(max(1, len(cluster) // 2)).mean()), 3)

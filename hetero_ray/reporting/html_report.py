@@ -108,10 +108,10 @@ def _summary_of_unfinished(source, run_dir: str) -> dict[str, Any]:
     attempts = run_files.read_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE), []) or []
     wall = float(steps["wall_time"].max() - steps["wall_time"].min()) if not steps.empty else 0.0
     return build_summary(steps, source.epochs(), source.plans(), attempts, base={
-        "experiment_name": config.get("experiment_name", os.path.basename(run_dir)),
+        "experiment_name": config.get("name", os.path.basename(run_dir)),
         "model": config.get("model", "?"), "dataset": config.get("dataset", "?"),
         "policy": config.get("policy", "?"), "num_workers": config.get("num_workers", "?"),
-        "global_batch_size": config.get("batch_size", "?"), "emulate_speeds": config.get("emulate_speeds"),
+        "global_batch_size": config.get("global_batch_size", "?"), "emulate_speeds": config.get("emulate_speeds"),
         "wall_time_s": wall, "status": source.status(), "error": None, "run_dir": run_dir,
     })
 

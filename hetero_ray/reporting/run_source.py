@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from hetero_ray.config import renamed_settings
 from hetero_ray.metrics import run_files
 from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, STEPS
 from hetero_ray.reporting.run_dir_files import escaping_links, file_signature, offline_status, read_run_json
@@ -134,8 +135,7 @@ class OfflineRunSource(RunSource):
         return normalise_nodes(read_run_json(self.run_dir, run_files.NODES_FILE))
 
     def config(self) -> dict[str, Any]:
-        config = read_run_json(self.run_dir, run_files.CONFIG_FILE, {})
-        return config if isinstance(config, dict) else {}
+        return read_config(self.run_dir)
 
     def summary(self) -> Optional[dict[str, Any]]:
         summary = read_run_json(self.run_dir, run_files.SUMMARY_FILE)
@@ -164,3 +164,9 @@ def normalise_nodes(value: Any) -> list[dict]:
     if isinstance(value, dict):
         value = value.get("nodes")
     return [n for n in value if isinstance(n, dict)] if isinstance(value, list) else []
+
+
+def read_config(run_dir: str) -> dict[str, Any]:
+    """A run's config.json under this version's setting names ({} when absent or not an object)."""
+    config = read_run_json(run_dir, run_files.CONFIG_FILE, {})
+    return renamed_settings(config) if isinstance(config, dict) else {}
