@@ -109,7 +109,7 @@ def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_c
          profile: bool = True) -> PolicyRun:
     from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     config = TrainConfig(
         model=args.model, dataset="synthetic_image", num_samples=args.batch_size * (args.steps + 1),

@@ -59,7 +59,7 @@ def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, 
            steps: Optional[int] = None) -> dict:
     from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     model, batch_size, num_steps = model or args.model, batch_size or args.batch_size, steps or args.steps
     # Epochs of at most EPOCH_STEPS steps: every worker holds the whole synthetic dataset

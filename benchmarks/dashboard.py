@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/dashboard.py --rows 200000 --keep /tmp/big-run
 
 1. Writes a synthetic run directory (Parquet through the STEPS schema of
-   ``hetero_ray.metrics.records``; plans, epochs, decisions, config, attempts) and times,
+   ``hetero_ray.runs.records``; plans, epochs, decisions, config, attempts) and times,
    with a cold cache, loading it and building every page exactly as a browser's first
    request does (``callbacks.update_page``): the issue's target is ≤ 3 s.
 2. Feeds a real ``MetricsStore`` (in process, no Ray) and a live source reading it through
@@ -27,8 +27,8 @@ from dash import no_update
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hetero_ray.metrics import run_files  # noqa: E402
-from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, SCHEMAS, STEPS, to_table  # noqa: E402
+from hetero_ray.runs import run_files  # noqa: E402
+from hetero_ray.runs.records import DECISIONS, EPOCHS, PLANS, SCHEMAS, STEPS, to_table  # noqa: E402
 from hetero_ray.metrics.store import MetricsStore  # noqa: E402
 from hetero_ray_dashboards import callbacks  # noqa: E402
 from hetero_ray_dashboards.catalog import RunCatalog  # noqa: E402

@@ -143,7 +143,7 @@ def run_soak(steps: int = DEFAULT_STEPS, num_workers: int = DEFAULT_NUM_WORKERS,
     """Trains ``steps`` global steps of mlp and samples the store's memory; see the module doc."""
     from hetero_ray.builtin.driver import run_training
     from hetero_ray.config import TrainConfig
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     experiment_name = experiment_name or time.strftime("soak-%Y%m%d-%H%M%S")
     output_dir = output_dir or tempfile.mkdtemp(prefix="hetero_ray_soak_")

@@ -141,7 +141,7 @@ def _train(args, output_dir: str, label: str, policy: str, speeds) -> dict:
 
 def _train_once(args, output_dir: str, label: str, policy: str, speeds) -> dict:
     from benchmarks.balance import _run
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     run_args = SimpleNamespace(model=args.model, batch_size=args.batch_size, steps=args.steps_now,
                                num_workers=4, rebalance_interval=args.rebalance_interval, address=None)
@@ -166,7 +166,7 @@ def _capped_run(args, index: int, output_dir: str) -> dict:
 
 def _capped_run_once(args, index: int, output_dir: str) -> dict:
     """One run of benchmarks/cgroup_cluster.py (static and optimal), in its own process."""
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     out = os.path.join(output_dir, f"capped-{index}.json")
     command = [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "cgroup_cluster.py"), "--steps",

@@ -8,7 +8,7 @@ import time
 from typing import Any, Optional
 
 from hetero_ray.reporting.run_source import OfflineRunSource, RunSource, read_config
-from hetero_ray.reporting.table_cache import TableCache
+from hetero_ray.runs.table_cache import TableCache
 from hetero_ray_dashboards.live_source import LiveRunSource
 from hetero_ray_dashboards.run_keys import (
     LIVE, MAX_KEY_LENGTH, OFFLINE, RunEntry, RunNotFound, list_offline_runs, resolve_run_dir,

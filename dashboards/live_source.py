@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pandas as pd
-import pyarrow as pa
 
-from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, SCHEMAS, STEPS
-from hetero_ray.metrics.trajectory import effective_rows
 from hetero_ray.reporting.run_source import RunSource, normalise_nodes
 from hetero_ray.reporting.verdicts import classify_recent
+from hetero_ray.runs.records import DECISIONS, EPOCHS, PLANS, SCHEMAS, STEPS
+from hetero_ray.runs.trajectory import effective_rows
+
+if TYPE_CHECKING:  # the store hands over its steps as one Arrow table
+    import pyarrow as pa
 
 LIVE_REFRESH_MIN_S = 0.5  # browsers refreshing together share one store round trip
 LIVE_MAX_ROWS = 400_000  # step rows a live source keeps (the store keeps 200k by default)
@@ -152,6 +154,6 @@ class LiveRunSource(RunSource):
 
 
 def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
-    from hetero_ray.metrics.records import to_table
+    from hetero_ray.runs.records import to_table
 
     return to_table(table, rows).to_pandas() if rows else SCHEMAS[table].empty_table().to_pandas()

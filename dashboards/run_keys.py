@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hetero_ray.metrics import run_files
-from hetero_ray.reporting.run_dir_files import looks_like_run, newest_mtime, offline_status
+from hetero_ray.runs.readers import find_runs, looks_like_run, newest_mtime, offline_status
 
 OFFLINE = "offline:"
 LIVE = "live:"
 MAX_KEY_LENGTH = 512
 MAX_SCAN_DEPTH = 2  # runs/<name> and runs/<group>/<name>
-_SKIP_DIRS = {run_files.PARTS_DIR, "ray_train", "__pycache__"}
 
 
 class RunNotFound(LookupError):
@@ -61,28 +59,8 @@ class RunEntry:
 
 def list_offline_runs(runs_dir: str) -> list[RunEntry]:
     """Run directories under ``runs_dir`` (two levels deep at most), newest first."""
-    root = os.path.realpath(runs_dir)
-    if not os.path.isdir(root):
-        return []
     entries = []
-
-    def scan(directory: str, depth: int) -> None:
-        try:
-            children = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError:
-            return
-        for child in children:
-            if child.name.startswith(".") or child.name in _SKIP_DIRS or not child.is_dir():
-                continue
-            real = os.path.realpath(child.path)
-            if os.path.commonpath([root, real]) != root:
-                continue  # a symlink out of the runs folder
-            if looks_like_run(real):
-                name = os.path.relpath(child.path, root).replace(os.sep, "/")
-                status = offline_status(real)
-                entries.append(RunEntry(OFFLINE + name, name, f"{name} ({status})", False, status, newest_mtime(real)))
-            elif depth < MAX_SCAN_DEPTH:
-                scan(child.path, depth + 1)
-
-    scan(root, 1)
+    for name, real in find_runs(runs_dir, MAX_SCAN_DEPTH):
+        status = offline_status(real)
+        entries.append(RunEntry(OFFLINE + name, name, f"{name} ({status})", False, status, newest_mtime(real)))
     return sorted(entries, key=lambda e: e.mtime, reverse=True)

@@ -39,11 +39,11 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import ConfigError, RunInterrupted, UserError
 from hetero_ray.hetero_config import HeteroConfig
-from hetero_ray.metrics import run_files
 from hetero_ray.planning.policies import policy_class, policy_names
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.profiling.profile_config import ProfileConfig
-from hetero_ray.runtime import actors, checkpoints, cluster, node_checks, run_dir, run_lock, storage
+from hetero_ray.runs import checkpoints, run_dir, run_files, run_lock, storage
+from hetero_ray.runtime import actors, cluster, node_checks
 from hetero_ray.runtime.cluster_view import ClusterViewRefresh
 from hetero_ray.runtime.failures import RunGuard
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES
@@ -140,7 +140,7 @@ class HeteroTrainer:
                 last checkpoint the loop reported (the message says when there is none).
         """
         run = storage.resolve(self._run_config.storage_path, self._name, self._hetero.output_dir)
-        # One driver per run directory (runtime/run_lock.py): an existing one is locked
+        # One driver per run directory (runs/run_lock.py): an existing one is locked
         # before anything in it is read; a new one as it is created.
         with contextlib.ExitStack() as held:
             locked = os.path.isdir(run.run_dir)

@@ -46,7 +46,7 @@ def walk(argv: list[str]) -> list[tuple[str, str]]:
     from hetero_ray.builtin.driver import builtin_trainer
     from hetero_ray.cli.main import build_parser
     from hetero_ray.cli.train import config_from_args
-    from hetero_ray.runtime import storage
+    from hetero_ray.runs import storage
 
     calls: list[tuple[str, str]] = []
 

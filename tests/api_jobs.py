@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hetero_ray.train
-from hetero_ray.metrics import run_files
+from hetero_ray.runs import run_files
 from hetero_ray.sampler import GlobalSampler
 
 LR, MOMENTUM = 0.1, 0.9
@@ -176,7 +176,7 @@ def wait_until_registered(run_dir: str, checkpoint_name: str, timeout_s: float =
 def _latest_checkpoint_dir(run_dir: str):
     """Ray Train's latest checkpoint; None while its snapshot file is being rewritten (a
     torn read once made the crash helper itself fail, spending the run's one restart)."""
-    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+    from hetero_ray.runs.checkpoints import latest_checkpoint_dir
 
     try:
         return latest_checkpoint_dir(run_dir)

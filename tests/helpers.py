@@ -19,11 +19,11 @@ import sys
 import numpy as np
 import pandas as pd
 
-from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import DATA_LOADER_SOURCE, STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.planning.estimates import Estimates, RankEstimate
 from hetero_ray.profiling.capability import CpuInfo, DeviceCapability, NodeCapability
+from hetero_ray.runs import run_files
+from hetero_ray.runs.records import DATA_LOADER_SOURCE, STEP_COLUMNS
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -296,7 +296,7 @@ def built_in_job_trainer(monkeypatch, tmp_path, name: str, *flags: str):
     from hetero_ray.builtin.driver import _device_mode, builtin_trainer
     from hetero_ray.cli.main import build_parser
     from hetero_ray.cli.train import config_from_args
-    from hetero_ray.runtime import storage
+    from hetero_ray.runs import storage
 
     monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # the driver sets it
     worker_settings: dict = {}

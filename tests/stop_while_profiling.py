@@ -24,7 +24,7 @@ import ray  # noqa: E402
 from hetero_ray import ProfileModel  # noqa: E402
 from hetero_ray.constants import RAY_NAMESPACE  # noqa: E402
 from hetero_ray.errors import RunInterrupted  # noqa: E402
-from hetero_ray.metrics import run_files  # noqa: E402
+from hetero_ray.runs import run_files  # noqa: E402
 from hetero_ray.profiling.profile_config import ProfileConfig  # noqa: E402
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle  # noqa: E402
 from tests.api_jobs import make_model, random_batch  # noqa: E402

@@ -273,7 +273,7 @@ def test_an_error_that_comes_again_at_the_same_step_after_a_restart_ends_the_run
 
 
 def test_repeated_failures_tell_a_bug_from_what_a_restart_cures():
-    from hetero_ray.runtime.failures import LoopFailure, LoopFailsEveryTime, RepeatedFailures, loop_failure
+    from hetero_ray.runtime.failures import LoopFailsEveryTime, LoopFailure, RepeatedFailures, loop_failure
     from hetero_ray.training.entry import FAILED_AT_STEP_ATTR
 
     boom = LoopFailure("ValueError", "boom", 5, "Traceback ...\n  in my_loop")
@@ -335,8 +335,8 @@ def test_a_stop_says_whether_fit_again_continues(tmp_path):
 
     from ray.train import RunConfig
 
-    from hetero_ray.runtime import storage
-    from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT
+    from hetero_ray.runs import storage
+    from hetero_ray.runs.checkpoints import RAY_CHECKPOINT_SNAPSHOT
 
     trainer = HeteroTrainer(_loop, run_config=RunConfig(name="stopped", storage_path=str(tmp_path)),
                             hetero_config=HeteroConfig(global_batch_size=8))

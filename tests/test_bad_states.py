@@ -34,8 +34,8 @@ import pytest
 import torch
 
 from hetero_ray.builtin.checkpointing import STATE_FILE, load_state, save_state
-from hetero_ray.metrics import run_files
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, ray_train_dir, registered_checkpoint_names
+from hetero_ray.runs import run_files
+from hetero_ray.runs.checkpoints import latest_checkpoint_dir, ray_train_dir, registered_checkpoint_names
 from tests.cli import run_cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +69,7 @@ def files_of(run_dir: str) -> dict[str, tuple[int, int]]:
     """Every file under the run directory with its size and modification time; not the
     driver lock, which every driver that opens the run takes (and notes its pid in)
     before it checks anything: a run's data, not its lock, must be left unchanged."""
-    from hetero_ray.runtime.run_lock import LOCK_FILE
+    from hetero_ray.runs.run_lock import LOCK_FILE
 
     found = {}
     for root, _, names in os.walk(run_dir):
@@ -601,7 +601,7 @@ def test_a_snapshot_rebuilt_from_the_folders_is_one_ray_train_restores(tmp_path)
     two before the newest, in order, in Ray Train's own schema; the newest is removed."""
     from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import _CheckpointManagerState
 
-    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, rebuild_torn_snapshot
+    from hetero_ray.runs.checkpoints import latest_checkpoint_dir, rebuild_torn_snapshot
 
     for step, count in ((4, 0), (8, 0), (8, 1)):
         folder = tmp_path / (f"checkpoint_{step:09d}" + (f"_{count}" if count else ""))

@@ -25,9 +25,9 @@ from hetero_ray.planning import (
     run_policy,
     solve_split,
 )
-from hetero_ray.planning.capacity import RankCapacity
 from hetero_ray.errors import ConfigError
-from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
+from hetero_ray.planning.capacity import RankCapacity
+from hetero_ray.runs.records import DECISIONS, SCHEMAS, to_table
 from tests.helpers import estimates_for
 from hetero_ray.planning.plan import Plan
 

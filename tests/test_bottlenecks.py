@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hetero_ray.metrics.records import STEP_COLUMNS
+from hetero_ray.runs.records import STEP_COLUMNS
 from hetero_ray.profiling.bottlenecks import (
     BALANCED, COMMUNICATION_BOUND, INPUT_BOUND, LEFT_OUT, MEMORY_BOUND, STRAGGLER, UNDER_UTILISED_GPU, VERDICTS,
     BottleneckThresholds, classify, format_verdicts, verdicts_table,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hetero_ray.training.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
+from hetero_ray.runs.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
 from hetero_ray.training.loop_report import _checkpoint_dir_name
 from tests import api_jobs
 
@@ -75,7 +75,7 @@ def test_the_report_right_after_a_restart_leaves_the_checkpoint_resumed_from_int
     from ray.train import FailureConfig, RunConfig, ScalingConfig
 
     from hetero_ray import HeteroConfig, HeteroTrainer
-    from hetero_ray.runtime.checkpoints import ray_train_dir, registered_checkpoint_names
+    from hetero_ray.runs.checkpoints import ray_train_dir, registered_checkpoint_names
 
     trainer = HeteroTrainer(restart_then_report_loop, train_loop_config={"run_dir": str(tmp_path / "names")},
                             scaling_config=ScalingConfig(num_workers=2),

@@ -188,7 +188,7 @@ def test_ranks_page_follows_the_rank_selection(server, page):
 
 
 def test_cluster_page(server, page, runs_dir):
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     # The runs were trained with profiling on (the default): nodes.json lists every device.
     nodes = run_files.read_json(os.path.join(runs_dir, "static", run_files.NODES_FILE))["nodes"]
@@ -206,7 +206,7 @@ def test_cluster_page(server, page, runs_dir):
 
 
 def test_balancer_page(server, page, runs_dir):
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
     from hetero_ray_dashboards.pages.balancer import DECISIONS_SHOWN
 
     # Emulated speeds 1 and 0.5 under --policy optimal: the balancer decides at the first

@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 import pytest
 from dash import html, no_update
 
-from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore
 from hetero_ray.reporting import figures, frames
+from hetero_ray.runs import run_files
 from hetero_ray_dashboards import callbacks
 from hetero_ray_dashboards.app import create_app
 from hetero_ray_dashboards.catalog import RunCatalog

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import MetricsStore
-from hetero_ray.reporting.run_dir_files import escaping_links
 from hetero_ray.reporting.run_source import OfflineRunSource, normalise_nodes
-from hetero_ray.reporting.table_cache import TableCache
+from hetero_ray.runs import run_files
+from hetero_ray.runs.readers import escaping_links
+from hetero_ray.runs.table_cache import TableCache
 from hetero_ray_dashboards.catalog import RunCatalog
 from hetero_ray_dashboards.live_source import LiveRunSource
 from hetero_ray_dashboards.run_keys import RunNotFound, list_offline_runs, resolve_run_dir
@@ -304,8 +304,8 @@ def test_dashboard_command_fails_fast_on_an_unreachable_address(tmp_path, capsys
 
 
 def test_dashboard_command_warns_when_exposed_and_serves_offline(tmp_path, capsys, monkeypatch):
-    from hetero_ray_dashboards import app as app_module
     from hetero_ray.cli import dashboard
+    from hetero_ray_dashboards import app as app_module
 
     served = {}
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

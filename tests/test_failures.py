@@ -33,8 +33,8 @@ import torch
 
 from benchmarks.local_cluster import local_cluster
 from hetero_ray.constants import METRICS_STORE_ROLE, PLANNER_ROLE
+from hetero_ray.runs.checkpoints import latest_checkpoint_dir
 from hetero_ray.runtime.actors import get_actor
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
 from tests.helpers import assert_stopped_run, printed_resume_command
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -12,16 +12,16 @@ import pytest
 
 from hetero_ray.errors import ConfigError
 from hetero_ray.hetero_config import HeteroConfig
-from hetero_ray.metrics.records import DECISIONS, SCHEMAS, to_table
 from hetero_ray.planning.balancer import Balancer
 from hetero_ray.planning.balancer_state import DecisionState
+from hetero_ray.runs.records import DECISIONS, SCHEMAS, to_table
 from hetero_ray.planning.feed_trial import (
     DONE, FEEDING, FeedTrial, TrialWindow, feed_candidates, judge, ranks_words, shares_without, step_periods,
     steps_per_epoch,
 )
+from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.policies import PolicyConfig, make_policy
-from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.trainer import _feed_trial_mode
 from tests.helpers import estimates_for

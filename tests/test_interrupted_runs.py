@@ -24,9 +24,9 @@ import time
 
 import pytest
 
-from hetero_ray.metrics import run_files
-from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, registered_checkpoint_names
-from hetero_ray.training.checkpoint_names import checkpoint_order
+from hetero_ray.runs import run_files
+from hetero_ray.runs.checkpoint_names import checkpoint_order
+from hetero_ray.runs.checkpoints import RAY_CHECKPOINT_SNAPSHOT, latest_checkpoint_dir, registered_checkpoint_names
 from tests.helpers import assert_stopped_run
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,9 +9,9 @@ import os
 import pyarrow as pa
 import pytest
 
-from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.runs import run_files
+from hetero_ray.runs.records import STEP_COLUMNS
 from tests.helpers import step_row
 
 
@@ -172,8 +172,8 @@ def test_a_restarted_store_still_knows_the_current_attempts_workers(tmp_path):
 def test_a_restarted_store_loses_no_row(tmp_path):
     """Rows wait in memory for the next flush; a store that dies before it (no finalize,
     no flush) must not lose them: the write-ahead log brings them back."""
-    from hetero_ray.metrics import run_files
     from hetero_ray.metrics.store import MetricsStore
+    from hetero_ray.runs import run_files
 
     run_dir = str(tmp_path)
     store = MetricsStore(run_dir, "wal", parquet_flush_interval_s=3600)

@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from hetero_ray.metrics.run_files import PLANNER_STATE_FILE
 from hetero_ray.planning.balancer_state import Proposal
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster
+from hetero_ray.runs.run_files import PLANNER_STATE_FILE
 from hetero_ray.runtime.planner_actor import PlannerActor
 from tests.helpers import cpu_device, node, step_rows
 

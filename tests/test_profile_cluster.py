@@ -247,7 +247,7 @@ def test_first_plan_gives_the_capped_node_the_smaller_share(ray_session, capped_
     import pandas as pd
 
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.metrics import run_files
+    from hetero_ray.runs import run_files
 
     head = ray_session.get_runtime_context().get_node_id()
     config = fast_config(

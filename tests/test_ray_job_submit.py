@@ -249,7 +249,7 @@ def test_an_example_runs_as_a_ray_job(script_cluster, tmp_path):
     import torch
 
     from examples.own_model import make_model
-    from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+    from hetero_ray.runs.checkpoints import latest_checkpoint_dir
 
     example = "own_model"
     flags = ["--num-workers", "2", "--global-batch-size", "48", "--epochs", "2", "--emulate-speeds", "1,0.5",

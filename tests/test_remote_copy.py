@@ -1,12 +1,11 @@
 """The run's tables on URI storage follow each checkpoint, and come back for a resume
-elsewhere (hetero_ray/metrics/remote_copy.py), on a real file:// filesystem through pyarrow.fs."""
+elsewhere (hetero_ray/runs/remote_copy.py), on a real file:// filesystem through pyarrow.fs."""
 
 from __future__ import annotations
 
 import os
 
-from hetero_ray.metrics import remote_copy
-from hetero_ray.runtime import storage
+from hetero_ray.runs import remote_copy, storage
 
 
 def _files(root) -> set[str]:

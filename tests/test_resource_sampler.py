@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from hetero_ray.metrics.records import STEPS, to_table
-from hetero_ray.profiling.gpu import SAMPLE_FIELDS, NoGpuReader
+from hetero_ray.profiling.gpu import NoGpuReader, SAMPLE_FIELDS
+from hetero_ray.runs.records import STEPS, to_table
 from hetero_ray.training.resource_sampler import ResourceSampler
 from tests.fakes import FakeGpuReader
 

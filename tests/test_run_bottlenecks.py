@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from hetero_ray.metrics.records import STEP_COLUMNS
-from hetero_ray.profiling.bottlenecks import BALANCED, MEMORY_BOUND, STRAGGLER
-from hetero_ray.profiling.bottlenecks import BottleneckThresholds
+from hetero_ray.profiling.bottlenecks import BALANCED, BottleneckThresholds, MEMORY_BOUND, STRAGGLER
 from hetero_ray.profiling.run_bottlenecks import judge_run
+from hetero_ray.runs.records import STEP_COLUMNS
 
 
 def steps(plans: list[tuple[int, list[float]]], batch: int = 32, nodes: tuple[str, ...] = ("a", "b")) -> pd.DataFrame:

@@ -22,13 +22,12 @@ import pytest
 
 from hetero_ray import HeteroConfig, HeteroTrainer
 from hetero_ray.errors import UserError
-from hetero_ray.metrics import run_files
-from hetero_ray.runtime import run_lock
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
+from hetero_ray.runs import run_files, run_lock
+from hetero_ray.runs.checkpoints import latest_checkpoint_dir
 from tests import cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOLD = ("import sys, time; from hetero_ray.runtime import run_lock; run_lock.acquire(sys.argv[1], 'x'); "
+HOLD = ("import sys, time; from hetero_ray.runs import run_lock; run_lock.acquire(sys.argv[1], 'x'); "
         "print('held', flush=True); time.sleep(600)")
 
 

@@ -12,10 +12,10 @@ import os
 import pandas as pd
 import pyarrow as pa
 
-from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import SCHEMAS
-from hetero_ray.metrics.run_writer import WAL_FILE
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.runs import run_files
+from hetero_ray.runs.records import SCHEMAS
+from hetero_ray.runs.writer import WAL_FILE
 from hetero_ray.runtime.finishing import Outcome, finish_run
 from tests.helpers import step_row
 
@@ -196,7 +196,7 @@ def test_finish_run_survives_a_summary_that_cannot_be_built(tmp_path, monkeypatc
 def test_the_dashboards_table_cache_skips_a_torn_part_and_reads_the_rest(tmp_path, caplog):
     """A part torn by a crash, before a metrics store set it aside, and one set aside as .torn:
     the app reads every other part (the old cache raised on the torn part)."""
-    from hetero_ray.reporting.table_cache import TableCache
+    from hetero_ray.runs.table_cache import TableCache
 
     run_dir = str(tmp_path)
     for sequence, step in ((1, 0), (3, 2)):

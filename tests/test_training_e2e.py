@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hetero_ray.metrics import run_files
+from hetero_ray.runs import run_files
 from tests.helpers import ONE_DEVICE_JOB
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from hetero_ray.metrics.records import STEP_COLUMNS
 from hetero_ray.planning.plan import Plan
+from hetero_ray.runs.records import STEP_COLUMNS
 from hetero_ray.sampler import Position
 from hetero_ray.training import timing
 from hetero_ray.training.current_step import CurrentStep, StepNotes

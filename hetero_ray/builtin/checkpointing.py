@@ -20,8 +20,8 @@ import torch
 from hetero_ray.config import resume_fixed_fields
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan
+from hetero_ray.runs.checkpoint_names import POSITION_FILE
 from hetero_ray.sampler import Position
-from hetero_ray.training.checkpoint_names import POSITION_FILE
 
 STATE_FILE = "state.pt"
 FORMAT_VERSION = 1

@@ -6,7 +6,7 @@ without Ray (values, files, the checkpoint a --resume continues from) run first,
 input fails fast; then this process joins or starts Ray, the device each worker takes is
 decided, and ``HeteroTrainer.fit()`` does the rest: the cluster's capacity, the nodes'
 checks, the run directory (locked: one driver per run directory, see
-:mod:`hetero_ray.runtime.run_lock`), the run's actors, training and its files. A --resume
+:mod:`hetero_ray.runs.run_lock`), the run's actors, training and its files. A --resume
 is checked again inside ``fit()``, under the run directory's lock, where nothing can change
 it any more; a run still going there refuses the resume before anything is read.
 
@@ -26,8 +26,8 @@ from hetero_ray.builtin import preflight
 from hetero_ray.config import TrainConfig
 from hetero_ray.constants import CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
 from hetero_ray.errors import UserError
-from hetero_ray.metrics import run_files
-from hetero_ray.runtime import cluster, node_checks, run_lock
+from hetero_ray.runs import run_files, run_lock
+from hetero_ray.runtime import cluster, node_checks
 from hetero_ray.runtime.job import JobFacts, Wording
 
 # What a person types after a message about this run: the CLI's flags.

@@ -13,8 +13,8 @@ from hetero_ray.builtin.checkpointing import load_state, model_shapes, run_finge
 from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
-from hetero_ray.metrics.run_files import CONFIG_FILE, read_json
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir, repair_torn_snapshot
+from hetero_ray.runs.checkpoints import latest_checkpoint_dir, repair_torn_snapshot
+from hetero_ray.runs.run_files import CONFIG_FILE, read_json
 
 
 def run_dir_of(config: TrainConfig) -> str:

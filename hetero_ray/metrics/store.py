@@ -2,12 +2,12 @@
 
 Workers send batches of records fire-and-forget. The store holds the run's small tables
 (attempts, workers, plans, epochs, decisions, node profiles) and hands rows to its two
-halves: a :class:`~hetero_ray.metrics.run_writer.RunWriter` makes them durable (a
+halves: a :class:`~hetero_ray.runs.writer.RunWriter` makes them durable (a
 write-ahead log, Parquet parts at least every ``parquet_flush_interval_s``, one merged
 file per table on :meth:`MetricsStore.finalize`), and a
 :class:`~hetero_ray.metrics.step_window.StepWindow` keeps the most recent step rows for
 live queries (the dashboard, the driver's progress line). The analyses it answers live
-with their subjects: :mod:`hetero_ray.metrics.summary` and :mod:`hetero_ray.metrics.trajectory`
+with their subjects: :mod:`hetero_ray.metrics.summary` and :mod:`hetero_ray.runs.trajectory`
 (bottleneck verdicts are the reader's: the live app applies the one rule of
 :mod:`hetero_ray.profiling.run_bottlenecks` to the steps and profiles it fetches).
 
@@ -27,11 +27,11 @@ import os
 import time
 from typing import Any, Optional
 
-from hetero_ray.metrics import remote_copy, run_files
-from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, REPORTS, SAMPLE_IDS, STEPS, to_table
-from hetero_ray.metrics.run_writer import RunWriter
 from hetero_ray.metrics.step_window import StepWindow
-from hetero_ray.metrics.trajectory import effective_plans
+from hetero_ray.runs import remote_copy, run_files
+from hetero_ray.runs.records import DECISIONS, EPOCHS, PLANS, REPORTS, SAMPLE_IDS, STEPS, to_table
+from hetero_ray.runs.trajectory import effective_plans
+from hetero_ray.runs.writer import RunWriter
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class MetricsStore:
         """A checkpoint is about to be reported, its step rows already here: on URI storage
         the tables go there first, so a driver that crashes leaves them beside every
         checkpoint Ray Train registered (training/loop_report.py waits for this; see
-        :mod:`hetero_ray.metrics.remote_copy`). False when the copy failed (said here): the
+        :mod:`hetero_ray.runs.remote_copy`). False when the copy failed (said here): the
         checkpoint is then not reported, and the next one copies again."""
         if self._remote_run_uri is None or self._finalized:
             return True

@@ -1,6 +1,6 @@
 """Why a run is as fast as it is: one verdict per rank over a window of step records.
 
-Pure: a DataFrame of step rows (columns of :data:`hetero_ray.metrics.records.STEPS`) in,
+Pure: a DataFrame of step rows (columns of :data:`hetero_ray.runs.records.STEPS`) in,
 :class:`Verdict` objects out; no Ray, no torch. Every verdict carries the numbers behind
 it and a recommendation a person can act on.
 
@@ -41,7 +41,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from hetero_ray.metrics.records import DATA_LOADER_SOURCE, RAY_DATA_SOURCE_PREFIX
+from hetero_ray.runs.records import DATA_LOADER_SOURCE, RAY_DATA_SOURCE_PREFIX
 
 INPUT_BOUND = "input-bound"
 STRAGGLER = "straggler"

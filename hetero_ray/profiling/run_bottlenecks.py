@@ -31,7 +31,7 @@ def judge_run(steps: pd.DataFrame, nodes: Optional[Sequence[dict]] = None,
     """Per-rank verdicts (as :meth:`Verdict.to_dict`) over the run's last steps.
 
     Args:
-        steps: step rows (columns of :data:`hetero_ray.metrics.records.STEPS`), at least
+        steps: step rows (columns of :data:`hetero_ray.runs.records.STEPS`), at least
             the last ``thresholds.window_steps`` global steps of the run.
         nodes: the run's node profiles (the node dicts of ``nodes.json``), if known.
 

@@ -19,15 +19,15 @@ import plotly.io as pio
 
 from hetero_ray.errors import UserError
 from hetero_ray.formatting import format_table
-from hetero_ray.metrics import run_files
 from hetero_ray.metrics.summary import build_summary
 from hetero_ray.reporting import figures, frames, run_frames
 from hetero_ray.reporting.compare import compare_runs
-from hetero_ray.reporting.run_dir_files import looks_like_run
 from hetero_ray.reporting.run_source import OfflineRunSource
 from hetero_ray.reporting.summary_text import run_summary_text
-from hetero_ray.reporting.table_cache import TableCache
 from hetero_ray.reporting.verdicts import verdict_frame
+from hetero_ray.runs import run_files
+from hetero_ray.runs.readers import looks_like_run
+from hetero_ray.runs.table_cache import TableCache
 
 REPORT_FILE = "report.html"
 COMPARE_REPORT_FILE = "hetero_ray_report.html"

@@ -5,8 +5,8 @@
   and bottleneck verdicts, and a ``version`` that changes with the data (derived frames
   are memoised per version).
 - :class:`OfflineRunSource` reads a run directory through a
-  :class:`~hetero_ray.reporting.table_cache.TableCache` (tables cached by file
-  modification time) and its JSON files through :mod:`hetero_ray.reporting.run_dir_files`
+  :class:`~hetero_ray.runs.table_cache.TableCache` (tables cached by file
+  modification time) and its JSON files through :mod:`hetero_ray.runs.readers`
   (never out of the run).
 
 The app's live source (the metrics store of a running experiment, through Ray) is the
@@ -22,11 +22,11 @@ from typing import Any, Optional
 import pandas as pd
 
 from hetero_ray.config import renamed_settings
-from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import DECISIONS, EPOCHS, PLANS, STEPS
-from hetero_ray.reporting.run_dir_files import escaping_links, file_signature, offline_status, read_run_json
-from hetero_ray.reporting.table_cache import TableCache
 from hetero_ray.reporting.verdicts import classify_recent
+from hetero_ray.runs import run_files
+from hetero_ray.runs.readers import escaping_links, file_signature, offline_status, read_run_json
+from hetero_ray.runs.records import DECISIONS, EPOCHS, PLANS, STEPS
+from hetero_ray.runs.table_cache import TableCache
 
 
 class RunSource:

@@ -12,7 +12,6 @@ raises into one message that says what happened, where, and what to do.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
@@ -24,8 +23,8 @@ from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 
 from hetero_ray.constants import METRICS_STORE_ROLE
 from hetero_ray.errors import LoopFailsEveryTime, TrainingFailed, UserError
-from hetero_ray.metrics.run_writer import DISK_FULL_ERRNOS, free_space
 from hetero_ray.metrics.store import StoreWriteFailed
+from hetero_ray.runs.writer import free_space, is_disk_full
 from hetero_ray.runtime import actors
 
 
@@ -179,10 +178,6 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
                       getattr(e, "_base_exc", None),  # Ray Train's UserExceptionWithTraceback
                       getattr(e, "cause", None),  # ray.exceptions.RayTaskError
                       e.__cause__, e.__context__])
-
-
-def is_disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and (error.errno in DISK_FULL_ERRNOS or "No space left on device" in str(error))
 
 
 def _fatal_cause(error: BaseException) -> Optional[BaseException]:

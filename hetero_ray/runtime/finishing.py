@@ -16,10 +16,9 @@ from typing import Any, Callable, Optional
 import ray
 
 from hetero_ray.errors import TrainingFailed
-from hetero_ray.metrics import run_files
 from hetero_ray.metrics.store import StoreWriteFailed
 from hetero_ray.metrics.summary import build_summary
-from hetero_ray.runtime import checkpoints
+from hetero_ray.runs import checkpoints, run_files
 from hetero_ray.runtime.failures import failure_for_user
 
 
@@ -111,7 +110,7 @@ def _guarded(emit: Callable[[str], None], what: str, function: Callable, *args, 
 
 def _read_table(run_dir: str, table: str, emit: Callable[[str], None]):
     """A table for the summary; an unreadable one is said and summarised as empty."""
-    from hetero_ray.metrics.records import SCHEMAS
+    from hetero_ray.runs.records import SCHEMAS
 
     df = _guarded(emit, f"reading the {table} table", run_files.read_table, run_dir, table)
     return df if df is not None else SCHEMAS[table].empty_table().to_pandas()

@@ -25,10 +25,11 @@ from hetero_ray.constants import (
     DEFAULT_PROGRESS_INTERVAL_S, METRICS_STORE_ROLE, PLANNER_ROLE, PROGRESS_INTERVAL_S_ENV_VAR, actor_name, env_float,
 )
 from hetero_ray.errors import RunInterrupted
-from hetero_ray.runtime import actors, storage
+from hetero_ray.profiling.profile_config import ProfileConfig
+from hetero_ray.runs import storage
+from hetero_ray.runtime import actors
 from hetero_ray.runtime.finishing import Outcome, finish_run
 from hetero_ray.runtime.interrupts import SIGNAL_NAMES, StopSignals
-from hetero_ray.profiling.profile_config import ProfileConfig
 from hetero_ray.runtime.node_profiling import NodeProfiling
 from hetero_ray.runtime.progress import ProgressPrinter
 

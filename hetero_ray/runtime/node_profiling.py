@@ -47,8 +47,8 @@ from typing import Callable, Optional, Sequence
 import ray
 
 from hetero_ray.constants import DEVICE_LABEL
-from hetero_ray.metrics import run_files
 from hetero_ray.profiling.profile_config import ProfileConfig
+from hetero_ray.runs import run_files
 
 # Beyond the profiling's own timeout: the profilers' start, and handing the result over.
 JOIN_SLACK_S = 30.0

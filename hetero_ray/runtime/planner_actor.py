@@ -25,10 +25,10 @@ import logging
 import os
 from typing import Optional
 
-from hetero_ray.metrics.run_files import ATTEMPTS_FILE, PLANNER_STATE_FILE, read_json, write_json
 from hetero_ray.planning.planner import Planner
-from hetero_ray.runtime.checkpoints import latest_checkpoint_dir
-from hetero_ray.training.checkpoint_names import BALANCER_STATE_FILE, STATE_DIR
+from hetero_ray.runs.checkpoint_names import BALANCER_STATE_FILE, STATE_DIR
+from hetero_ray.runs.checkpoints import latest_checkpoint_dir
+from hetero_ray.runs.run_files import ATTEMPTS_FILE, PLANNER_STATE_FILE, read_json, write_json
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hetero_ray.errors import UserError
-from hetero_ray.metrics.records import RAY_DATA_SOURCE_PREFIX
+from hetero_ray.runs.records import RAY_DATA_SOURCE_PREFIX
 from hetero_ray.training.answers import answer
 from hetero_ray.training.loader_door import say_batch_size
 from hetero_ray.training.session import WorkerSession

@@ -51,14 +51,14 @@ from typing import Any, Iterator, Optional
 import torch
 
 from hetero_ray.errors import UserError
-from hetero_ray.metrics.records import DATA_LOADER_SOURCE
 from hetero_ray.planning.plan import Plan, next_point
+from hetero_ray.runs.records import DATA_LOADER_SOURCE
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
 from hetero_ray.training import timing
 from hetero_ray.training.heap import freeze_heap
-from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.loop_report import check_data_matches
+from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
 from hetero_ray.training.session import WorkerSession
 from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
 from hetero_ray.training.weighting import rank_weight
@@ -92,7 +92,7 @@ class PlanFollowingLoader:
         settings = session.settings
         self._session = session
         self._order_facts = order_facts or {}  # what else the order depends on (a Ray Data feed's settings)
-        self.data_source = data_source  # each step row's data_source (metrics/records.py)
+        self.data_source = data_source  # each step row's data_source (runs/records.py)
         self.sampler = _LoaderSampler(self, len(dataset), settings.global_batch_size, settings.seed, drop_last,
                                       shuffle)
         check_data_matches(session.restored, self.data_order())

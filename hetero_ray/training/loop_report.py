@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from hetero_ray.errors import UserError
 from hetero_ray.training.answers import answer
-from hetero_ray.training.checkpoint_names import (
+from hetero_ray.runs.checkpoint_names import (
     BALANCER_STATE_FILE,
     STATE_DIR,
     STATE_FILE,
@@ -98,7 +98,7 @@ def _copy_tables_before_the_checkpoint(session: WorkerSession) -> bool:
     """Collective; whether the tables reached the storage URI, on every rank.
 
     On URI storage the tables reach it before Ray Train registers the checkpoint
-    (metrics/remote_copy.py). Copied after, a driver that died in between left a resume on
+    (runs/remote_copy.py). Copied after, a driver that died in between left a resume on
     another machine a checkpoint past the steps the URI's tables held: the rows of those
     steps were lost. Every rank has flushed its rows; this all-reduce says so to rank 0,
     which has the store copy the tables and waits for it, then tells every rank how it

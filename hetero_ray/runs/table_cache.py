@@ -1,6 +1,6 @@
 """Tables of offline runs, kept in memory and re-read only when their files change.
 
-:class:`TableCache` reads a run directory's tables through :mod:`hetero_ray.metrics.run_files`
+:class:`TableCache` reads a run directory's tables through :mod:`hetero_ray.runs.run_files`
 (merged Parquet files, or the parts of a run that is still being written); new parts of a
 running run are read incrementally; a part a crash tore is skipped, as every reader of
 run_files skips it. Only Parquet is read; nothing is ever unpickled.
@@ -15,10 +15,10 @@ import threading
 import pandas as pd
 import pyarrow.parquet as pq
 
-from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
-from hetero_ray.metrics.trajectory import effective_rows
-from hetero_ray.reporting.run_dir_files import attempt_starts, file_signature, inside
+from hetero_ray.runs import run_files
+from hetero_ray.runs.readers import attempt_starts, file_signature, inside
+from hetero_ray.runs.records import SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
+from hetero_ray.runs.trajectory import effective_rows
 
 CACHE_MAX_ROWS = 4_000_000  # rows of offline tables kept in memory (~1 GB of step rows at worst)
 

@@ -11,8 +11,8 @@ from typing import Optional
 
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
-from hetero_ray.metrics.run_files import read_json, write_json
-from hetero_ray.training.checkpoint_names import POSITION_FILE, STATE_DIR, STATE_FILE, checkpoint_order
+from hetero_ray.runs.checkpoint_names import POSITION_FILE, STATE_DIR, STATE_FILE, checkpoint_order
+from hetero_ray.runs.run_files import read_json, write_json
 
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import TYPE_CHECKING
 
 from hetero_ray.errors import UserError
-from hetero_ray.metrics import run_files
-from hetero_ray.runtime import run_lock
-from hetero_ray.runtime.failures import is_disk_full
-from hetero_ray.runtime.job import Wording
+from hetero_ray.runs import run_files, run_lock
+from hetero_ray.runs.writer import is_disk_full
+
+if TYPE_CHECKING:  # the front end's words for the run's settings
+    from hetero_ray.runtime.job import Wording
 
 
 def make(run_dir: str, held: contextlib.ExitStack, locked: bool, words: Wording) -> bool:

@@ -5,7 +5,7 @@ Rows received wait in pending buffers and are written as Parquet parts at least 
 So that a crash of the store's actor loses none of the waiting rows, every row is first
 appended to a write-ahead log, which a restarted writer replays. The log is emptied only
 once the parts holding its rows are durable (fsynced, renamed, the folder fsynced: see
-:mod:`hetero_ray.metrics.run_files`), so a part that a crash tears anyway is set aside
+:mod:`hetero_ray.runs.run_files`), so a part that a crash tears anyway is set aside
 when the writer starts and its rows come back from the log.
 
 After :meth:`RunWriter.finalize` the tables are merged: rows that still arrive (a worker's
@@ -28,11 +28,15 @@ import shutil
 import time
 from typing import Any, Callable, Optional
 
-from hetero_ray.metrics import run_files
-from hetero_ray.metrics.records import TABLES, to_table
+from hetero_ray.runs import run_files
+from hetero_ray.runs.records import TABLES, to_table
 
 WAL_FILE = "pending.jsonl"  # in <run_dir>/parts/: rows received but not yet in a Parquet part
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and (error.errno in DISK_FULL_ERRNOS or "No space left on device" in str(error))
 
 logger = logging.getLogger(__name__)
 

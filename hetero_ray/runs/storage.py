@@ -10,7 +10,7 @@ local folder:
   the tables;
 - a URI: a local folder ``<output_dir>/<name>`` during the run, copied to
   ``<storage>/<name>`` before every checkpoint is reported and at the end with ``pyarrow.fs``, and
-  copied back by a resume on a machine that lacks them (:mod:`hetero_ray.metrics.remote_copy`;
+  copied back by a resume on a machine that lacks them (:mod:`hetero_ray.runs.remote_copy`;
   every URI takes this path, so a ``file://`` URI tests what ``s3://`` does).
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hetero_ray.errors import UserError
-from hetero_ray.metrics import remote_copy
-from hetero_ray.metrics.run_files import ATTEMPTS_FILE
-from hetero_ray.runtime.checkpoints import RAY_CHECKPOINT_SNAPSHOT
+from hetero_ray.runs import remote_copy
+from hetero_ray.runs.checkpoints import RAY_CHECKPOINT_SNAPSHOT
+from hetero_ray.runs.run_files import ATTEMPTS_FILE
 
 RAY_DEFAULT_STORAGE = "~/ray_results"  # Ray Train's own default
 DEFAULT_URI_OUTPUT_DIR = "~/hetero_ray/runs"

@@ -2,7 +2,7 @@
 
 Every table is written to ``<run_dir>/<table>.parquet``. While a run is going, rows are
 appended as part files under ``<run_dir>/parts/<table>/`` and merged at the end; readers
-accept either (see :mod:`hetero_ray.metrics.run_files`).
+accept either (see :mod:`hetero_ray.runs.run_files`).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hetero_ray.metrics.records import KEY_COLUMNS, SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
-from hetero_ray.metrics.trajectory import effective_rows
+from hetero_ray.runs.records import KEY_COLUMNS, SCHEMAS, STEP_COLUMN, TRAJECTORY_TABLES
+from hetero_ray.runs.trajectory import effective_rows
 
 CONFIG_FILE = "config.json"
 ATTEMPTS_FILE = "attempts.json"

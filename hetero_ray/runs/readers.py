@@ -1,5 +1,5 @@
-"""One run directory on disk: whether a folder is a run, its status, and its files, read
-only where their real path lies inside it.
+"""Run directories on disk: which folders under a runs folder are runs, a run's status, and
+its files, read only where their real path lies inside it.
 
 The files of a run directory are untrusted (anyone who can write there can plant a
 symlink): a file is read only if its real path lies inside that run directory; one that
@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Optional
 
-from hetero_ray.metrics import run_files
+from hetero_ray.runs import run_files
 
 RUNNING_IF_WRITTEN_WITHIN_S = 30.0  # an unfinished run dir written to this recently is "running"
 _RUN_MARKERS = (run_files.CONFIG_FILE, run_files.SUMMARY_FILE, "steps.parquet", run_files.PARTS_DIR)
@@ -39,7 +39,7 @@ def read_run_json(run_dir: str, filename: str, default: Any = None) -> Any:
 
 
 def attempt_starts(run_dir: str) -> dict[int, int]:
-    """:func:`hetero_ray.metrics.run_files.attempt_starts`, through :func:`read_run_json`."""
+    """:func:`hetero_ray.runs.run_files.attempt_starts`, through :func:`read_run_json`."""
     attempts = read_run_json(run_dir, run_files.ATTEMPTS_FILE, []) or []
     return {int(a["attempt"]): int(a["start_global_step"]) for a in attempts}
 
@@ -62,6 +62,37 @@ def escaping_links(run_dir: str) -> list[str]:
                 scan(entry.path, depth + 1)  # parts/, then parts/<table>/
 
     scan(run_dir, 0)
+    return found
+
+
+_NOT_RUN_FOLDERS = {run_files.PARTS_DIR, "ray_train", "__pycache__"}  # inside a run, or no run at all
+
+
+def find_runs(runs_dir: str, max_depth: int) -> list[tuple[str, str]]:
+    """``(name, real path)`` of each run directory under ``runs_dir``, ``max_depth`` levels
+    deep at most (``runs/<name>`` is 1), its name relative to ``runs_dir`` with ``/``;
+    hidden folders and symlinks leading out of ``runs_dir`` are skipped."""
+    root = os.path.realpath(runs_dir)
+    found: list[tuple[str, str]] = []
+
+    def scan(directory: str, depth: int) -> None:
+        try:
+            children = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            return
+        for child in children:
+            if child.name.startswith(".") or child.name in _NOT_RUN_FOLDERS or not child.is_dir():
+                continue
+            real = os.path.realpath(child.path)
+            if os.path.commonpath([root, real]) != root:
+                continue  # a symlink out of the runs folder
+            if looks_like_run(real):
+                found.append((os.path.relpath(child.path, root).replace(os.sep, "/"), real))
+            elif depth < max_depth:
+                scan(child.path, depth + 1)
+
+    if os.path.isdir(root):
+        scan(root, 1)
     return found
 
 
