@@ -1,4 +1,4 @@
-"""Benchmark: what keeping freed memory (:mod:`hetero_ray.training.allocator`) gains per
+"""Benchmark: what keeping freed memory (:mod:`hetero_ray.training.rank.allocator`) gains per
 training step on the CPU.
 
 Each side runs in a fresh process (the setting is process-wide and cannot be undone):
@@ -35,8 +35,7 @@ def measure_steps(model: str, batch_size: int, steps: int) -> dict:
     """In this process: per-step CPU time and page faults of ``steps`` training steps."""
     import torch
 
-    from hetero_ray.builtin.data import random_batch
-    from hetero_ray.builtin.data import spec_for
+    from hetero_ray.builtin.data import random_batch, spec_for
     from hetero_ray.builtin.models import build_model, compute_loss
 
     torch.set_num_threads(1)
@@ -62,7 +61,7 @@ def measure_steps(model: str, batch_size: int, steps: int) -> dict:
 
 def _child(side: str, model: str, batch_size: int, steps: int) -> None:
     if side == SIDES[1]:
-        from hetero_ray.training.allocator import keep_freed_memory
+        from hetero_ray.training.rank.allocator import keep_freed_memory
 
         if not keep_freed_memory():
             raise SystemExit("this platform has no glibc mallopt: nothing to compare")

@@ -67,7 +67,7 @@ def plain_loop(config):
     import ray.train.torch
     import torch.nn.functional as F
 
-    from hetero_ray.training.allocator import keep_freed_memory
+    from hetero_ray.training.rank.allocator import keep_freed_memory
 
     torch.set_num_threads(1)
     keep_freed_memory()  # hetero_ray's workers get this too: the ratio is then the machinery's cost alone

@@ -8,8 +8,8 @@ import argparse, os, socket, sys, tempfile  # noqa: E401
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from hetero_ray.training.micro_batches import accumulate, micro_batch_sizes, split_batch  # noqa: E402
-from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook  # noqa: E402
+from hetero_ray.training.gradients.micro_batches import accumulate, micro_batch_sizes, split_batch  # noqa: E402
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, weighted_allreduce_hook  # noqa: E402
 
 SHARES, CAPS, STEPS, TOLERANCE = [32, 8], [8, None], 5, 1e-5
 

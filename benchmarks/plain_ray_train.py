@@ -2,7 +2,7 @@
 
 Equal local batches ``B/n``, ``ray.train.torch.prepare_model`` (DDP with its default
 equal-weight average), no per-step records, no plan, no emulation. It does get
-hetero_ray's allocator setting (:mod:`hetero_ray.training.allocator`), so that the
+hetero_ray's allocator setting (:mod:`hetero_ray.training.rank.allocator`), so that the
 comparison measures what hetero_ray's machinery costs; what the setting itself gains is
 ``benchmarks/allocator.py``'s figure. Same model, same
 in-memory data and the same global batch as the hetero_ray run it is compared with.
@@ -23,7 +23,7 @@ def plain_train_loop(loop_config: dict) -> None:
     from hetero_ray.builtin.data import load_dataset
     from hetero_ray.builtin.models import build_model, compute_loss
     from hetero_ray.builtin.optim import make_optimizer
-    from hetero_ray.training.allocator import keep_freed_memory
+    from hetero_ray.training.rank.allocator import keep_freed_memory
 
     keep_freed_memory()
     context = ray.train.get_context()

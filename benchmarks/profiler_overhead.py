@@ -9,7 +9,7 @@ the drift of a shared machine (±10 % between minutes on 2 cores) stays out of t
   Needs ``TrainConfig.profile_interval``.
 - ``--in-process``: the training step alone (model forward, backward, optimiser step on
   this process's CPU), in alternating blocks with and without a
-  :class:`~hetero_ray.training.resource_sampler.ResourceSampler` at the same interval;
+  :class:`~hetero_ray.training.timing.resource_sampler.ResourceSampler` at the same interval;
   the figure is the median block step time on / off. No Ray, ~20 s.
 
     python benchmarks/profiler_overhead.py [--rounds 3] [--steps 150] [--json out.json]
@@ -55,10 +55,9 @@ def in_process_ratio(model: str, batch_size: int, blocks: int, steps_per_block: 
     """Median step time with a sampler over without, alternating blocks of steps."""
     import torch
 
-    from hetero_ray.builtin.data import random_batch
-    from hetero_ray.builtin.data import spec_for
+    from hetero_ray.builtin.data import random_batch, spec_for
     from hetero_ray.builtin.models import build_model, compute_loss
-    from hetero_ray.training.resource_sampler import ResourceSampler
+    from hetero_ray.training.timing.resource_sampler import ResourceSampler
 
     torch.set_num_threads(1)  # one worker's share on this machine
     spec = spec_for(model)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hetero_ray import validate
-from hetero_ray.validate import named
 from hetero_ray.errors import ConfigError
+from hetero_ray.validate import named
 from hetero_ray.flags import (
     float_list, flag_name, int_list, label_selectors, plan_change, setting, speed_change, str_list,
     worker_range,
@@ -263,7 +263,7 @@ class EmulationConfig:
                                   f"{named('emulate_devices')} too, or leave the factor out")
 
 
-# --- emulated devices: the syntax of one rank's entry (training/curve_emulation.py reads the files)
+# --- emulated devices: the syntax of one rank's entry (training/timing/curve_emulation.py reads the files)
 #
 # Colons inside an entry, commas between ranks: as every per-rank flag (--emulate-speeds,
 # --worker-devices) and --emulate-speed-changes STEP:RANK:SPEED.

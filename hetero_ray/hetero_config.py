@@ -67,7 +67,7 @@ class HeteroConfig:
         emulate_devices: per-rank device curve, as ``--emulate-devices`` (e.g.
             ``("h100_nodes.json:gpu0", "curve:0:2:0.5", "curve:0:2:0.5")``): each rank pads
             its busy time to that device's curve times one common factor (see
-            hetero_ray/training/curve_emulation.py). Needs ``profile_model``: the ranks time
+            hetero_ray/training/timing/curve_emulation.py). Needs ``profile_model``: the ranks time
             it before step 0 to find the factor. Only the emulator reads it.
         emulate_devices_factor: that common factor, pinned instead of measured (as
             ``--emulate-devices-factor``): runs of different worker groups then emulate the

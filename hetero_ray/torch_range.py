@@ -2,7 +2,7 @@
 
 A GPU machine usually comes with the torch its image was built with, and reinstalling a
 CUDA build of torch is gigabytes; so the range is as wide as the code allows, and every
-use of an API newer than its lower bound has a fallback (see ``training/batchnorm.py``).
+use of an API newer than its lower bound has a fallback (see ``training/gradients/batchnorm.py``).
 Outside the range, training could fail deep inside a worker (and be retried as a worker
 failure) or, worse, compute something else: stop at import instead, naming the versions.
 The lowest version is tested by ``make test-torch-oldest``.

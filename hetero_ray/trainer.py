@@ -11,7 +11,7 @@ follow each device's speed.
 (metrics store, planner) on the driver's node, profiles the nodes with the
 user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
 ``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
-(:mod:`hetero_ray.training.entry`), and writes the run's tables and ``summary.json`` —
+(:mod:`hetero_ray.training.rank.entry`), and writes the run's tables and ``summary.json`` —
 also when training fails — where the dashboard and ``hetero-ray report`` read them.
 Everything after the checks is :mod:`hetero_ray.runtime.lifecycle`.
 
@@ -50,8 +50,8 @@ from hetero_ray.runtime.interrupts import SIGNAL_NAMES
 from hetero_ray.runtime.job import API_JOB, JobFacts
 from hetero_ray.runtime.lifecycle import ProfilingSpec, RunSpec, run_lifecycle
 from hetero_ray.runtime.ray_data import RunDatasets
-from hetero_ray.training.entry import call_for, takes_config
-from hetero_ray.training.session import WorkerSettings
+from hetero_ray.training.rank.entry import call_for, takes_config
+from hetero_ray.training.rank.session import WorkerSettings
 
 if TYPE_CHECKING:
     from ray.train.torch import TorchConfig
@@ -212,9 +212,9 @@ class HeteroTrainer:
             emulate_speeds=list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             speed_changes=[dict(c) for c in hetero.emulate_speed_changes] if hetero.emulate_speed_changes else None,
             emulate_devices=self._emulate_devices, emulate_devices_factor=hetero.emulate_devices_factor,
-            # Under emulated speeds each rank times the user's model before step 0 (training/warmup.py),
+            # Under emulated speeds each rank times the user's model before step 0 (training/timing/warmup.py),
             # and so do the CPU ranks where there are GPUs (runtime/node_profiling.py); emulated
-            # devices always do (training/curve_emulation.py: the curves' common factor).
+            # devices always do (training/timing/curve_emulation.py: the curves' common factor).
             warmup_model=hetero.profile_model if ((hetero.emulate_speeds or device_mode != "cpu")
                                                   and hetero.profiles_nodes) or hetero.emulate_devices else None,
             warmup_batch_sizes=self._probe_batch_sizes(), first_plan_wait_s=first_plan_wait_s,

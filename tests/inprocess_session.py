@@ -26,16 +26,16 @@ from typing import Any, Callable, Optional
 import torch
 
 from hetero_ray.planning.plan import Plan
-from hetero_ray.training import session as session_module
-from hetero_ray.training.identity import WorkerIdentity
-from hetero_ray.training.recorder import StepRecorder
-from hetero_ray.training.rejoin import Groups
-from hetero_ray.training.session import WorkerSession, WorkerSettings
+from hetero_ray.training.rank import session as session_module
+from hetero_ray.training.rank.identity import WorkerIdentity
+from hetero_ray.training.rank.recorder import StepRecorder
+from hetero_ray.training.rank.rejoin import Groups
+from hetero_ray.training.rank.session import WorkerSession, WorkerSettings
 
 
 class Handle:
     """An in-process object behind an actor handle's interface: ``handle.method.remote(...)``
-    calls the method at once and returns its value (see hetero_ray/training/answers.py)."""
+    calls the method at once and returns its value (see hetero_ray/training/rank/answers.py)."""
 
     def __init__(self, target: Any):
         self._target = target
@@ -155,7 +155,7 @@ def run_in_session(loop: Callable[[dict], Any], config: dict, *, rank: int, num_
     returns (what it returned, the store, the Ray Train stand-in). ``data_feeds``: the
     feeds of ``get_dataset_shard`` by dataset name (actor handles); ``rebalance_interval``:
     1 asks for a plan at every step, so a script's plan starts where it says."""
-    from hetero_ray.training.loop_report import read_state
+    from hetero_ray.training.rank.loop_report import read_state
 
     settings = WorkerSettings(experiment_name="in-process", global_batch_size=global_batch_size, seed=seed,
                               rebalance_interval=rebalance_interval, device_mode="cpu", record_sample_ids=True,

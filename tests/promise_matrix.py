@@ -31,7 +31,7 @@ from torch import nn
 
 import hetero_ray.train
 from hetero_ray.sampler import GlobalSampler
-from hetero_ray.training.precision import Precision
+from hetero_ray.training.gradients.precision import Precision
 
 NUM_WORKERS = 3
 FEATURES, CLASSES = 6, 3

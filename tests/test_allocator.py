@@ -16,7 +16,7 @@ _STEPS = """
 import resource, sys, torch
 torch.set_num_threads(1)
 if sys.argv[1] == "keep":
-    from hetero_ray.training.allocator import keep_freed_memory
+    from hetero_ray.training.rank.allocator import keep_freed_memory
     assert keep_freed_memory() and keep_freed_memory()  # and it can be called again
 for step in range(30):
     if step == 20:

@@ -11,7 +11,7 @@ import torch
 
 from hetero_ray import HeteroConfig, HeteroTrainer
 from hetero_ray.errors import ConfigError, UserError
-from hetero_ray.training.loader import make_loader
+from hetero_ray.training.data.loader import make_loader
 
 
 def _loop(config):
@@ -273,8 +273,8 @@ def test_an_error_that_comes_again_at_the_same_step_after_a_restart_ends_the_run
 
 
 def test_repeated_failures_tell_a_bug_from_what_a_restart_cures():
-    from hetero_ray.runtime.failures import LoopFailsEveryTime, LoopFailure, RepeatedFailures, loop_failure
-    from hetero_ray.training.entry import FAILED_AT_STEP_ATTR
+    from hetero_ray.runtime.failures import LoopFailure, LoopFailsEveryTime, RepeatedFailures, loop_failure
+    from hetero_ray.training.rank.entry import FAILED_AT_STEP_ATTR
 
     boom = LoopFailure("ValueError", "boom", 5, "Traceback ...\n  in my_loop")
     judge = RepeatedFailures()
@@ -298,7 +298,7 @@ def test_repeated_failures_tell_a_bug_from_what_a_restart_cures():
 def test_errors_a_restart_can_cure_are_told_apart_from_the_loops_own():
     import ray.exceptions
 
-    from hetero_ray.training.entry import restart_can_cure
+    from hetero_ray.training.rank.entry import restart_can_cure
 
     assert restart_can_cure(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
     assert restart_can_cure(torch.distributed.DistBackendError("NCCL communicator was aborted"))

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from hetero_ray.runs.records import STEP_COLUMNS
-from hetero_ray.profiling.bottlenecks import (
+from hetero_ray.bottlenecks.classify import (
     BALANCED, COMMUNICATION_BOUND, INPUT_BOUND, LEFT_OUT, MEMORY_BOUND, STRAGGLER, UNDER_UTILISED_GPU, VERDICTS,
     BottleneckThresholds, classify, format_verdicts, verdicts_table,
 )

@@ -1,7 +1,7 @@
 """The built-in resnet18 keeps the mathematics of one device under unequal shares.
 
 Its BatchNorm layers normalise each step with the statistics of the whole global batch
-(:mod:`hetero_ray.training.batchnorm`), as the training loop sets them up: 3 gloo ranks
+(:mod:`hetero_ray.training.gradients.batchnorm`), as the training loop sets them up: 3 gloo ranks
 with local batches 7/3/2 must give the gradient of one device on all 12 samples. Without
 the conversion (each rank normalising its own piece) the gradient is visibly wrong.
 
@@ -16,8 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.builtin.data import DataSpec
 from hetero_ray.builtin.models import build_model, compute_loss
-from hetero_ray.training.batchnorm import convert_batchnorm
-from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.gradients.batchnorm import convert_batchnorm
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 from tests.helpers import on_gloo_ranks
 
 LOCAL_BATCH_SIZES = [7, 3, 2]

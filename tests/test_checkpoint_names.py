@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hetero_ray.runs.checkpoint_names import checkpoint_dir_name, next_checkpoint_count
-from hetero_ray.training.loop_report import _checkpoint_dir_name
+from hetero_ray.training.rank.loop_report import _checkpoint_dir_name
 from tests import api_jobs
 
 

@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 
+from hetero_ray import ProfileModel
 from hetero_ray.config import EmulationConfig, TrainConfig
 from hetero_ray.errors import ConfigError, UserError
 from hetero_ray.hetero_config import HeteroConfig
-from hetero_ray import ProfileModel
-from hetero_ray.training import curve_emulation
 from hetero_ray.runtime.device_curves import device_curves
-from hetero_ray.training.curve_emulation import CurveEmulator, DeviceCurve, common_factor, curve_pad_s, rank_ratio
+from hetero_ray.training.timing import curve_emulation
+from hetero_ray.training.timing.curve_emulation import CurveEmulator, DeviceCurve, common_factor, curve_pad_s, rank_ratio
 from tests.helpers import FakeClocks
 
 H100 = os.path.join(os.path.dirname(__file__), "data", "h100_resnet18_nodes.json")
@@ -156,8 +156,8 @@ def test_a_pinned_factor_is_a_positive_number_for_emulated_devices_only():
 def test_a_pinned_factor_is_used_as_it_is_without_timing_the_model():
     # the same emulated devices in runs of different worker groups: no rank times anything
     # (warmup_model None would refuse a measurement), every rank pads to that factor
-    from hetero_ray.training.identity import WorkerIdentity
-    from hetero_ray.training.session import WorkerSettings, _curve_emulator
+    from hetero_ray.training.rank.identity import WorkerIdentity
+    from hetero_ray.training.rank.session import WorkerSettings, _curve_emulator
 
     settings = WorkerSettings(experiment_name="pinned", global_batch_size=64, seed=0, rebalance_interval=10,
                               device_mode="cpu", emulate_devices=[DeviceCurve(0.0, 2e-3, 5e-4, "curve:0:2:0.5").to_dict()] * 2,
@@ -187,7 +187,7 @@ def test_profiles_that_cannot_give_a_curve_are_refused(tmp_path):
 # ---------------------------------------------------------------------------- the warm-up pads to the curve
 def test_the_warm_up_measures_the_curve_not_the_machine():
     from hetero_ray.builtin.recipe import builtin_recipe
-    from hetero_ray.training.warmup import measure_rank
+    from hetero_ray.training.timing.warmup import measure_rank
 
     slow_flat = DeviceCurve(floor_s=0.030, alpha_s=0.0, beta_s_per_sample=0.0, source="flat 30 ms")
     emulator = CurveEmulator(slow_flat, factor=1.0)

@@ -1,4 +1,4 @@
-"""The feed's reading ahead (hetero_ray/training/data_feed.py), on a real Ray Data pipeline
+"""The feed's reading ahead (hetero_ray/runtime/data_feed.py), on a real Ray Data pipeline
 read in this process: two ranks step through epochs as the loader asks, and every epoch
 still gives every row once in the order a reading begun for it alone gives; one reading
 at most is begun ahead; a restart that reads an epoch again gets the same rows; and
@@ -50,7 +50,7 @@ def _running(executions: list) -> int:
 
 def _feed(ray, slow: bool = True):
     """A feed of NUM_ROWS rows; ``slow``: its readings last a second or more (:func:`_slow`)."""
-    from hetero_ray.training.data_feed import DataFeed
+    from hetero_ray.runtime.data_feed import DataFeed
 
     dataset = ray.data.range(NUM_ROWS, override_num_blocks=6).map_batches(features)
     return DataFeed(dataset.map_batches(_slow) if slow else dataset, "train", read_batch_size=10)

@@ -11,7 +11,7 @@ from hetero_ray.config import TrainConfig
 from hetero_ray.constants import DEVICE_LABEL
 from hetero_ray.runtime.cluster import NodeResources, placeable_workers, unmatched_selectors
 from hetero_ray.runtime.progress import restart_message
-from hetero_ray.training.devices import choose_device
+from hetero_ray.training.rank.devices import choose_device
 from tests.helpers import built_in_job_trainer
 
 

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from hetero_ray.training import emulation
+from hetero_ray.training.timing import emulation
 from tests.helpers import FakeClocks
-from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock, fit_to_cores
+from hetero_ray.training.timing.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, cpu_work_clock, fit_to_cores
 
 
 @pytest.fixture
@@ -127,8 +127,8 @@ def test_a_speed_change_that_asks_for_more_is_planned_for_from_the_start():
 def test_a_ranks_warm_up_measures_its_emulated_speed_and_leaves_torchs_random_state(clocks, monkeypatch):
     from hetero_ray.profiling import model_probe
     from hetero_ray.profiling.recipe import ProfileModel
-    from hetero_ray.training import warmup
-    from hetero_ray.training.warmup import measure_rank
+    from hetero_ray.training.timing import warmup
+    from hetero_ray.training.timing.warmup import measure_rank
 
     # The step's timer and the pad's sleep on the fake clocks too: a step of exactly 0.5 ms
     # of work a sample, however busy the machine (a real sleep overshoots under load).
@@ -168,8 +168,8 @@ def test_the_warm_up_times_the_emulated_device_not_the_hosts_preemption(clocks, 
     the emulated device spends it (SpeedEmulator.busy_s) they are 1 and 2 ms."""
     from hetero_ray.profiling import model_probe
     from hetero_ray.profiling.recipe import ProfileModel
-    from hetero_ray.training import warmup
-    from hetero_ray.training.warmup import measure_rank
+    from hetero_ray.training.timing import warmup
+    from hetero_ray.training.timing.warmup import measure_rank
 
     monkeypatch.setattr(model_probe, "time", clocks)
     monkeypatch.setattr(warmup, "time", clocks)

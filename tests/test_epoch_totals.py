@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 
-from hetero_ray.training.epoch_totals import EpochTotals
+from hetero_ray.builtin.epoch_totals import EpochTotals
 
 
 def test_epoch_totals_add_each_step_weighted_by_its_local_batch():

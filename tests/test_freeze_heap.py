@@ -1,5 +1,5 @@
 """The loader takes what is alive at an epoch's start out of Python's later collections
-(training/heap.py ``freeze_heap``): a full collection then walks only what the steps
+(training/rank/heap.py ``freeze_heap``): a full collection then walks only what the steps
 made, instead of stalling one rank for a quarter of a second at a step of its own; and
 the whole heap is walked only every FULL_WALK_EVERY-th epoch start, which frees what was
 frozen alive and died since."""
@@ -12,8 +12,8 @@ import weakref
 
 import pytest
 
-from hetero_ray.training import heap
-from hetero_ray.training.heap import FULL_WALK_EVERY, freeze_heap
+from hetero_ray.training.rank import heap
+from hetero_ray.training.rank.heap import FULL_WALK_EVERY, freeze_heap
 
 
 class _Node:

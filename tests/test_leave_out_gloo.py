@@ -1,6 +1,6 @@
 """Ranks left out and brought back, at the level of the mechanism: three real gloo
 processes, DDP with the weighted hook, the exact BatchNorm, and the groups and state
-broadcast of training/rejoin.py, against one device (torch's own BatchNorm) on the same
+broadcast of training/rank/rejoin.py, against one device (torch's own BatchNorm) on the same
 global batches. (tests/test_leave_out_e2e.py runs the same through Ray and the loader.)
 
 - a plan that leaves ranks out all-reduces over the group of the ranks in, and its
@@ -25,11 +25,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.planning.plan import Plan
-from hetero_ray.training.batchnorm import convert_batchnorm
-from hetero_ray.training.model_prep import _FORWARD_BUFFER_SYNC
-from hetero_ray.training.rejoin import Groups
-from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
-from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.gradients.batchnorm import convert_batchnorm
+from hetero_ray.training.gradients.model_prep import _FORWARD_BUFFER_SYNC
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.rank.rejoin import Groups
+from hetero_ray.training.rank.replica_state import StaleRanks, copy_from_rank0
 from tests.helpers import on_gloo_ranks
 from tests.batchnorm_cases import LEARNING_RATE, MODELS, make_batches, train_on_one_device
 

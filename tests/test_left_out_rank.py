@@ -12,9 +12,9 @@ from torch import nn
 
 from hetero_ray.errors import UserError
 
-from hetero_ray.training.batchnorm import convert_batchnorm
-from hetero_ray.training.replica_state import StaleRanks, find_training_state
-from hetero_ray.training.weighting import WeightedAllReduceState
+from hetero_ray.training.gradients.batchnorm import convert_batchnorm
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState
+from hetero_ray.training.rank.replica_state import StaleRanks, find_training_state
 
 
 def test_a_rank_left_out_normalises_its_probe_with_its_running_statistics_and_changes_nothing():
@@ -65,7 +65,7 @@ def test_the_training_state_is_found_by_type_and_keyed_alike_on_every_rank():
 def test_state_that_died_while_the_heap_was_frozen_is_not_found():
     """A loop that replaces its optimiser and scaler (an epoch's start froze the old ones
     alive; they died in cycles since, which only a full walk frees): only the new ones."""
-    from hetero_ray.training import heap
+    from hetero_ray.training.rank import heap
 
     model = nn.Linear(2, 2)
     old_optimizer, old_scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
@@ -87,7 +87,7 @@ def test_after_the_first_lookup_a_lookup_lists_only_what_is_not_frozen(monkeypat
     again; the next epoch start adds what it freezes; a lookup then finds all of it, and
     what was made since, without unfreezing the heap (listing it whole cost ~0.3 s a rank
     at every copy)."""
-    from hetero_ray.training import heap
+    from hetero_ray.training.rank import heap
 
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
     body = torch.optim.SGD(model[0].parameters(), lr=0.1)
@@ -113,7 +113,7 @@ def test_after_the_first_lookup_a_lookup_lists_only_what_is_not_frozen(monkeypat
 def test_state_frozen_by_someone_else_is_still_found():
     """A gc.freeze() the heap module did not make (a library's) freezes what the module never
     saw: the lookup notices and lists the whole heap."""
-    from hetero_ray.training import heap
+    from hetero_ray.training.rank import heap
 
     model = nn.Linear(2, 2)
     heap._calls = itertools.count()

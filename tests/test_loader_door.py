@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, WeightedRandomSampler
 
 from hetero_ray.errors import UserError
-from hetero_ray.training import loader_door
-from hetero_ray.training.evaluation_loader import EvaluationLoader, RankShard
-from hetero_ray.training.loader import lookahead_steps
-from hetero_ray.training.session import LoopParts
+from hetero_ray.training.data import loader_door
+from hetero_ray.training.data.evaluation_loader import EvaluationLoader, RankShard
+from hetero_ray.training.data.loader import lookahead_steps
+from hetero_ray.training.rank.session import LoopParts
 
 OPTIONS = dict(loader_door.DATA_OPTION_DEFAULTS)
 

@@ -11,7 +11,7 @@ import pytest
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.planning.simulation import SimulatedCluster
-from hetero_ray.training.micro_batches import MicroBatchPolicy
+from hetero_ray.training.gradients.micro_batches import MicroBatchPolicy
 from tests.helpers import cpu_device, node
 from tests.helpers import step_rows
 

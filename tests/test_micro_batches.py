@@ -13,8 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hetero_ray.train
 from hetero_ray.errors import UserError
-from hetero_ray.training.micro_batches import accumulate, batch_size_of, micro_batch_sizes, split_batch
-from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
+from hetero_ray.training.gradients.micro_batches import accumulate, batch_size_of, micro_batch_sizes, split_batch
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, weighted_allreduce_hook
 
 
 def test_sizes_are_nearly_equal_within_the_cap_and_sum_to_the_batch():

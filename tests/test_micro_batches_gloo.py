@@ -4,19 +4,19 @@ multi-process gloo group (no Ray).
 Three ranks with shares 32 / 8 / 13 of a global batch of 53; rank 0 is capped at 8
 samples (4 micro-batches of 8) and rank 2 at 4 (micro-batches 4/3/3/3, the rescaling
 between unequal micro-batches). Each runs its share through
-:func:`~hetero_ray.training.micro_batches.accumulate` with the weighted hook, with a
+:func:`~hetero_ray.training.gradients.micro_batches.accumulate` with the weighted hook, with a
 weight penalty in every micro-batch's loss: after several SGD steps every rank holds the
 weights of one process that trained on the whole global batches. The caps reach every
-rank with the plan (:func:`~hetero_ray.training.plan_sync.broadcast_plan`).
+rank with the plan (:func:`~hetero_ray.training.rank.plan_sync.broadcast_plan`).
 """
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.planning.plan import Plan
-from hetero_ray.training.micro_batches import MicroBatchPolicy, accumulate, split_batch
-from hetero_ray.training.plan_sync import broadcast_plan
-from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.gradients.micro_batches import MicroBatchPolicy, accumulate, split_batch
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.rank.plan_sync import broadcast_plan
 from tests.helpers import on_gloo_ranks
 
 SHARES = [32, 8, 13]

@@ -15,7 +15,7 @@ import torch
 
 from hetero_ray import HeteroConfig, HeteroTrainer
 from hetero_ray.errors import UserError
-from hetero_ray.training.loop_report import check_loss_is_finite
+from hetero_ray.training.rank.loop_report import check_loss_is_finite
 from tests.helpers import built_in_job_trainer
 
 
@@ -74,7 +74,7 @@ def test_registering_a_start_with_a_store_that_never_answers_times_out_saying_wh
     import ray
 
     from hetero_ray.constants import REGISTER_ATTEMPT_TIMEOUT_S_ENV_VAR
-    from hetero_ray.training.identity import _begin_attempt
+    from hetero_ray.training.rank.identity import _begin_attempt
 
     @ray.remote
     class SilentStore:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_ray.training.precision import PRECISIONS, Precision
-from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.gradients.precision import PRECISIONS, Precision
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
 from tests.helpers import on_gloo_ranks
 
 LOCAL_BATCH_SIZES = [7, 3, 2]

@@ -18,7 +18,7 @@ from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import OptimalPolicy, PolicyConfig
 from hetero_ray.planning.probes import PROBE_BUDGET, probe_sizes
-from hetero_ray.training.plan_sync import broadcast_plan
+from hetero_ray.training.rank.plan_sync import broadcast_plan
 from tests.helpers import on_gloo_ranks
 
 NAN = math.nan

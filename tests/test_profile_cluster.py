@@ -19,9 +19,9 @@ import pytest
 from benchmarks.local_cluster import CFS_PERIOD_US, cgroup_unusable_reason, set_cpu_quota, start_node
 from hetero_ray.builtin.recipe import builtin_recipe
 from hetero_ray.profiling.capability import NodeCapability
-from hetero_ray.profiling.cluster_profiling import profile_cluster
 from hetero_ray.profiling.node_profiler import NodeProfiler
 from hetero_ray.profiling.profile_config import ProfileConfig
+from hetero_ray.runtime.cluster_profiling import profile_cluster
 from tests.fakes import FakeGpuReader
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -116,7 +116,7 @@ def _case_name(case: dict) -> str:
 
 @pytest.fixture(scope="module")
 def per_rank(ray_session, tmp_path_factory) -> list[dict]:
-    from hetero_ray.training.data_feed import DataFeed
+    from hetero_ray.runtime.data_feed import DataFeed
 
     ray = ray_session
     # Rows made and augmented on the cluster, read anew each epoch. (Parquet is read in

@@ -9,7 +9,7 @@ import time
 import pytest
 import ray
 
-from hetero_ray.training.recorder import StepRecorder
+from hetero_ray.training.rank.recorder import StepRecorder
 
 pytestmark = pytest.mark.ray
 

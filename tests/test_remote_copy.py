@@ -92,7 +92,7 @@ def test_a_fit_that_looks_before_ray_trains_snapshot_is_written_still_takes_the_
 
 def test_the_store_says_when_the_tables_did_not_reach_the_uri(tmp_path):
     """checkpoint_reached is False when the copy fails, so that rank 0 leaves the checkpoint
-    unreported (training/loop_report.py): a resume from it would lack its steps' rows."""
+    unreported (training/rank/loop_report.py): a resume from it would lack its steps' rows."""
     from hetero_ray.metrics.store import MetricsStore
 
     blocker = tmp_path / "not-a-folder"

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from hetero_ray.profiling.gpu import NoGpuReader, SAMPLE_FIELDS
+from hetero_ray.profiling.gpu import SAMPLE_FIELDS, NoGpuReader
 from hetero_ray.runs.records import STEPS, to_table
-from hetero_ray.training.resource_sampler import ResourceSampler
+from hetero_ray.training.timing.resource_sampler import ResourceSampler
 from tests.fakes import FakeGpuReader
 
 GPU_COLUMNS = ("gpu_util", "gpu_mem_used_bytes", "gpu_mem_peak_bytes", "gpu_mem_total_bytes", "gpu_temp_c",
@@ -200,7 +200,7 @@ def test_gauges_are_rate_limited_and_skip_missing_readings():
 
 
 def test_a_reading_says_from_which_step_it_covers_and_the_quota_it_ran_under(monkeypatch):
-    import hetero_ray.training.resource_sampler as resource_sampler
+    import hetero_ray.training.timing.resource_sampler as resource_sampler
 
     monkeypatch.setattr(resource_sampler, "cpu_quota_cores", lambda: 0.5)  # the cgroup files: tests/test_cgroup.py
     with ResourceSampler(torch.device("cpu"), interval_steps=10) as sampler:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from hetero_ray.profiling.bottlenecks import BALANCED, BottleneckThresholds, MEMORY_BOUND, STRAGGLER
-from hetero_ray.profiling.run_bottlenecks import judge_run
+from hetero_ray.bottlenecks.classify import BALANCED, MEMORY_BOUND, STRAGGLER, BottleneckThresholds
+from hetero_ray.bottlenecks.judge import judge_run
 from hetero_ray.runs.records import STEP_COLUMNS
 
 

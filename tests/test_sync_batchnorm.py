@@ -17,11 +17,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_ray.training.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
-from hetero_ray.training.current_step import CurrentStep
-from hetero_ray.training.model_prep import prepare_model
-from hetero_ray.training.session import LoopParts
-from hetero_ray.training.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.gradients.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
+from hetero_ray.training.gradients.model_prep import prepare_model
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, rank_weight, weighted_allreduce_hook
+from hetero_ray.training.rank.current_step import CurrentStep
+from hetero_ray.training.rank.session import LoopParts
 from tests.batchnorm_cases import (
     CONV_INPUT_SHAPE, LEARNING_RATE, MODELS, make_batches, make_conv_model, perturb_batchnorm, statistics,
     train_on_one_device,

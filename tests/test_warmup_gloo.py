@@ -12,8 +12,8 @@ import torch
 
 from hetero_ray.planning.cost_model import curve_busy_time_s
 from hetero_ray.profiling.recipe import ProfileModel
-from hetero_ray.training.emulation import SpeedEmulator
-from hetero_ray.training.warmup import measure_rank, until_all_ranks_done
+from hetero_ray.training.timing.emulation import SpeedEmulator
+from hetero_ray.training.timing.warmup import measure_rank, until_all_ranks_done
 from tests.helpers import on_gloo_ranks
 
 SPEEDS = (1.0, 0.25)

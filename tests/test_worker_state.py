@@ -12,10 +12,10 @@ import torch
 from hetero_ray.planning.plan import Plan
 from hetero_ray.runs.records import STEP_COLUMNS
 from hetero_ray.sampler import Position
-from hetero_ray.training import timing
-from hetero_ray.training.current_step import CurrentStep, StepNotes
-from hetero_ray.training.identity import WorkerIdentity
-from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
+from hetero_ray.training.rank.current_step import CurrentStep, StepNotes
+from hetero_ray.training.rank.identity import WorkerIdentity
+from hetero_ray.training.rank.step_record import HandedOutStep, sample_ids_row, step_row
+from hetero_ray.training.timing import steps as timing
 
 # Columns the in-training resource sampler adds to a step's row, where it measures.
 RESOURCE_COLUMNS = {"gpu_util", "gpu_mem_used_bytes", "gpu_mem_peak_bytes", "gpu_mem_total_bytes", "gpu_temp_c",

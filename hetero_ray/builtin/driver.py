@@ -149,7 +149,7 @@ def _trained_model(checkpoint_dir: str) -> dict:
 
 
 def _device_mode(config: TrainConfig) -> str:
-    """gpu (every worker gets a GPU from Ray), cpu, or mixed (see training/devices.py)."""
+    """gpu (every worker gets a GPU from Ray), cpu, or mixed (see training/rank/devices.py)."""
     if config.worker_devices is not None:
         if config.cluster.mixed_devices:
             return "mixed"

@@ -2,7 +2,7 @@
 public API like any user's loop.
 
 ``hetero-ray train`` and ``jobs/train.py`` run this function inside a worker session
-(:func:`hetero_ray.training.entry.run_user_loop`), exactly as ``HeteroTrainer`` runs a
+(:func:`hetero_ray.training.rank.entry.run_user_loop`), exactly as ``HeteroTrainer`` runs a
 user's ``train_loop_per_worker``: :func:`hetero_ray.train.prepare_model` gives the model
 its gradient weighting, busy-time clock and exact BatchNorm,
 :func:`hetero_ray.train.prepare_data_loader` hands out this rank's piece of each global
@@ -33,19 +33,19 @@ import hetero_ray.train
 from hetero_ray.builtin.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
+from hetero_ray.builtin import optim
 from hetero_ray.builtin.data import DatasetBundle, as_batch, load_dataset
+from hetero_ray.builtin.epoch_totals import EpochTotals
 from hetero_ray.builtin.evaluation import evaluate
 from hetero_ray.builtin.models import build_model, compute_loss
-from hetero_ray.builtin import optim
 from hetero_ray.builtin.optim import make_lr_scheduler, make_optimizer
 from hetero_ray.config import TrainConfig
-from hetero_ray.training import session as worker_session
-from hetero_ray.training.current_step import StepNotes
-from hetero_ray.training.epoch_totals import EpochTotals
-from hetero_ray.training.identity import WorkerIdentity
-from hetero_ray.training.loader import PlanFollowingLoader
-from hetero_ray.training.precision import Precision
-from hetero_ray.training.loop_report import check_loss_is_finite
+from hetero_ray.training.data.loader import PlanFollowingLoader
+from hetero_ray.training.gradients.precision import Precision
+from hetero_ray.training.rank import session as worker_session
+from hetero_ray.training.rank.current_step import StepNotes
+from hetero_ray.training.rank.identity import WorkerIdentity
+from hetero_ray.training.rank.loop_report import check_loss_is_finite
 
 
 GRAD_SCALER_KEY = "grad_scaler"  # fp16's loss scale and its growth tracker, in the checkpoint's extra
@@ -126,7 +126,7 @@ def _train_step(job: _Job, inputs, targets) -> StepNotes:
     loss and learning rate for its row (no loss where the rank held no sample).
 
     A piece past the rank's memory cap is trained as micro-batches (one all-reduce, at
-    the last one's backward: training/micro_batches.py); the step's loss is then their
+    the last one's backward: training/gradients/micro_batches.py); the step's loss is then their
     mean weighted by size, the mean over the piece."""
     loss_sum, samples = None, 0
     for micro_inputs, micro_targets in hetero_ray.train.micro_batches((inputs, targets)):
@@ -134,7 +134,7 @@ def _train_step(job: _Job, inputs, targets) -> StepNotes:
             loss = compute_loss(job.model(micro_inputs), micro_targets)
         if job.scaler is None:
             loss.backward()  # the hook weights by b_i / B and all-reduces (at the last micro-batch)
-        else:  # fp16: every rank scales by the same factor and skips the same steps (training/precision.py)
+        else:  # fp16: every rank scales by the same factor and skips the same steps (training/gradients/precision.py)
             job.scaler.scale(loss).backward()
         weighted = loss.detach().float() * len(micro_targets)  # summed on the device: one sync per step
         loss_sum = weighted if loss_sum is None else loss_sum + weighted

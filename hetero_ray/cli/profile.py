@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from hetero_ray.builtin.recipe import builtin_recipe
     from hetero_ray.constants import CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
     from hetero_ray.profiling.capability import write_nodes_json
-    from hetero_ray.profiling.cluster_profiling import profile_cluster
     from hetero_ray.runtime import cluster
+    from hetero_ray.runtime.cluster_profiling import profile_cluster
 
     connection = cluster.connect(args.address, local_num_cpus=os.cpu_count() or 1,
                                  timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),

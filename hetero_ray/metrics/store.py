@@ -9,7 +9,7 @@ file per table on :meth:`MetricsStore.finalize`), and a
 live queries (the dashboard, the driver's progress line). The analyses it answers live
 with their subjects: :mod:`hetero_ray.metrics.summary` and :mod:`hetero_ray.runs.trajectory`
 (bottleneck verdicts are the reader's: the live app applies the one rule of
-:mod:`hetero_ray.profiling.run_bottlenecks` to the steps and profiles it fetches).
+:mod:`hetero_ray.bottlenecks.judge` to the steps and profiles it fetches).
 
 Plain class, no Ray import: the actor in :mod:`hetero_ray.runtime.actors` wraps it. If
 that actor restarts, a new instance picks up the attempt table and the part sequence from
@@ -283,7 +283,7 @@ class MetricsStore:
     def checkpoint_reached(self) -> bool:
         """A checkpoint is about to be reported, its step rows already here: on URI storage
         the tables go there first, so a driver that crashes leaves them beside every
-        checkpoint Ray Train registered (training/loop_report.py waits for this; see
+        checkpoint Ray Train registered (training/rank/loop_report.py waits for this; see
         :mod:`hetero_ray.runs.remote_copy`). False when the copy failed (said here): the
         checkpoint is then not reported, and the next one copies again."""
         if self._remote_run_uri is None or self._finalized:

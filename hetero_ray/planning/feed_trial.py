@@ -4,7 +4,7 @@ the Ray Data pipeline than by training, measured in the run itself.
 A run that reads a Ray Data ``"train"`` dataset runs its ``map_batches`` on the cluster's
 CPUs, the training ranks' nodes included. A CPU rank that trains uses its node's cores for
 its forward and backward passes; left out (``b_i = 0``, a one-sample probe a step with
-weight 0: training/loader.py) it leaves them to the pipeline, which may then feed the
+weight 0: training/data/loader.py) it leaves them to the pipeline, which may then feed the
 ranks in faster than the rank trained. Which is faster depends on the transform, the
 model and the machines, so it is measured, never assumed:
 

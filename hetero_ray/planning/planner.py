@@ -9,7 +9,7 @@ the actor that holds it (:mod:`hetero_ray.runtime.planner_actor`) keeps its stat
 
 The first plan of a worker group comes from measurements when there are any: the ranks'
 own warm-up lines (under emulated speeds, which only the ranks' emulators know: see
-training/warmup.py) with the memory caps of the node profiles; on clusters with GPUs, each
+training/timing/warmup.py) with the memory caps of the node profiles; on clusters with GPUs, each
 CPU rank's warm-up line beside each GPU rank's profiled one (the CPU-only nodes are profiled
 after the first plan: runtime/node_profiling.py); else the profiles alone,
 which give each rank the busy-time line of the device it runs on
@@ -27,7 +27,7 @@ Emulated speeds never reach this module.
 
 The memory caps bound the shares until rank 0 says that the loop trains a share past its
 rank's cap in micro-batches (``plan_for(micro_batches=True)``, see
-training/micro_batches.py); from then on, for the rest of the run, shares are bounded by
+training/gradients/micro_batches.py); from then on, for the rest of the run, shares are bounded by
 time alone, and the caps go to the ranks with every plan (``memory_caps`` of the reply) as
 the size of their micro-batches.
 
@@ -56,9 +56,9 @@ from hetero_ray.planning.capacity import (
     RankCapacity, core_capacities, rank_capacities, rank_memory_caps,
 )
 from hetero_ray.planning.comm import CommEstimates
+from hetero_ray.planning.decision import PolicyConfig
 from hetero_ray.planning.feed_trial import DEFAULT_WINDOW_STEPS, FeedTrial, feed_candidates, ranks_words
 from hetero_ray.planning.plan import Plan
-from hetero_ray.planning.decision import PolicyConfig
 from hetero_ray.planning.policies import make_policy, register_policy
 from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
 

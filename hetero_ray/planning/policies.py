@@ -43,8 +43,8 @@ from hetero_ray.planning.decision import Decision, PolicyConfig
 from hetero_ray.planning.estimates import Estimates
 from hetero_ray.planning.forecast import LevelForecastNoise
 from hetero_ray.planning.plan import Plan, equal_split
-from hetero_ray.planning.solver import proportional_split, solve_split
 from hetero_ray.planning.probes import probe_sizes
+from hetero_ray.planning.solver import proportional_split, solve_split
 from hetero_ray.planning.subset import CommCost, solve_subset_split
 
 DEFAULT_POLICY = "optimal"

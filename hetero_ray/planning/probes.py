@@ -1,7 +1,7 @@
 """How many samples a rank left out may run each step (its probe) without holding the ranks in back.
 
 A rank left out still runs every step, in step with the others, on a probe that keeps its
-cost curve known (:mod:`hetero_ray.training.loader`). It is in step with them at every
+cost curve known (:mod:`hetero_ray.training.data.loader`). It is in step with them at every
 plan agreement, so a probe slower than the step of the ranks in makes them wait there:
 a GPU's step stays flat as its share grows, so the probe of a CPU rank beside it, at half
 its last share, can take longer than the GPU's whole step once that rank is out.

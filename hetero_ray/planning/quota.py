@@ -25,7 +25,7 @@ sample, which overstates what fewer samples cost.
 
 A reading counts only when it covers steps of one plan: the in-training profiler's
 ``cpu_util`` covers the steps from ``cpu_util_from_step`` on
-(:mod:`hetero_ray.training.resource_sampler`), and steps of two plans ran two shares. It
+(:mod:`hetero_ray.training.timing.resource_sampler`), and steps of two plans ran two shares. It
 need not be the plan in force — right after a plan change there is no reading of the new
 plan yet, and a move then is as likely to find the cliff as any other — because what a
 reading gives is the CPU a sample costs: rank ``j`` using ``u_j`` cores at steps of

@@ -1,7 +1,7 @@
 """What a worker group knows of its ranks for its first plan, as one value.
 
 Rank 0 gathers it as the group starts (the node, device, cores and warm-up line of every
-rank: training/identity.py, training/warmup.py) and hands it to the planner
+rank: training/rank/identity.py, training/timing/warmup.py) and hands it to the planner
 (:meth:`hetero_ray.planning.planner.Planner.plan_for`), which makes the group's first plan
 from whatever of it is known.
 """

@@ -83,7 +83,7 @@ def solve_subset_split(
         min_size: the smallest share of a rank that trains (one, or one per rank).
         caps: per-rank largest share (None entries: no cap).
         must_include: ranks every group holds (the runtime keeps rank 0 in: it holds the
-            run's state, see :mod:`hetero_ray.training.replica_state`).
+            run's state, see :mod:`hetero_ray.training.rank.replica_state`).
 
     Raises:
         ValueError: bad curves or bounds (as :func:`solver.solve_split`), a communication

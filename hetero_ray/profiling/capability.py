@@ -24,7 +24,7 @@ and memory cap) is in :mod:`hetero_ray.planning.capacity`, which reads these doc
 
 Emulated speeds (``--emulate-speeds``) are not applied here: a node profile cannot tell
 the ranks of one machine apart, so under emulation the ranks measure themselves before
-step 0 (:mod:`hetero_ray.training.warmup`) and only their memory caps come from here.
+step 0 (:mod:`hetero_ray.training.timing.warmup`) and only their memory caps come from here.
 """
 
 from __future__ import annotations

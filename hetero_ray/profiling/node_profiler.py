@@ -1,7 +1,7 @@
 """Profiling one node: :class:`NodeProfiler`, a plain class (inventory → micro-benchmarks →
 optional model probe → :class:`NodeCapability`), unit-testable without Ray. On a cluster
 it runs as one actor pinned to each node
-(:func:`hetero_ray.profiling.cluster_profiling.profile_cluster`).
+(:func:`hetero_ray.runtime.cluster_profiling.profile_cluster`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def run_summary_text(summary: dict[str, Any]) -> str:
         ))
     verdicts = [v for v in summary.get("bottlenecks") or [] if "verdict" in v]
     if verdicts:
-        from hetero_ray.profiling.bottlenecks import Verdict, format_verdicts
+        from hetero_ray.bottlenecks.classify import Verdict, format_verdicts
 
         lines.append("")
         lines.append(format_verdicts([Verdict.from_dict(v) for v in verdicts]))

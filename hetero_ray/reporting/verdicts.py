@@ -2,7 +2,7 @@
 
 For a run whose summary holds none (a running or unfinished run), the verdicts come from
 the one rule the driver and the metrics store use too:
-:func:`hetero_ray.profiling.run_bottlenecks.judge_run`, with the run's node profiles; this module adds why there are none, and the table the verdicts are shown as.
+:func:`hetero_ray.bottlenecks.judge.judge_run`, with the run's node profiles; this module adds why there are none, and the table the verdicts are shown as.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
-from hetero_ray.profiling.run_bottlenecks import judge_run
+from hetero_ray.bottlenecks.judge import judge_run
 
 COLUMNS = ("rank", "node_id", "verdict", "evidence", "recommendation")  # of verdict_frame
 

@@ -1,5 +1,5 @@
 """How a run's checkpoint folders are named (a user's loop's, through
-:mod:`hetero_ray.training.loop_report`, and the built-in job's alike), and the file in a
+:mod:`hetero_ray.training.rank.loop_report`, and the built-in job's alike), and the file in a
 built-in checkpoint that says where it resumes, readable without torch."""
 
 from __future__ import annotations

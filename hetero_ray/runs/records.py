@@ -49,7 +49,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("wait_time_s", _f64), ("step_time_s", _f64), ("loss", _f64), ("lr", _f64),
         ("wall_time", _f64),
         # A rank the plan leaves out (local_batch_size 0) times its step on this many samples
-        # with weight 0 and no all-reduce, so its curve stays known (training/loader.py); else 0.
+        # with weight 0 and no all-reduce, so its curve stays known (training/data/loader.py); else 0.
         ("probe_batch_size", _i64),
         # In-training profiler; empty where not measured (no GPU, sampling off).
         ("h2d_time_s", _f64), ("gpu_util", _f64), ("gpu_mem_used_bytes", _f64),

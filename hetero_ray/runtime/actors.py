@@ -29,8 +29,8 @@ from hetero_ray.constants import (
 )
 from hetero_ray.errors import TrainingFailed, UserError
 from hetero_ray.metrics.store import MetricsStore
+from hetero_ray.runtime.data_feed import DataFeed
 from hetero_ray.runtime.planner_actor import PlannerActor
-from hetero_ray.training.data_feed import DataFeed
 
 EXPERIMENT_ROLES = (METRICS_STORE_ROLE, PLANNER_ROLE)  # what every run starts
 _KILL_WAIT_S = 30.0  # a killed actor is gone in well under a second; this only bounds a hung GCS

@@ -1,7 +1,7 @@
 """Each rank's emulated device curve, read on the driver from its ``--emulate-devices`` /
 ``HeteroConfig.emulate_devices`` entry: a curve written out, or a device of a profile
 (``nodes.json``), refitted with the planner's fit. The workers get the numbers
-(:mod:`hetero_ray.training.curve_emulation` pads their steps to them); bad input fails
+(:mod:`hetero_ray.training.timing.curve_emulation` pads their steps to them); bad input fails
 here, before anything starts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hetero_ray.errors import UserError
 from hetero_ray.planning.capacity import probe_rows
 from hetero_ray.planning.cost_model import fit_curve
 from hetero_ray.profiling.capability import node_named, read_nodes_document
-from hetero_ray.training.curve_emulation import DeviceCurve
+from hetero_ray.training.timing.curve_emulation import DeviceCurve
 
 
 def device_curves(name: str, entries: Sequence[str]) -> list[DeviceCurve]:

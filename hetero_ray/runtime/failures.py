@@ -91,7 +91,7 @@ class RunGuard(WorkerGroupCallback):
 @dataclass(frozen=True)
 class LoopFailure:
     """A rank's exception from the user's loop, marked with the global step it came at
-    (``training/entry.py``); ``traceback`` is the worker's, and no part of the identity."""
+    (``training/rank/entry.py``); ``traceback`` is the worker's, and no part of the identity."""
 
     error_type: str
     message: str
@@ -106,7 +106,7 @@ class LoopFailure:
 def loop_failure(error: Optional[BaseException]) -> Optional[LoopFailure]:
     """The loop failure behind a worker's error (as Ray Train reports it), None when the
     error is no marked exception of the user's loop (a lost peer, a Ray error)."""
-    from hetero_ray.training.entry import failed_at_step
+    from hetero_ray.training.rank.entry import failed_at_step
 
     if error is None:
         return None

@@ -134,9 +134,9 @@ def _remove_unregistered_checkpoints(run_dir: str) -> None:
 
 
 def _bottlenecks(steps, nodes: Optional[list[dict]]) -> list[dict]:
-    """Per-rank verdicts by the one rule of :func:`hetero_ray.profiling.run_bottlenecks.judge_run`,
+    """Per-rank verdicts by the one rule of :func:`hetero_ray.bottlenecks.judge.judge_run`,
     with the memory caps the planner gives the ranks of ``nodes`` (the profiles, if any)."""
-    from hetero_ray.profiling.run_bottlenecks import judge_run
+    from hetero_ray.bottlenecks.judge import judge_run
 
     try:
         return judge_run(steps, nodes)

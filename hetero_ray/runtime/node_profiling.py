@@ -31,7 +31,7 @@ profiling's timeout (a node not done by then counts as failed). The CPU-only nod
 not profiled before the first step: a CPU node's probe is the slow one (resnet18's kept an
 H100's first step waiting more than 100 s), and it would say nothing the ranks cannot
 measure themselves. Their ranks time the model's step in a short warm-up instead
-(training/warmup.py, within its own time budget), and the first plan takes each CPU rank's
+(training/timing/warmup.py, within its own time budget), and the first plan takes each CPU rank's
 line from there and each GPU rank's from its GPU's profile. The CPU-only nodes are
 profiled once the first plan is made, beside training: their profiles reach the planner
 when they are done (the memory caps of their ranks from the next rebalance point, and the
@@ -187,7 +187,7 @@ def profile_nodes(run_dir: str, store, planner, experiment_name: str, config: Pr
     bottleneck analysis.
     """
     from hetero_ray.profiling.capability import NodeCapability, capabilities_document, write_nodes_json
-    from hetero_ray.profiling.cluster_profiling import profile_cluster
+    from hetero_ray.runtime.cluster_profiling import profile_cluster
 
     profiled = profile_cluster(config, emit=emit, planner=planner, experiment_name=experiment_name,
                                reserve_cpus=reserve_cpus, node_ids=node_ids)

@@ -1,7 +1,7 @@
 """``HeteroTrainer(datasets=..., dataset_config=...)``: which Ray Data datasets follow the
 plan and which Ray Train splits for evaluation, checked before anything starts.
 
-``"train"`` is read by the run's feed actor (:mod:`hetero_ray.training.data_feed`) and
+``"train"`` is read by the run's feed actor (:mod:`hetero_ray.runtime.data_feed`) and
 handed out at each rank's share; Ray Train never sees it. Every other dataset goes to the
 ``TorchTrainer`` as Ray Train's own, split by :class:`EvaluationDataConfig`: every row once
 across the ranks (``streaming_split(equal=False)``), where Ray Train's ``DataConfig``

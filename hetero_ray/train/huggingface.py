@@ -324,7 +324,7 @@ class _HeteroShares:
         this rank's batch summed over all ranks (one all-reduce: every rank takes the
         same verdict, and a rank whose loss is 0 does not decide). Every rank runs it at
         the same step, where the Trainer gathers the item counts already."""
-        from hetero_ray.training import session
+        from hetero_ray.training.rank import session
 
         local = losses_at_n_and_twice_n(super().compute_loss, self.model, inputs, num_items_in_batch)
         device = session.current("prepare_trainer").identity.collective_device
@@ -404,7 +404,7 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _session_of_trainer():
-    from hetero_ray.training import session
+    from hetero_ray.training.rank import session
 
     return session.current("prepare_trainer")
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import ray.train
 import torch
 
-from hetero_ray.training import session as _session
+from hetero_ray.training.rank import session as _session
 
 
 def prepare_model(model: torch.nn.Module, *, sync_batchnorm: bool = True,
@@ -28,7 +28,7 @@ def prepare_model(model: torch.nn.Module, *, sync_batchnorm: bool = True,
     Raises:
         UserError: not an ``nn.Module``, nothing to train, or called twice.
     """
-    from hetero_ray.training.model_prep import prepare_model as prepare
+    from hetero_ray.training.gradients.model_prep import prepare_model as prepare
 
     return prepare(_session.current("prepare_model"), model, sync_batchnorm=sync_batchnorm, ddp_kwargs=ddp_kwargs)
 
@@ -79,7 +79,7 @@ def prepare_data_loader(data, *, collate_fn=None, num_workers: int = 0, pin_memo
             global batch, bad arguments, a DataLoader with its own sampler or options given
             beside it, or a second training loader on this worker.
     """
-    from hetero_ray.training.loader_door import prepare
+    from hetero_ray.training.data.loader_door import prepare
 
     options = {"collate_fn": collate_fn, "num_workers": num_workers, "pin_memory": pin_memory,
                "prefetch_factor": prefetch_factor, "shuffle": shuffle, "drop_last": drop_last,
@@ -107,7 +107,7 @@ def get_dataset_shard(dataset_name: Optional[str] = None):
     Raises:
         UserError: no dataset of that name, or bad iteration arguments (before any step).
     """
-    from hetero_ray.training.dataset_shard import get_dataset_shard as shard
+    from hetero_ray.training.data.dataset_shard import get_dataset_shard as shard
 
     return shard(_session.current("get_dataset_shard"), dataset_name)
 
@@ -118,7 +118,7 @@ def report(metrics: dict, checkpoint: Optional[ray.train.Checkpoint] = None) -> 
     the balancer's state (in its ``hetero_ray/`` folder), and the step records it covers
     are stored first. Every rank calls it the same number of times; pass the checkpoint
     from rank 0 (or from every rank)."""
-    from hetero_ray.training.loop_report import report as report_
+    from hetero_ray.training.rank.loop_report import report as report_
 
     report_(_session.current("report"), metrics, checkpoint)
 
@@ -181,7 +181,7 @@ def micro_batches(batch, *, max_size: Optional[int] = None):
             synced BatchNorm, a batch without tensors or with one that is not per sample,
             or a micro-batch left without a backward pass.
     """
-    from hetero_ray.training.micro_batches import micro_batches as cut
+    from hetero_ray.training.gradients.micro_batches import micro_batches as cut
 
     return cut(_session.current("micro_batches"), batch, max_size)
 
@@ -219,6 +219,6 @@ def token_weighted_loss(loss_sum: torch.Tensor, num_tokens: int | torch.Tensor) 
     and the step is the gradient of (Σ token losses) / T, as on one device. Every rank
     must call it at every step.
     """
-    from hetero_ray.training.token_loss import token_weighted_loss as weighted
+    from hetero_ray.training.gradients.token_loss import token_weighted_loss as weighted
 
     return weighted(_session.current("token_weighted_loss"), loss_sum, num_tokens)

@@ -41,7 +41,7 @@ class _PlanFollowingSource(_DataLoaderSource):
     """The fit loop's source of training data, whose DataLoader becomes hetero_ray's loader."""
 
     def dataloader(self):
-        from hetero_ray.training import session
+        from hetero_ray.training.rank import session
 
         parts = session.current("lightning.RayDDPStrategy").parts
         if parts.loader is None:
@@ -88,7 +88,7 @@ class TrainingLoader:
 
 def training_loader():
     """The worker's hetero_ray training loader, or None before one is made."""
-    from hetero_ray.training import session
+    from hetero_ray.training.rank import session
 
     return session.current("lightning").parts.loader
 
@@ -107,7 +107,7 @@ class EpochEnd(Callback):
     """The end of an epoch (or of ``fit``) that the loader does not see (module docstring)."""
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        from hetero_ray.training import session
+        from hetero_ray.training.rank import session
 
         finish_epoch_step()
         session.current("lightning").parts.copy_state_to_left_out_ranks()

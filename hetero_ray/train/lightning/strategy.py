@@ -80,7 +80,7 @@ class HeteroDDPStrategy(DDPStrategy):
 
     def configure_ddp(self) -> None:
         from hetero_ray.train.worker import prepare_model
-        from hetero_ray.training import session
+        from hetero_ray.training.rank import session
 
         prepared = session.current("lightning.RayDDPStrategy").parts.model
         if prepared is not None and prepared.ddp.module is self.model:
@@ -111,7 +111,7 @@ class HeteroDDPStrategy(DDPStrategy):
         if not (self._in_training_step and isinstance(tensor, torch.Tensor) and reduce_op in ("mean", "avg")
                 and dist.is_available() and dist.is_initialized()):
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
-        from hetero_ray.training import session
+        from hetero_ray.training.rank import session
 
         current = session.current("lightning.RayDDPStrategy")
         weighted = tensor.detach().to(current.identity.collective_device, torch.float64)
@@ -131,6 +131,6 @@ class HeteroDDPStrategy(DDPStrategy):
 
 
 def _copy_state_to_left_out_ranks() -> None:
-    from hetero_ray.training import session
+    from hetero_ray.training.rank import session
 
     session.current("lightning.RayDDPStrategy").parts.copy_state_to_left_out_ranks()

@@ -13,7 +13,7 @@ A rank left out skips the gradient all-reduce (its hook returns a zero gradient)
 user's loop still runs its optimiser step: momentum, weight decay and Adam's moments move
 its parameters away from the group's. Nothing of that survives: at the step a plan brings
 ranks back, before its forward pass, every rank receives rank 0's whole training state
-(:mod:`hetero_ray.training.replica_state`), in a collective of all ranks at the same step,
+(:mod:`hetero_ray.training.rank.replica_state`), in a collective of all ranks at the same step,
 like the plan's own.
 """
 

@@ -19,7 +19,7 @@ multiplies every rank's loss by the same factor ``S`` and divides the summed gra
 ``S`` before the step: ``Σ_i w_i·(S·g_i) / S = Σ_i w_i·g_i``. After the all-reduce every rank
 in holds the same gradient, so their scalers see the same infinities, skip the same steps
 and keep the same factor; a rank the plan leaves out sees none of them, and receives rank
-0's scaler when it is brought back (training/replica_state.py). Near fp16's range a rank's
+0's scaler when it is brought back (training/rank/replica_state.py). Near fp16's range a rank's
 own pass, on the mean over its b_i samples (per-sample gradients B / b_i times one
 device's before the hook weights them), can overflow where one device's would not; every
 rank then skips that step together. The batch norm reduces its moments in float64 whatever the

@@ -1,7 +1,7 @@
 """A replica's whole training state, copied from rank 0 to every rank.
 
 A rank the plan leaves out still runs the user's loop, on a probe with weight 0
-(:mod:`hetero_ray.training.loader`): its gradient is zero, but its optimiser step still
+(:mod:`hetero_ray.training.data.loader`): its gradient is zero, but its optimiser step still
 applies momentum and weight decay, its fp16 ``GradScaler`` never sees the overflows of the
 ranks in (so its scale and growth tracker drift), and a learning-rate scheduler stepped
 only on steps the scaler did not skip (the Hugging Face Trainer's rule) runs ahead. None
@@ -17,7 +17,7 @@ receives rank 0's copy of all of it:
 The user makes the optimisers, schedulers and scalers, and hands none of them to
 hetero_ray; they are found among the worker's live objects by type, when needed: the
 frozen instances an earlier lookup and the epoch starts' freezes remembered, and those
-made since (:func:`~hetero_ray.training.heap.live_instances`; the whole heap is collected first only
+made since (:func:`~hetero_ray.training.rank.heap.live_instances`; the whole heap is collected first only
 where two of a kind turn up, one of which may have died while frozen). Ranks may find
 them in another order, so rank 0 sends one table keyed by what is the same on every rank —
 an optimiser by the positions of its parameters in ``model.parameters()``, a scheduler by
@@ -39,7 +39,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from hetero_ray.errors import UserError
-from hetero_ray.training.heap import live_instances
+from hetero_ray.training.rank.heap import live_instances
 
 SOURCE_RANK = 0
 # What a replica's state is made of besides the model (found by class among the live objects).

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.errors import UserError
-from hetero_ray.training.answers import answer
+from hetero_ray.training.rank.answers import answer
 from hetero_ray.runs.checkpoint_names import (
     BALANCER_STATE_FILE,
     STATE_DIR,
@@ -41,8 +41,8 @@ from hetero_ray.runs.checkpoint_names import (
     checkpoint_dir_name,
     next_checkpoint_count,
 )
-from hetero_ray.training.identity import WorkerIdentity
-from hetero_ray.training.session import WorkerSession
+from hetero_ray.training.rank.identity import WorkerIdentity
+from hetero_ray.training.rank.session import WorkerSession
 
 logger = logging.getLogger("hetero_ray.worker")
 

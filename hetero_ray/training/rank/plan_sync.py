@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.rank_facts import NO_FACTS, RankFacts
-from hetero_ray.training.answers import answer
+from hetero_ray.training.rank.answers import answer
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def fetch_plan(planner, num_workers: int, global_batch_size: int, global_step: i
     While the planner awaits node profiles for that plan, asks again for up to
     ``wait_s`` seconds (telling ``note`` what it waits for), then takes a plan without them.
     ``micro_batches``: the loop trains shares past the memory caps in micro-batches, so
-    the planner may give them (see training/micro_batches.py).
+    the planner may give them (see training/gradients/micro_batches.py).
     """
     try:
         reply = _ask_until_planned(planner, (num_workers, global_step, ranks), {"micro_batches": micro_batches},

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from hetero_ray.profiling.model_probe import StepRunner, fit_probe, measure_busy_times
-from hetero_ray.training.curve_emulation import CurveEmulator
-from hetero_ray.training.emulation import SpeedEmulator
+from hetero_ray.training.timing.curve_emulation import CurveEmulator
+from hetero_ray.training.timing.emulation import SpeedEmulator
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ torch ``DataLoader``, for training or for evaluation.
   Ray Train; for training each rank takes its share of ``HeteroConfig.global_batch_size``
   instead, and rank 0 says so once (see :func:`say_batch_size`).
 - The first call on a worker makes the training loader, which follows the run's plan
-  (:mod:`hetero_ray.training.loader`); later ones make evaluation loaders
-  (:mod:`hetero_ray.training.evaluation_loader`), as Ray Train's examples call
+  (:mod:`hetero_ray.training.data.loader`); later ones make evaluation loaders
+  (:mod:`hetero_ray.training.data.evaluation_loader`), as Ray Train's examples call
   ``prepare_data_loader`` once for the training and once for the test loader.
   ``evaluation=True`` / ``False`` says which, whatever the order.
 """
@@ -22,9 +22,9 @@ from typing import Any, Optional
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from hetero_ray.errors import UserError
-from hetero_ray.training.evaluation_loader import EvaluationLoader
-from hetero_ray.training.loader import check_map_style, check_workers, make_loader
-from hetero_ray.training.session import WorkerSession
+from hetero_ray.training.data.evaluation_loader import EvaluationLoader
+from hetero_ray.training.data.loader import check_map_style, check_workers, make_loader
+from hetero_ray.training.rank.session import WorkerSession
 
 logger = logging.getLogger("hetero_ray.worker")
 

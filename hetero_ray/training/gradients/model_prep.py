@@ -2,7 +2,7 @@
 the gradient weighting, the busy-time clock and (where it has BatchNorm) exact
 statistics of the whole global batch.
 
-- The communication hook (:mod:`hetero_ray.training.weighting`) scales each gradient
+- The communication hook (:mod:`hetero_ray.training.gradients.weighting`) scales each gradient
   bucket by ``b_i / B`` and all-reduces with SUM: the gradient of the global batch,
   whatever the split. The loader sets ``b_i / B`` before each step; a backward pass
   outside the loader's steps (the user's own ``DataLoader``) is averaged as DDP
@@ -12,11 +12,11 @@ statistics of the whole global batch.
   where speeds are emulated, and note when the all-reduce completed; a forward hook
   marks the end of the forward pass. Hooks cannot be handed the step they run in, so
   they mark the step in progress of the session's
-  :class:`~hetero_ray.training.current_step.CurrentStep`.
-- BatchNorm layers become :class:`~hetero_ray.training.batchnorm.HeteroSyncBatchNorm`,
+  :class:`~hetero_ray.training.rank.current_step.CurrentStep`.
+- BatchNorm layers become :class:`~hetero_ray.training.gradients.batchnorm.HeteroSyncBatchNorm`,
   whose statistics are those of the global batch (unequal local batches included) and
   whose running statistics are identical on every rank. Such a model is never cut into
-  micro-batches (:mod:`hetero_ray.training.micro_batches`).
+  micro-batches (:mod:`hetero_ray.training.gradients.micro_batches`).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_ray.errors import UserError
-from hetero_ray.training import timing
-from hetero_ray.training.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
-from hetero_ray.training.current_step import CurrentStep
-from hetero_ray.training.micro_batches import MicroBatchPolicy
-from hetero_ray.training.session import WorkerSession
-from hetero_ray.training.weighting import WeightedAllReduceState, weighted_allreduce_hook
+from hetero_ray.training.gradients.batchnorm import HeteroSyncBatchNorm, convert_batchnorm, has_batchnorm
+from hetero_ray.training.gradients.micro_batches import MicroBatchPolicy
+from hetero_ray.training.gradients.weighting import WeightedAllReduceState, weighted_allreduce_hook
+from hetero_ray.training.rank.current_step import CurrentStep
+from hetero_ray.training.rank.session import WorkerSession
+from hetero_ray.training.timing import steps as timing
 
 logger = logging.getLogger("hetero_ray.worker")
 
@@ -52,7 +52,7 @@ class PreparedModel:
 
     ddp: DistributedDataParallel
     weight_state: WeightedAllReduceState  # the gradient hook's state, shared with the BatchNorm layers
-    micro_batching: MicroBatchPolicy  # how a share past the memory cap is cut (training/micro_batches.py)
+    micro_batching: MicroBatchPolicy  # how a share past the memory cap is cut (training/gradients/micro_batches.py)
 
 
 def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: bool = True,
@@ -83,7 +83,7 @@ def prepare_model(session: WorkerSession, model: nn.Module, *, sync_batchnorm: b
         # DDP's default re-broadcast of buffers from rank 0 before every forward pass is a
         # collective of all ranks, which would tie a rank left out to every step; the exact
         # BatchNorm's buffers are the same on every rank in by construction, and a rank
-        # brought back receives them (training/rejoin.py).
+        # brought back receives them (training/rank/rejoin.py).
         if "broadcast_buffers" not in ddp_kwargs:
             ddp_kwargs.setdefault(_FORWARD_BUFFER_SYNC, False)
     ddp_model = DistributedDataParallel(

@@ -23,8 +23,8 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
+from hetero_ray.bottlenecks.classify import BottleneckThresholds, classify, latest_window
 from hetero_ray.planning.capacity import rank_memory_caps
-from hetero_ray.profiling.bottlenecks import BottleneckThresholds, classify, latest_window
 
 def judge_run(steps: pd.DataFrame, nodes: Optional[Sequence[dict]] = None,
               thresholds: BottleneckThresholds = BottleneckThresholds()) -> list[dict[str, Any]]:

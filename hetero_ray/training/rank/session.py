@@ -1,15 +1,15 @@
 """One worker's place in a hetero_ray run: who it is, whom it talks to, which plan is in force.
 
 :class:`WorkerSession` is made once per worker-group start, before the user's
-``train_loop_per_worker`` runs, by :func:`hetero_ray.training.entry.run_user_loop`. The
+``train_loop_per_worker`` runs, by :func:`hetero_ray.training.rank.entry.run_user_loop`. The
 public functions of :mod:`hetero_ray.train` find it with :func:`current`; there is at most
 one per process, and using the API outside a run says so instead of failing later.
 
 What it holds, all fixed for the worker group's life (the session is frozen):
-- the worker's :class:`~hetero_ray.training.identity.WorkerIdentity` (rank, world size,
+- the worker's :class:`~hetero_ray.training.rank.identity.WorkerIdentity` (rank, world size,
   device, node, attempt id, every rank's node) and the run's settings;
 - the handles of the run's actors (metrics store, planner), and what the warm-up measured;
-- the step in progress (:class:`~hetero_ray.training.current_step.CurrentStep`), where
+- the step in progress (:class:`~hetero_ray.training.rank.current_step.CurrentStep`), where
   the prepared model's hooks find it;
 - the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
   broadcast and leave with rank 0's plan and the memory caps (the loader keeps both), and
@@ -40,17 +40,17 @@ from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan, equal_split
 from hetero_ray.planning.rank_facts import RankFacts
 from hetero_ray.sampler import Position
-from hetero_ray.training.current_step import CurrentStep
-from hetero_ray.training.curve_emulation import CurveEmulator, DeviceCurve, common_factor, rank_ratio
-from hetero_ray.training.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
-from hetero_ray.training.identity import WorkerIdentity, register_attempt
-from hetero_ray.training.plan_sync import broadcast_plan, fetch_plan
-from hetero_ray.training.recorder import StepRecorder
-from hetero_ray.training.rejoin import Groups
+from hetero_ray.training.rank.current_step import CurrentStep
+from hetero_ray.training.rank.identity import WorkerIdentity, register_attempt
+from hetero_ray.training.rank.plan_sync import broadcast_plan, fetch_plan
+from hetero_ray.training.rank.recorder import StepRecorder
+from hetero_ray.training.rank.rejoin import Groups
+from hetero_ray.training.timing.curve_emulation import CurveEmulator, DeviceCurve, common_factor, rank_ratio
+from hetero_ray.training.timing.emulation import SpeedChange, SpeedEmulator, SpeedSchedule, fit_to_cores
 
 if TYPE_CHECKING:
-    from hetero_ray.training.loader import PlanFollowingLoader
-    from hetero_ray.training.model_prep import PreparedModel
+    from hetero_ray.training.data.loader import PlanFollowingLoader
+    from hetero_ray.training.gradients.model_prep import PreparedModel
 
 logger = logging.getLogger("hetero_ray.worker")
 
@@ -63,7 +63,7 @@ class WorkerSettings:
     global_batch_size: int
     seed: int
     rebalance_interval: int
-    device_mode: str  # gpu | cpu | mixed (see training/devices.py)
+    device_mode: str  # gpu | cpu | mixed (see training/rank/devices.py)
     record_sample_ids: bool = False
     profile_interval: int = 10
     emulate_speeds: Optional[list[float]] = None
@@ -74,16 +74,16 @@ class WorkerSettings:
     emulate_devices_factor: Optional[float] = None  # the curves' common factor, pinned (None: measured)
     end_global_step: Optional[int] = None  # known for built-in runs; None for user loops
     # Under emulated speeds: the model recipe (a ProfileModel) each rank times itself with
-    # before step 0, and at which batch sizes (see training/warmup.py).
+    # before step 0, and at which batch sizes (see training/timing/warmup.py).
     warmup_model: Any = None
     warmup_batch_sizes: Optional[list[int]] = None
     # Node profiles made beside the workers' start: how long rank 0 waits for them at the
     # first plan (see runtime/node_profiling.py).
     first_plan_wait_s: float = 0.0
-    allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/loop_report.py)
-    tables_to_uri: bool = False  # URI storage: the tables reach it before each checkpoint (training/loop_report.py)
+    allow_non_finite_loss: bool = False  # else a NaN/inf loss stops the run (training/rank/loop_report.py)
+    tables_to_uri: bool = False  # URI storage: the tables reach it before each checkpoint (training/rank/loop_report.py)
     # HeteroTrainer(datasets=...): the one that follows the plan, read from the run's feed
-    # actor of its name, and those Ray Train splits for evaluation (training/dataset_shard.py).
+    # actor of its name, and those Ray Train splits for evaluation (training/data/dataset_shard.py).
     data_feeds: Optional[list[str]] = None
     evaluation_datasets: Optional[list[str]] = None
 
@@ -102,8 +102,8 @@ class LoopParts:
     sets the model's gradient weight at each step, the model's hook asks whether a step of
     the loader is in progress."""
 
-    loader: Optional["PlanFollowingLoader"] = None  # prepare_data_loader's (training/loader.py)
-    model: Optional["PreparedModel"] = None  # prepare_model's (training/model_prep.py)
+    loader: Optional["PlanFollowingLoader"] = None  # prepare_data_loader's (training/data/loader.py)
+    model: Optional["PreparedModel"] = None  # prepare_model's (training/gradients/model_prep.py)
 
     def copy_state_to_left_out_ranks(self) -> None:
         """Collective while a rank is behind rank 0 (see the training loader's method of
@@ -127,14 +127,14 @@ class WorkerSession:
     emulator: Optional[SpeedEmulator | CurveEmulator] = None  # pads busy time when speeds or devices are emulated
     rank_fits: Optional[list] = None  # each rank's warm-up line, for the group's first plan
     current_step: CurrentStep = field(default_factory=CurrentStep)  # read by the model's hooks
-    # Ranks left out and brought back (training/rejoin.py): each plan's group of ranks in,
+    # Ranks left out and brought back (training/rank/rejoin.py): each plan's group of ranks in,
     # made when all ranks agree on the plan.
     groups: Optional[Groups] = None
     parts: LoopParts = field(default_factory=LoopParts)
     checkpoints_at: dict[int, int] = field(default_factory=dict)  # global step → checkpoints reported there
     # Ray Train's worker API (report, get_checkpoint); in-process runs without Ray give their own.
     ray_train: Any = ray.train
-    data_feeds: dict[str, Any] = field(default_factory=dict)  # dataset name → its feed (training/data_feed.py)
+    data_feeds: dict[str, Any] = field(default_factory=dict)  # dataset name → its feed (runtime/data_feed.py)
     shards: dict[str, Any] = field(default_factory=dict)  # get_dataset_shard's, made once per name
 
     @property
@@ -279,7 +279,7 @@ def stop() -> None:
 
 
 def _device(settings: WorkerSettings, local_rank: int) -> torch.device:
-    from hetero_ray.training.devices import apply_device_choice, choose_device, node_device_label
+    from hetero_ray.training.rank.devices import apply_device_choice, choose_device, node_device_label
 
     choice = choose_device(settings.device_mode, node_device_label() if settings.device_mode == "mixed" else None,
                            local_rank, torch.cuda.device_count())
@@ -308,9 +308,9 @@ def _speed_schedule(settings: WorkerSettings, identity: WorkerIdentity) -> Optio
 def _curve_emulator(settings: WorkerSettings, identity: WorkerIdentity, synchronize) -> CurveEmulator:
     """Collective: every rank times the model's real step (no pad, all ranks at once), and
     all agree on the one factor k that keeps every curve within this machine's speed (see
-    training/curve_emulation.py) — unless the run pinned k (``emulate_devices_factor``)."""
+    training/timing/curve_emulation.py) — unless the run pinned k (``emulate_devices_factor``)."""
     from hetero_ray.planning.cost_model import curve_busy_time_s
-    from hetero_ray.training.warmup import gather_fits, measure_rank
+    from hetero_ray.training.timing.warmup import gather_fits, measure_rank
 
     curves = [DeviceCurve.from_dict(c) for c in settings.emulate_devices]
     if settings.emulate_devices_factor is not None:
@@ -333,8 +333,8 @@ def _curve_emulator(settings: WorkerSettings, identity: WorkerIdentity, synchron
 
 def _warm_up(settings: WorkerSettings, identity: WorkerIdentity, emulator: SpeedEmulator, speed: float) -> list:
     """Collective: every rank measures its own step under its emulated ``speed`` (see
-    training/warmup.py); returns every rank's line."""
-    from hetero_ray.training.warmup import gather_fits, measure_rank, until_all_ranks_done
+    training/timing/warmup.py); returns every rank's line."""
+    from hetero_ray.training.timing.warmup import gather_fits, measure_rank, until_all_ranks_done
 
     started = time.perf_counter()
     fit = measure_rank(settings.warmup_model, identity.device, list(settings.warmup_batch_sizes), emulator, speed,
@@ -350,7 +350,7 @@ def _warm_up_cpu_ranks(settings: WorkerSettings, identity: WorkerIdentity) -> li
     """Collective, on a cluster with GPUs: the ranks that train on a CPU time the model's
     step themselves (their nodes are profiled only after the first plan: see
     runtime/node_profiling.py); the GPU ranks' lines come from their GPUs' profiles."""
-    from hetero_ray.training.warmup import gather_fits, measure_rank
+    from hetero_ray.training.timing.warmup import gather_fits, measure_rank
 
     started = time.perf_counter()
     fit = None

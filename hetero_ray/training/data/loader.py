@@ -33,7 +33,7 @@ and no all-reduce (the hook and the batch norm see ``takes_part`` False). Its st
 ``local_batch_size`` 0 and ``probe_batch_size``; its busy time keeps its cost curve known, so the planner can bring
 it back when it pays (after a speed change too). The probe's samples are not consumed:
 the sample-id audit records none. At the step a plan brings ranks back, every rank
-first receives rank 0's parameters and optimiser state (:mod:`hetero_ray.training.rejoin`).
+first receives rank 0's parameters and optimiser state (:mod:`hetero_ray.training.rank.rejoin`).
 
 Each step also runs the machinery the user never calls: the step clock (data wait here,
 forward and backward through the prepared model's hooks), the weight ``b_i / B`` of the
@@ -55,13 +55,13 @@ from hetero_ray.planning.plan import Plan, next_point
 from hetero_ray.runs.records import DATA_LOADER_SOURCE
 from hetero_ray.sampler import GlobalSampler
 from hetero_ray.tensors import map_tensors
-from hetero_ray.training import timing
-from hetero_ray.training.heap import freeze_heap
-from hetero_ray.training.loop_report import check_data_matches
-from hetero_ray.training.replica_state import StaleRanks, copy_from_rank0
-from hetero_ray.training.session import WorkerSession
-from hetero_ray.training.step_record import HandedOutStep, sample_ids_row, step_row
-from hetero_ray.training.weighting import rank_weight
+from hetero_ray.training.gradients.weighting import rank_weight
+from hetero_ray.training.rank.heap import freeze_heap
+from hetero_ray.training.rank.loop_report import check_data_matches
+from hetero_ray.training.rank.replica_state import StaleRanks, copy_from_rank0
+from hetero_ray.training.rank.session import WorkerSession
+from hetero_ray.training.rank.step_record import HandedOutStep, sample_ids_row, step_row
+from hetero_ray.training.timing import steps as timing
 
 logger = logging.getLogger("hetero_ray.worker")
 
@@ -243,7 +243,7 @@ class PlanFollowingLoader:
     def copy_state_to_left_out_ranks(self) -> None:
         """Collective of all ranks when a rank was left out since its last copy (every rank
         knows it from the agreed plans; otherwise nothing to do): rank 0's model, optimisers,
-        schedulers and scalers everywhere (:mod:`hetero_ray.training.replica_state`)."""
+        schedulers and scalers everywhere (:mod:`hetero_ray.training.rank.replica_state`)."""
         model = self._session.parts.model
         if not self.stale or model is None:
             return
@@ -388,7 +388,7 @@ class _StepBatches:
 
 
 def _resource_sampler(session: WorkerSession):
-    from hetero_ray.training.resource_sampler import ResourceSampler
+    from hetero_ray.training.timing.resource_sampler import ResourceSampler
 
     return ResourceSampler(session.identity.device, interval_steps=session.settings.profile_interval)
 

@@ -11,7 +11,7 @@ from Ray Train evaluates each rank on the very same samples.
 
 Nothing here waits for another rank — except while the plan has left a rank out since
 its last copy of rank 0's state: then every rank's ``iter()`` first gives every rank that
-state (a collective, see :mod:`hetero_ray.training.replica_state`), so that a rank left
+state (a collective, see :mod:`hetero_ray.training.rank.replica_state`), so that a rank left
 out evaluates rank 0's model, not its own stale one. Iterate an evaluation loader on every
 rank at the same point (as Ray Train's examples and the Hugging Face Trainer do); at an
 epoch's end the copy has already been made, and nothing waits.

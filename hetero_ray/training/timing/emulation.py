@@ -25,7 +25,7 @@ Speeds may change at given global steps (``--emulate-speed-changes STEP:RANK:SPE
 test how the balancer follows a device that slows down mid-run.
 
 A speed makes every emulated device a line like this machine's; a device whose busy time
-has another shape (a GPU's floor) is emulated by :mod:`hetero_ray.training.curve_emulation`.
+has another shape (a GPU's floor) is emulated by :mod:`hetero_ray.training.timing.curve_emulation`.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class SpeedEmulator:
         when the host let the step run past its target). At speed ≥ 1 there is no pad: the
         work itself, at most the wall time (an intra-op pool's CPU time exceeds it).
 
-        What the warm-up times (training/warmup.py): a fast rank whose core was taken away
+        What the warm-up times (training/timing/warmup.py): a fast rank whose core was taken away
         by another process would otherwise be timed slower than a slow rank whose pad
         absorbed the same wait, and the first plan would mis-order them.
         """

@@ -46,7 +46,7 @@ collective, which the gradient hook where the pad runs cannot enter. A step whos
 work overruns its target anyway (a noisy neighbour, a bigger batch than measured) is not
 padded: it shows as measured, as a slowed device would (:attr:`CurveEmulator.overruns`).
 
-**The pad.** Like :class:`~hetero_ray.training.emulation.SpeedEmulator`, the pad runs
+**The pad.** Like :class:`~hetero_ray.training.timing.emulation.SpeedEmulator`, the pad runs
 in the gradient hook and counts as busy time; unlike it, the curve is a whole step's time,
 so the rank sleeps once, before its last gradient bucket leaves, until
 ``elapsed = k·t_dev(b)/v`` since the step began (earlier buckets leave as they are

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from hetero_ray.planning.plan import Plan
 from hetero_ray.sampler import Position
-from hetero_ray.training.current_step import StepNotes
-from hetero_ray.training.identity import WorkerIdentity
-from hetero_ray.training.timing import StepTimeline, step_durations
+from hetero_ray.training.rank.current_step import StepNotes
+from hetero_ray.training.rank.identity import WorkerIdentity
+from hetero_ray.training.timing.steps import StepTimeline, step_durations
 
 
 @dataclass(frozen=True)

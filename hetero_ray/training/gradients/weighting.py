@@ -16,11 +16,11 @@ all-reduce over a process group of their own (``process_group``, switched by the
 the step the plan takes effect), and a rank left out takes no part at all — its hook
 returns a zero gradient at once, so it neither waits for the others nor makes them wait.
 Its parameters fall behind; it receives them again when it is brought back
-(:mod:`hetero_ray.training.rejoin`). With a group of one rank there is nothing to reduce.
+(:mod:`hetero_ray.training.rank.rejoin`). With a group of one rank there is nothing to reduce.
 
 The hook is also where a rank's busy time ends: DDP hands a bucket to the hook as soon
 as its gradients are ready, and the last bucket marks the end of this rank's own work,
-before it waits for anybody else (see :mod:`hetero_ray.training.timing`).
+before it waits for anybody else (see :mod:`hetero_ray.training.timing.steps`).
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations at
@@ -49,7 +49,7 @@ class WeightedAllReduceState:
         grad_scale: a factor on top of ``weight`` for the bucket: 1, except while the last
             micro-batch of a share trained in micro-batches runs, whose accumulated
             gradient it brings back to the mean over the share (see
-            :mod:`hetero_ray.training.micro_batches`).
+            :mod:`hetero_ray.training.gradients.micro_batches`).
     """
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, weight: float = 1.0, *,

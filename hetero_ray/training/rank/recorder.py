@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from hetero_ray.training.answers import answer
+from hetero_ray.training.rank.answers import answer
 
 
 class StepRecorder:

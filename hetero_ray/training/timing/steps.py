@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 if TYPE_CHECKING:
-    from hetero_ray.training.current_step import CurrentStep
-    from hetero_ray.training.curve_emulation import CurveEmulator
-    from hetero_ray.training.emulation import SpeedEmulator
+    from hetero_ray.training.rank.current_step import CurrentStep
+    from hetero_ray.training.timing.curve_emulation import CurveEmulator
+    from hetero_ray.training.timing.emulation import SpeedEmulator
 
 STEP_START = "start"
 HOST_BATCH_READY = "host_batch"  # GPU only: the batch gathered in host memory, before the copy
@@ -124,7 +124,7 @@ class BucketClock:
     Runs inside the autograd engine, between gradient computation and the all-reduce of
     each bucket; whatever it spends delays this rank's communication exactly like a
     slower device would. ``current`` is the worker's
-    :class:`~hetero_ray.training.current_step.CurrentStep`: the hook cannot be handed
+    :class:`~hetero_ray.training.rank.current_step.CurrentStep`: the hook cannot be handed
     the step it runs in, so it reads the step in progress there.
     """
 

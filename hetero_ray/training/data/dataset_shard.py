@@ -4,8 +4,8 @@
 - ``"train"`` follows the run's plan: each ``iter_torch_batches()`` / ``iter_batches()``
   runs the rest of one epoch, and at each global step yields this rank's share of that
   step's global batch (``HeteroConfig.global_batch_size`` rows), read from the run's feed
-  (:mod:`hetero_ray.training.data_feed`) by the training loader that also serves
-  ``prepare_data_loader`` (:mod:`hetero_ray.training.loader`): plan changes mid-epoch,
+  (:mod:`hetero_ray.runtime.data_feed`) by the training loader that also serves
+  ``prepare_data_loader`` (:mod:`hetero_ray.training.data.loader`): plan changes mid-epoch,
   ranks left out and brought back, the short last window, the resume at the checkpoint's
   step and the sample-id audit (positions in the epoch's order) are the same.
 - Every other dataset is Ray Train's shard (``streaming_split(equal=False)``: every row
@@ -22,9 +22,9 @@ import torch
 
 from hetero_ray.errors import UserError
 from hetero_ray.runs.records import RAY_DATA_SOURCE_PREFIX
-from hetero_ray.training.answers import answer
-from hetero_ray.training.loader_door import say_batch_size
-from hetero_ray.training.session import WorkerSession
+from hetero_ray.training.data.loader_door import say_batch_size
+from hetero_ray.training.rank.answers import answer
+from hetero_ray.training.rank.session import WorkerSession
 
 _FEED_TIMEOUT_S = 600.0  # a first request counts the rows: the pipeline runs once
 
@@ -114,7 +114,7 @@ class PlanFollowingShard:
         seed = session.settings.seed if shuffle_seed is None else shuffle_seed
         order = (bool(drop_last), shuffle_block, seed)
         if self._loader is None:
-            from hetero_ray.training.loader import make_loader
+            from hetero_ray.training.data.loader import make_loader
 
             rows = FeedRows(self._feed, self._name, session, shuffle_block, seed)
             self._loader = make_loader(session, rows, num_workers=0, prefetch_factor=None, shuffle=False,

@@ -30,9 +30,9 @@ from typing import Any, Callable
 import ray.train
 
 from hetero_ray.errors import UserError
-from hetero_ray.training import session as worker_session
-from hetero_ray.training.allocator import keep_freed_memory
-from hetero_ray.training.loop_report import read_state
+from hetero_ray.training.rank import session as worker_session
+from hetero_ray.training.rank.allocator import keep_freed_memory
+from hetero_ray.training.rank.loop_report import read_state
 
 _NON_SCALAR_LOSS = "grad can be implicitly created only for scalar outputs"
 

@@ -1,9 +1,9 @@
 """The step a rank is running, for the code that runs inside it without being handed it.
 
 The loader begins a step when it hands out the step's batch and ends it when the step is
-recorded (:mod:`hetero_ray.training.loader`). In between, two kinds of code add to it:
+recorded (:mod:`hetero_ray.training.data.loader`). In between, two kinds of code add to it:
 the prepared model's hooks, which autograd and the all-reduce thread call with no way to
-pass them the step (:mod:`hetero_ray.training.model_prep`), and the built-in loop, which
+pass them the step (:mod:`hetero_ray.training.gradients.model_prep`), and the built-in loop, which
 knows the step's loss and learning rate for its row. Both find the step here, in the one
 :class:`CurrentStep` the worker's session owns.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from hetero_ray.training.timing import StepTimeline
+from hetero_ray.training.timing.steps import StepTimeline
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """BatchNorm over the global batch when ranks hold unequal local batches.
 
-The gradient convention of :mod:`hetero_ray.training.weighting`: rank i holds b_i of the
+The gradient convention of :mod:`hetero_ray.training.gradients.weighting`: rank i holds b_i of the
 B samples, computes its loss as the mean over its own batch, L_i, and the DDP hook turns
 local gradients into Σ_i w_i · ∂L_i/∂θ with w_i = b_i / B. Local gradients are therefore
 in "unscaled" units: the true gradient of L = Σ_i w_i · L_i reaching rank i is w_i times
@@ -194,7 +194,7 @@ class HeteroSyncBatchNorm(_BatchNorm):
 
     A drop-in for ``BatchNorm1d/2d/3d`` (inputs (N, C), (N, C, L), (N, C, H, W),
     (N, C, D, H, W)) in a model wrapped by DDP with
-    :func:`~hetero_ray.training.weighting.weighted_allreduce_hook`. In training mode each
+    :func:`~hetero_ray.training.gradients.weighting.weighted_allreduce_hook`. In training mode each
     forward reads ``weight_state.weight`` (w_i = b_i / B, 0 for a dummy sample) and runs one
     all-reduce; each backward runs one more. Eval mode, and training without a process group
     or with one rank, are torch's local BatchNorm unchanged.
@@ -205,7 +205,7 @@ class HeteroSyncBatchNorm(_BatchNorm):
         process_group: the group to normalise over; ``None`` for the default group. It must
             be the group the hook reduces over.
         weight_state: any object with a float ``weight``, usually the hook's
-            :class:`~hetero_ray.training.weighting.WeightedAllReduceState`.
+            :class:`~hetero_ray.training.gradients.weighting.WeightedAllReduceState`.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
@@ -255,7 +255,7 @@ class HeteroSyncBatchNorm(_BatchNorm):
         self._check_input_dim(input)
         if self.training and not getattr(self.weight_state, "takes_part", True):
             # Left out of the plan: its probe's output trains nothing (w = 0), and its
-            # buffers are the group's again when it is brought back (training/rejoin.py).
+            # buffers are the group's again when it is brought back (training/rank/rejoin.py).
             mean = self.running_mean if self.running_mean is not None else torch.zeros(
                 self.num_features, device=input.device, dtype=input.dtype)
             var = self.running_var if self.running_var is not None else torch.ones_like(mean)
