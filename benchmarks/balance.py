@@ -107,8 +107,8 @@ def main(argv=None) -> int:
 
 def _run(args, output_dir: str, label: str, policy: str, emulate_speeds, speed_changes=None,
          profile: bool = True) -> PolicyRun:
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
     from hetero_ray.runs import run_files
 
     config = TrainConfig(

@@ -57,8 +57,8 @@ EPOCH_STEPS = 40
 def _train(args, output_dir: str, label: str, num_workers: int, *, speeds=None, devices=None, changes=None,
            devices_factor: Optional[float] = None, model: Optional[str] = None, batch_size: Optional[int] = None,
            steps: Optional[int] = None) -> dict:
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
     from hetero_ray.runs import run_files
 
     model, batch_size, num_steps = model or args.model, batch_size or args.batch_size, steps or args.steps

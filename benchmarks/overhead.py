@@ -34,8 +34,8 @@ def steady_rate(step_end_times: list[float], global_batch_size: int) -> float:
 
 def run_hetero(output_dir: str, name: str, *, model: str, num_samples: int, batch_size: int,
                steps: int, num_workers: int, policy: str, emulate_speeds: Optional[list[float]]) -> float:
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
 
     config = TrainConfig(
         model=model, dataset="synthetic_image", num_samples=num_samples, global_batch_size=batch_size,

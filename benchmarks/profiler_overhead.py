@@ -37,8 +37,8 @@ TARGET_RATIO = 1.02
 def run_with_interval(output_dir: str, name: str, profile_interval: int, *, model: str, batch_size: int,
                       steps: int, num_workers: int) -> float:
     """Steady samples/s of one short training run with the in-training profiler at ``profile_interval``."""
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
 
     config = TrainConfig(
         model=model, dataset="synthetic_image", num_samples=batch_size * (steps + 1), global_batch_size=batch_size,

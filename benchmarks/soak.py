@@ -141,8 +141,8 @@ def run_soak(steps: int = DEFAULT_STEPS, num_workers: int = DEFAULT_NUM_WORKERS,
              output_dir: Optional[str] = None, experiment_name: Optional[str] = None,
              num_samples: int = DEFAULT_NUM_SAMPLES, emit: Callable[[str], None] = print) -> SoakResult:
     """Trains ``steps`` global steps of mlp and samples the store's memory; see the module doc."""
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
     from hetero_ray.runs import run_files
 
     experiment_name = experiment_name or time.strftime("soak-%Y%m%d-%H%M%S")

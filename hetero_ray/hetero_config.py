@@ -4,7 +4,7 @@ is shared out — validated when it is built.
 The names are those of ``hetero-ray train``'s settings (``--policy`` is ``policy``,
 ``--rebalance-interval`` is ``rebalance_interval``, …), and so are the checks and the
 defaults: a ``HeteroConfig`` is made of the same parts as the built-in job's
-:class:`~hetero_ray.config.TrainConfig` (the plan, emulation, profiling, …), which check
+:class:`~hetero_ray.builtin.config.TrainConfig` (the plan, emulation, profiling, …), which check
 their own fields once, and the rules that join them are the same functions, run under the
 API's words (:func:`in_api_words`): an error names ``HeteroConfig.policy`` here where it
 names ``--policy`` to a CLI user. Settings that depend on the number of workers (a per-rank list) are checked again by
@@ -19,7 +19,7 @@ from typing import Optional
 
 from hetero_ray import validate
 from hetero_ray.config import (
-    ClusterConfig, EmulationConfig, FaultToleranceConfig, OptimizationConfig, OutputConfig, PlanConfig,
+    BatchConfig, ClusterConfig, EmulationConfig, FaultToleranceConfig, OutputConfig, PlanConfig,
     ProfilingConfig, check_ranks, check_shares, default_of,
 )
 from hetero_ray.errors import ConfigError
@@ -92,7 +92,7 @@ class HeteroConfig:
     emulate_speeds: Optional[tuple[float, ...]] = None
     emulate_speed_changes: Optional[tuple[dict, ...]] = None
     plan_changes: Optional[tuple[dict, ...]] = None
-    seed: int = default_of(OptimizationConfig, "seed")
+    seed: int = default_of(BatchConfig, "seed")
     record_sample_ids: bool = default_of(OutputConfig, "record_sample_ids")
     profile_interval: int = default_of(ProfilingConfig, "profile_interval")
     output_dir: Optional[str] = None
@@ -109,7 +109,7 @@ class HeteroConfig:
 
     def __post_init__(self):
         with in_api_words():
-            OptimizationConfig(global_batch_size=self.global_batch_size, seed=self.seed)
+            BatchConfig(global_batch_size=self.global_batch_size, seed=self.seed)
             plan = PlanConfig(policy=self.policy, batch_split=self.batch_split,
                               rebalance_interval=self.rebalance_interval,
                               rebalance_threshold=self.rebalance_threshold,

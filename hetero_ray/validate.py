@@ -1,4 +1,4 @@
-"""The checks every configuration shares: :class:`~hetero_ray.config.TrainConfig`'s parts,
+"""The checks every configuration shares: :class:`~hetero_ray.builtin.config.TrainConfig`'s parts,
 :class:`~hetero_ray.hetero_config.HeteroConfig` and
 :class:`~hetero_ray.profiling.profile_config.ProfileConfig` reject a value with the same
 words, naming the setting the way its user wrote it.

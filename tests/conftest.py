@@ -85,7 +85,7 @@ def session_ray_address(ray_session) -> str:
 
 
 def _fast_config(output_dir: str, **overrides):
-    from hetero_ray.config import TrainConfig
+    from hetero_ray.builtin.config import TrainConfig
 
     values = dict(model="mlp", dataset="synthetic_image", num_samples=256, eval_samples=64,
                   global_batch_size=32, epochs=1, num_workers=2, storage_path=output_dir,

@@ -50,8 +50,8 @@ JOB = ["--model", "mlp", "--num-samples", "256", "--eval-samples", "64", "--glob
 @pytest.fixture(scope="module")
 def trained_run(ray_session, tmp_path_factory):
     """A real finished run with registered checkpoints; cases copy and damage it."""
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
 
     config = TrainConfig(model="mlp", num_samples=256, eval_samples=64, global_batch_size=32, epochs=1, num_workers=2,
                          policy="static", profile=False, checkpoint_every=4, max_failures=0,
@@ -280,8 +280,9 @@ def test_resume_applies_the_settings_that_may_change_after_a_snapshot_cut_short(
 def test_every_setting_is_compared_or_may_change_on_resume():
     """One list decides: every TrainConfig setting is either allowed to change on a resume,
     names the run, or is compared (and recorded in every checkpoint's fingerprint)."""
-    from hetero_ray.config import RESUME_MAY_CHANGE, RUN_IDENTITY, TrainConfig, changed_on_resume, \
-        resume_fixed_fields, setting_names
+    from hetero_ray.builtin.config import (
+        RESUME_MAY_CHANGE, RUN_IDENTITY, TrainConfig, changed_on_resume, resume_fixed_fields, setting_names,
+    )
     from hetero_ray.builtin.checkpointing import run_fingerprint
 
     fields = list(setting_names())

@@ -11,9 +11,10 @@ import dataclasses
 
 import pytest
 
-from hetero_ray.config import (
-    ClusterConfig, EmulationConfig, PlanConfig, ProfilingConfig, TrainConfig, changed_on_resume, parts, setting_flag, setting_names,
+from hetero_ray.builtin.config import (
+    ProbeChoice, TrainConfig, changed_on_resume, parts, setting_flag, setting_names,
 )
+from hetero_ray.config import ClusterConfig, EmulationConfig, PlanConfig, ProfilingConfig
 from hetero_ray.errors import ConfigError
 
 
@@ -88,7 +89,7 @@ def test_a_file_dataset_is_not_held_to_num_samples():
 def test_flat_settings_go_to_their_parts_and_read_back_flat():
     config = TrainConfig(model="mlp", global_batch_size=48, num_workers=3, policy="static", emulate_speeds=[1, 1, 0.5],
                          profile_timeout_s=30, name="x")
-    assert (config.data.model, config.optimization.global_batch_size, config.cluster.num_workers) == ("mlp", 48, 3)
+    assert (config.data.model, config.batch.global_batch_size, config.cluster.num_workers) == ("mlp", 48, 3)
     assert (config.plan.policy, config.emulation.emulate_speeds) == ("static", [1.0, 1.0, 0.5])
     assert (config.global_batch_size, config.num_workers, config.profile_timeout_s) == (48, 3, 30)
     with pytest.raises(AttributeError):
@@ -206,7 +207,8 @@ def test_help_groups_the_flags_by_part_and_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split("options:")[1].split())  # the flags, one line
-    order = ["what to train:", "--model MODEL", "optimisation (depends on the global batch only):", "--lr LR",
+    order = ["what to train:", "--model MODEL", "the global batch (what the optimiser's trajectory depends on, never the "
+             "workers):", "--global-batch-size", "optimisation:", "--lr LR",
              "emulation (heterogeneity on one machine):", "--emulate-speed-changes STEP:RANK:SPEED", "profiling:"]
     assert [text.index(heading) for heading in order] == sorted(text.index(heading) for heading in order)
     assert "(default 2)" in text.split("--num-workers N|MIN-MAX")[1].split("--cpus-per-worker")[0]
@@ -230,15 +232,17 @@ def test_every_profile_setting_has_a_flag_and_the_flags_defaults_are_the_configs
     # A field added to ProfileConfig without a flag lands in this difference.
     unflagged = {f.name for f in dataclasses.fields(ProfileConfig)} - set(vars(args))
     assert unflagged == {"microbench_s", "probe_cpu_on_gpu_nodes"}  # set from Python only
-    assert config_from_args(args) == ProfileConfig()
+    # --model names a built-in model (ProbeChoice); the command turns it into ProfileConfig.model's recipe.
+    assert {f.name for f in dataclasses.fields(ProbeChoice)} <= set(vars(args))
+    assert config_from_args(args) == (ProbeChoice(), ProfileConfig())
     assert (args.address, args.json) == (None, None)  # the command's own flags, beside the settings
 
 
 def test_profile_flags_become_settings():
     from hetero_ray.cli.profile import config_from_args
 
-    config = config_from_args(_profile_args(
+    choice, config = config_from_args(_profile_args(
         "--model", "mlp", "--dataset", "synthetic_image", "--batch-sizes", "32,8", "--cpus-per-worker", "2",
         "--ram-fraction", "0.25", "--timeout", "30"))
-    assert (config.model, config.dataset, config.batch_sizes) == ("mlp", "synthetic_image", (8, 32))
+    assert (choice.model, choice.dataset, config.batch_sizes) == ("mlp", "synthetic_image", (8, 32))
     assert (config.cpus_per_worker, config.ram_fraction, config.timeout_s) == (2.0, 0.25, 30.0)

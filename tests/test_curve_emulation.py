@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hetero_ray import ProfileModel
-from hetero_ray.config import EmulationConfig, TrainConfig
+from hetero_ray.builtin.config import TrainConfig
+from hetero_ray.config import EmulationConfig
 from hetero_ray.errors import ConfigError, UserError
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.runtime.device_curves import device_curves

@@ -56,7 +56,7 @@ def train(config, retries: int = 1):
 
 
 def config(output_dir: str, name: str, **overrides):
-    from hetero_ray.config import TrainConfig
+    from hetero_ray.builtin.config import TrainConfig
 
     values = dict(model="mlp", dataset="synthetic_image", num_samples=512, eval_samples=64, global_batch_size=32,
                   epochs=2, num_workers=2, storage_path=output_dir, checkpoint_every=1000, max_failures=0,

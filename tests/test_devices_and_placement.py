@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_ray.config import TrainConfig
+from hetero_ray.builtin.config import TrainConfig
 from hetero_ray.constants import DEVICE_LABEL
 from hetero_ray.runtime.cluster import NodeResources, placeable_workers, unmatched_selectors
 from hetero_ray.runtime.progress import restart_message

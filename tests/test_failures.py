@@ -60,8 +60,8 @@ WEIGHTS_TOLERANCE_OTHER_WORLD_SIZE = 2e-2
 @pytest.fixture(scope="module")
 def reference(ray_session, tmp_path_factory):
     """The uninterrupted run: its final weights and accuracy are what every scenario must reach."""
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.driver import run_training
-    from hetero_ray.config import TrainConfig
 
     config = TrainConfig(num_workers=REFERENCE_WORKERS, policy="static", profile=False, max_failures=0,
                          storage_path=str(tmp_path_factory.mktemp("reference")), name="reference", **JOB)

@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 
 from hetero_ray import HeteroConfig
+from hetero_ray.builtin.config import TrainConfig, setting_names
 from hetero_ray.cli.main import build_parser, main
 from hetero_ray.cli.reference import subcommand_parsers
 from hetero_ray.cli.train import config_from_args
-from hetero_ray.config import TrainConfig, setting_names
 from hetero_ray.flags import DeprecatedFlag
 
 # HeteroConfig fields with no flag of their name, and why.

@@ -47,8 +47,8 @@ def test_the_cli_and_the_api_run_of_one_job_leave_the_same_run(ray_session, tmp_
     from ray.train import RunConfig, ScalingConfig
 
     from hetero_ray import HeteroConfig, HeteroTrainer
+    from hetero_ray.builtin.config import TrainConfig
     from hetero_ray.builtin.loop import train_loop_per_worker
-    from hetero_ray.config import TrainConfig
 
     code, out, err = run_cli(["train", *FLAGS, "--storage-path", str(tmp_path / "cli"), "--name", "job"],
                              capsys)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from hetero_ray import config
+from hetero_ray.builtin import config
 from hetero_ray.builtin.data import DataSpec, load_dataset
 from hetero_ray.builtin.models import MODEL_NAMES, build_model, compute_loss, eval_batch_stats
 from hetero_ray.errors import ConfigError

@@ -70,7 +70,7 @@ def test_fp16_with_a_grad_scaler_keeps_the_weighting_exact():
 
 
 def test_precision_names_are_the_configs():
-    from hetero_ray.config import PRECISIONS as FLAG_CHOICES
+    from hetero_ray.builtin.config import PRECISIONS as FLAG_CHOICES
 
     assert PRECISIONS == FLAG_CHOICES
     assert Precision.named("fp32", torch.device("cpu")).make_scaler() is None

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from hetero_ray.config import resume_fixed_fields
+from hetero_ray.builtin.config import resume_fixed_fields
 from hetero_ray.errors import UserError
 from hetero_ray.planning.plan import Plan
 from hetero_ray.runs.checkpoint_names import POSITION_FILE
@@ -41,7 +41,7 @@ class TrainingState:
 
 def run_fingerprint(config) -> dict:
     """The settings a checkpoint is only valid for: those a --resume must repeat
-    (:func:`hetero_ray.config.resume_fixed_fields`)."""
+    (:func:`hetero_ray.builtin.config.resume_fixed_fields`)."""
     return {name: getattr(config, name) for name in resume_fixed_fields()}
 
 

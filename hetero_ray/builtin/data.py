@@ -5,7 +5,7 @@ local batch with :meth:`DataSplit.batch`; there is no DataLoader, so "which samp
 rank i see at step s" is exactly the sampler's answer.
 
 :func:`load_dataset`, :func:`check_data_dir` and :func:`download_dataset` take a name of
-:data:`hetero_ray.config.DATASETS`: the synthetic ones are generated from the seed by
+:data:`hetero_ray.builtin.config.DATASETS`: the synthetic ones are generated from the seed by
 :mod:`hetero_ray.builtin.synthetic`, CIFAR is read from ``--data-dir`` by
 :mod:`hetero_ray.builtin.cifar` (files checked before they are unpickled).
 """
@@ -19,8 +19,8 @@ import torch
 
 from hetero_ray.builtin import cifar, synthetic
 from hetero_ray.builtin.cifar import IMAGE_SHAPE
+from hetero_ray.builtin.config import DATASETS, FILE_DATASETS
 from hetero_ray.builtin.synthetic import SYNTHETIC_IMAGE_CLASSES, SYNTHETIC_TEXT_SEQ_LEN, SYNTHETIC_TEXT_VOCAB
-from hetero_ray.config import DATASETS, FILE_DATASETS
 from hetero_ray.errors import ConfigError
 
 
@@ -54,7 +54,7 @@ class DataSpec:
 def spec_for(model: str, dataset: Optional[str] = None) -> DataSpec:
     """What ``model`` is fed when no dataset is loaded (the profiler's probe, a checkpoint's
     model rebuilt): synthetic shapes of ``dataset``, the text shape for a text model."""
-    from hetero_ray.config import TEXT_MODELS
+    from hetero_ray.builtin.config import TEXT_MODELS
 
     if model in TEXT_MODELS:
         return DataSpec("text", SYNTHETIC_TEXT_VOCAB, (SYNTHETIC_TEXT_SEQ_LEN,))
@@ -141,7 +141,7 @@ def load_dataset(
     """Loads or generates a dataset.
 
     Args:
-        name: one of :data:`hetero_ray.config.DATASETS`.
+        name: one of :data:`hetero_ray.builtin.config.DATASETS`.
         data_dir: folder holding the CIFAR batches (file datasets only).
         num_samples, eval_samples, seed: synthetic datasets only; CIFAR uses its own
             training and test sets whole.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from hetero_ray.builtin import preflight
-from hetero_ray.config import TrainConfig
+from hetero_ray.builtin.config import TrainConfig
 from hetero_ray.constants import CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, env_float
 from hetero_ray.errors import UserError
 from hetero_ray.runs import run_files, run_lock
@@ -131,8 +131,8 @@ def builtin_trainer(config: TrainConfig, device_mode: str, emit: Callable[[str],
 
 def _dataset_ref(config: TrainConfig) -> Optional[node_checks.DatasetRef]:
     """The file dataset the run reads, for the nodes' check; None for a synthetic one."""
+    from hetero_ray.builtin.config import FILE_DATASETS
     from hetero_ray.builtin.data import load_dataset
-    from hetero_ray.config import FILE_DATASETS
 
     if config.dataset not in FILE_DATASETS:
         return None
@@ -162,8 +162,8 @@ def _device_mode(config: TrainConfig) -> str:
 
 
 def _total_steps(config: TrainConfig) -> int:
+    from hetero_ray.builtin.config import FILE_DATASETS
     from hetero_ray.builtin.optim import run_steps
-    from hetero_ray.config import FILE_DATASETS
 
     num_samples = config.num_samples
     if config.dataset in FILE_DATASETS:  # the files decide; loading them here takes ~1 s

@@ -34,12 +34,12 @@ from hetero_ray.builtin.checkpointing import (
     TrainingState, capture_rng, load_state, restore_rng, run_fingerprint, save_state,
 )
 from hetero_ray.builtin import optim
+from hetero_ray.builtin.config import TrainConfig
 from hetero_ray.builtin.data import DatasetBundle, as_batch, load_dataset
 from hetero_ray.builtin.epoch_totals import EpochTotals
 from hetero_ray.builtin.evaluation import evaluate
 from hetero_ray.builtin.models import build_model, compute_loss
 from hetero_ray.builtin.optim import make_lr_scheduler, make_optimizer
-from hetero_ray.config import TrainConfig
 from hetero_ray.training.data.loader import PlanFollowingLoader
 from hetero_ray.training.gradients.precision import Precision
 from hetero_ray.training.rank import session as worker_session

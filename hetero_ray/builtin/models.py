@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetero_ray.builtin.config import MODELS, TEXT_MODELS
 from hetero_ray.builtin.data import DataSpec
-from hetero_ray.config import MODELS, TEXT_MODELS
 from hetero_ray.errors import ConfigError
 
 MODEL_NAMES = MODELS

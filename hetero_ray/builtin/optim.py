@@ -41,7 +41,7 @@ def total_steps(epochs: int, steps_per_epoch: int, max_steps) -> int:
 
 def run_steps(config, num_samples: int) -> int:
     """The run's length in global steps: ``config.epochs`` over ``num_samples`` training
-    samples (a :class:`~hetero_ray.config.TrainConfig`), at most its ``max_steps``."""
+    samples (a :class:`~hetero_ray.builtin.config.TrainConfig`), at most its ``max_steps``."""
     from hetero_ray.sampler import GlobalSampler
 
     sampler = GlobalSampler(num_samples, config.global_batch_size, config.seed, config.drop_last)

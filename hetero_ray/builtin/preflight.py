@@ -1,6 +1,6 @@
 """Checks of files and directories before a run starts: fail before writing anything.
 
-Runs after :class:`~hetero_ray.config.TrainConfig` validated the values themselves and
+Runs after :class:`~hetero_ray.builtin.config.TrainConfig` validated the values themselves and
 before the run directory is created, so bad input leaves nothing behind.
 """
 
@@ -10,7 +10,7 @@ import os
 import tempfile
 
 from hetero_ray.builtin.checkpointing import load_state, model_shapes, run_fingerprint
-from hetero_ray.config import FILE_DATASETS, TrainConfig, changed_on_resume
+from hetero_ray.builtin.config import FILE_DATASETS, TrainConfig, changed_on_resume
 from hetero_ray.constants import RAY_TRAIN_SUBDIR
 from hetero_ray.errors import UserError
 from hetero_ray.runs.checkpoints import latest_checkpoint_dir, repair_torn_snapshot
@@ -118,7 +118,7 @@ def recorded_settings(run_dir: str, checkpoint_dir: str) -> dict:
 
 def check_settings_unchanged(recorded: dict, config: TrainConfig) -> None:
     """Refuses a --resume that changes a setting of the training (see
-    :data:`hetero_ray.config.RESUME_MAY_CHANGE` for those that may change)."""
+    :data:`hetero_ray.builtin.config.RESUME_MAY_CHANGE` for those that may change)."""
     changes = changed_on_resume(recorded, config)
     if changes:
         raise UserError(

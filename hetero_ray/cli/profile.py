@@ -12,8 +12,9 @@ memory bandwidth, host↔device copies; with ``--model`` the model's busy-time c
 ``max(floor, α + β·b)``, its largest error at a probed size, and its largest batch), not looked up from a spec sheet. A node that fails (NVML error, timeout)
 is reported as failed; the others complete. Exit status 1 only if every node failed.
 
-The profile's flags are :class:`ProfileConfig`'s settings (each field declares its flag,
-:func:`hetero_ray.flags.setting`); only --address and --json, which say where to run and
+The profile's flags are the settings of :class:`ProbeChoice` (which built-in model) and
+:class:`ProfileConfig` (how to profile); each field declares its flag
+(:func:`hetero_ray.flags.setting`). Only --address and --json, which say where to run and
 where to write, are written out here.
 """
 
@@ -24,6 +25,7 @@ import dataclasses
 import os
 
 from hetero_ray import flags
+from hetero_ray.builtin.config import ProbeChoice
 from hetero_ray.errors import UserError
 from hetero_ray.profiling.profile_config import ProfileConfig
 
@@ -33,20 +35,23 @@ ALL_FAILED_EXIT_CODE = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The cluster to profile and the output file, around :class:`ProfileConfig`'s settings."""
+    """The cluster to profile and the output file, around the model to probe and how."""
     parser.add_argument("--address", help="Ray cluster to profile (HOST:PORT, auto, ray://…); "
                                           "default RAY_ADDRESS or a local Ray on this machine")
+    flags.add_flags(parser, ProbeChoice)
     flags.add_flags(parser, ProfileConfig)
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
 
 
-def config_from_args(args: argparse.Namespace) -> ProfileConfig:
-    """The configuration the flags give; raises ConfigError on bad values."""
-    return ProfileConfig(**flags.settings_from_args(args, ProfileConfig))
+def config_from_args(args: argparse.Namespace) -> tuple[ProbeChoice, ProfileConfig]:
+    """The built-in model to probe and how to profile, as the flags give them; raises
+    ConfigError on bad values."""
+    return (ProbeChoice(**flags.settings_from_args(args, ProbeChoice)),
+            ProfileConfig(**flags.settings_from_args(args, ProfileConfig)))
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    choice, config = config_from_args(args)
     if args.json:
         _check_writable(args.json)
 
@@ -62,13 +67,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"[profile] Ray: {'local cluster started' if connection.started_local else connection.address}",
           flush=True)
     # The profilers build the model from its recipe: the flags name a built-in one.
-    recipe = builtin_recipe(config.model, config.dataset) if config.model else None
-    nodes = profile_cluster(dataclasses.replace(config, model=recipe, dataset=None),
-                            emit=lambda line: print(line, flush=True))
+    recipe = builtin_recipe(choice.model, choice.dataset) if choice.model else None
+    nodes = profile_cluster(dataclasses.replace(config, model=recipe), emit=lambda line: print(line, flush=True))
     print()
-    print(profile_report(nodes, config.model))
+    print(profile_report(nodes, choice.model))
     if args.json:
-        write_nodes_json(args.json, nodes, config.model, config.batch_sizes)
+        write_nodes_json(args.json, nodes, choice.model, config.batch_sizes)
         print(f"\nwritten: {os.path.abspath(args.json)}")
     if nodes and all(not node.ok for node in nodes):
         print("\nhetero-ray profile: every node failed to profile", flush=True)

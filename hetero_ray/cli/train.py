@@ -14,7 +14,7 @@ import sys
 from typing import Sequence
 
 from hetero_ray import flags
-from hetero_ray.config import TrainConfig, part_title, parts
+from hetero_ray.builtin.config import TrainConfig, part_title, parts
 from hetero_ray.errors import RunInterrupted
 
 HELP = "train a model (starts a local Ray unless --address or RAY_ADDRESS is given)"

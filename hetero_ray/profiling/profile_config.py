@@ -8,10 +8,9 @@ settings: its parser is generated from them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from hetero_ray import validate
-from hetero_ray.config import DATASETS, MODELS
 from hetero_ray.errors import ConfigError
 from hetero_ray.flags import int_list, setting
 from hetero_ray.profile_defaults import (
@@ -24,11 +23,9 @@ from hetero_ray.profiling.recipe import ProfileModel
 class ProfileConfig:
     """What to profile (see the module docstring)."""
 
-    # A ProfileModel; a built-in model's name as the --model flag gives it, which the command
-    # turns into its recipe before profiling; None: inventory and micro-benchmarks only.
-    model: Any = setting(None, f"also probe this model: one of {', '.join(MODELS)}")
-    dataset: Optional[str] = setting(  # shapes of its samples
-        None, f"sample shapes for --model: one of {', '.join(DATASETS)} (default: the model's synthetic data)")
+    # A ProfileModel to probe on every node (`hetero-ray profile --model` names a built-in
+    # one, hetero_ray.builtin.config.ProbeChoice); None: inventory and micro-benchmarks only.
+    model: Optional[ProfileModel] = None
     batch_sizes: tuple[int, ...] = setting(
         DEFAULT_PROBE_BATCH_SIZES, "probe batch sizes", type=int_list, metavar="B1,B2,...")
     cpus_per_worker: float = setting(  # what one training worker gets, so that is what is measured
@@ -44,11 +41,9 @@ class ProfileConfig:
 
     def __post_init__(self):
         if self.model is not None and not isinstance(self.model, ProfileModel):
-            validate.choice("--model", self.model, MODELS)
-        if self.dataset is not None:
-            validate.choice("--dataset", self.dataset, DATASETS)
-            if self.model is None:
-                raise ConfigError("--dataset only shapes the --model probe; pass --model too")
+            raise ConfigError(f"ProfileConfig.model must be a hetero_ray.ProfileModel(build=..., make_batch=...) "
+                              f"or None (a built-in model's: hetero_ray.builtin.recipe.builtin_recipe({self.model!r})), "
+                              f"got {type(self.model).__name__}")
         object.__setattr__(self, "batch_sizes", tuple(validate.probe_sizes("--batch-sizes", self.batch_sizes or ())))
         validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
         validate.positive_number("--timeout", self.timeout_s, unit="seconds")

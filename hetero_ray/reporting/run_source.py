@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from hetero_ray.config import renamed_settings
+from hetero_ray.builtin.config import renamed_settings
 from hetero_ray.reporting.verdicts import classify_recent
 from hetero_ray.runs import run_files
 from hetero_ray.runs.readers import escaping_links, file_signature, offline_status, read_run_json
