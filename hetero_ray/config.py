@@ -25,6 +25,7 @@ from hetero_ray.flags import (
 )
 from hetero_ray.planning.decision import PolicyConfig
 from hetero_ray.planning.policies import DEFAULT_POLICY, policy_names
+from hetero_ray.planning.policy_module import load_policy_module
 from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
 from hetero_ray.validate import named
 
@@ -109,7 +110,8 @@ class ClusterConfig:
             devices = validate.device_kinds(named("worker_devices"), self.worker_devices)
             validate.per_rank(named("worker_devices"), devices, self.num_workers)
             if self.worker_labels is not None:
-                raise ConfigError(f"{named('worker_devices')} and {named('worker_labels')} both place workers; give one of them")
+                raise ConfigError(f"{named('worker_devices')} and {named('worker_labels')} both place workers; "
+                                  "give one of them")
             if self.use_gpu == "no" and "gpu" in devices:
                 raise ConfigError(f"{named('worker_devices')} asks for GPU workers but {named('use_gpu')} is no")
             store(self, worker_devices=devices)
@@ -135,6 +137,10 @@ class ClusterConfig:
 class PlanConfig:
     """How the global batch is shared out, and when the shares may change."""
 
+    # A module of the user's, imported first: the policies it registers become choices.
+    policy_module: Optional[str] = setting(
+        None, "import this module first (a dotted name on the path, or a .py file): the policies it registers "
+              "with @hetero_ray.planning.register_policy become --policy choices", metavar="MODULE")
     # optimal: minimise the predicted step time with the fitted cost model.
     policy: str = setting(DEFAULT_POLICY, one_of(policy_names()))  # the built-in ones; any registered one passes
     batch_split: Optional[list[int]] = setting(
@@ -150,6 +156,11 @@ class PlanConfig:
         type=plan_change, metavar="STEP:B0,B1,...", repeat=True, aliases=("--plan-change",))
 
     def __post_init__(self):
+        if self.policy_module is not None:
+            if not isinstance(self.policy_module, str) or not self.policy_module:
+                raise ConfigError(f"{named('policy_module')} must name a module or a .py file, "
+                                  f"got {self.policy_module!r}")
+            load_policy_module(named("policy_module"), self.policy_module)
         validate.choice(named("policy"), self.policy, policy_names())
         if self.batch_split is not None:
             # Shares of the global batch: TrainConfig checks them against --global-batch-size and the ranks.
@@ -195,8 +206,9 @@ class EmulationConfig:
             store(self, emulate_devices_factor=validate.positive_number(named("emulate_devices_factor"),
                                                                          self.emulate_devices_factor))
             if self.emulate_devices is None:
-                raise ConfigError(f"{named('emulate_devices_factor')} stretches the curves of {named('emulate_devices')}; give "
-                                  f"{named('emulate_devices')} too, or leave the factor out")
+                raise ConfigError(f"{named('emulate_devices_factor')} stretches the curves of "
+                                  f"{named('emulate_devices')}; give {named('emulate_devices')} too, or leave the "
+                                  "factor out")
 
 
 # --- emulated devices: the syntax of one rank's entry (training/timing/curve_emulation.py reads the files)
@@ -273,7 +285,8 @@ class ProfilingConfig:
     def __post_init__(self):
         validate.switch(named("profile"), self.profile)
         if self.profile_batch_sizes is not None:
-            store(self, profile_batch_sizes=validate.probe_sizes(named("profile_batch_sizes"), self.profile_batch_sizes))
+            store(self, profile_batch_sizes=validate.probe_sizes(named("profile_batch_sizes"),
+                                                                 self.profile_batch_sizes))
         validate.non_negative_int(named("profile_interval"), self.profile_interval)
         validate.positive_number(named("profile_timeout_s"), self.profile_timeout_s, unit="seconds")
 
@@ -326,20 +339,22 @@ def check_shares(plan: PlanConfig, batch_size: int) -> None:
     if plan.batch_split is not None:
         validate.shares(named("batch_split"), plan.batch_split, batch_size, named("global_batch_size"))
     for change in plan.plan_changes or ():
-        validate.shares(f"{named('plan_changes')} at step {change['global_step']}", change["local_batch_sizes"], batch_size,
-                        named("global_batch_size"), may_leave_out=True)
+        validate.shares(f"{named('plan_changes')} at step {change['global_step']}", change["local_batch_sizes"],
+                        batch_size, named("global_batch_size"), may_leave_out=True)
 
 
 def check_ranks(plan: PlanConfig, emulation: EmulationConfig, batch_size: int, num_workers: int) -> None:
     """What depends on the number of workers (the most a run may have): a sample per
     worker in every step, one value per rank in every per-rank setting."""
     if batch_size < num_workers:
-        raise ConfigError(f"{named('global_batch_size')} {batch_size} is smaller than {named('num_workers')} {num_workers}: every worker "
-                          "needs at least one sample per step; raise the global batch or use fewer workers")
+        raise ConfigError(f"{named('global_batch_size')} {batch_size} is smaller than {named('num_workers')} "
+                          f"{num_workers}: every worker needs at least one sample per step; raise the global batch "
+                          "or use fewer workers")
     if plan.batch_split is not None:
         validate.per_rank(named("batch_split"), plan.batch_split, num_workers)
     for change in plan.plan_changes or ():
-        validate.per_rank(f"{named('plan_changes')} at step {change['global_step']}", change["local_batch_sizes"], num_workers)
+        validate.per_rank(f"{named('plan_changes')} at step {change['global_step']}", change["local_batch_sizes"],
+                          num_workers)
     if emulation.emulate_speeds is not None:
         validate.per_rank(named("emulate_speeds"), emulation.emulate_speeds, num_workers)
     for change in emulation.emulate_speed_changes or ():

@@ -157,6 +157,41 @@ def step_row(global_step: int, rank: int, attempt: int = 0, batch: int = 8, busy
 # steps, the last a short window of 24.
 ONE_DEVICE_JOB = dict(model="mlp", num_samples=600, global_batch_size=48, epochs=3, seed=5, lr=0.1)
 
+# A policy of a user's own, as a CLI user writes it: a file `--policy-module` imports.
+USER_POLICY_MODULE = "my_policies"
+USER_POLICY_SOURCE = '''
+from hetero_ray.planning import Plan, StaticPolicy, register_policy
+
+
+@register_policy
+class BackLoadedPolicy(StaticPolicy):
+    """The last rank holds half the global batch, the others share the rest; never changes."""
+
+    name = "back_loaded"
+
+    def initial_plan(self, global_batch_size, num_workers, capacities=None, caps=None):
+        self._check_room(global_batch_size, num_workers)
+        last = global_batch_size // 2 if num_workers > 1 else global_batch_size
+        rest, others = global_batch_size - last, max(num_workers - 1, 1)
+        first = [rest // others + (r < rest % others) for r in range(num_workers - 1)]
+        return Plan(0, (*first, last), "back_loaded: half on the last rank")
+'''
+
+
+def user_policy_file(folder, monkeypatch) -> str:
+    """The user's policy file written to ``folder``; the registry and the module cache are
+    restored after the test (``monkeypatch``), so no other test sees ``back_loaded``."""
+    from hetero_ray.planning import policies
+
+    monkeypatch.setattr(policies, "_REGISTERED", dict(policies._REGISTERED))
+    # Absent now and after the test: the set records it absent, the delete empties it for this test.
+    monkeypatch.setitem(sys.modules, USER_POLICY_MODULE, None)
+    monkeypatch.delitem(sys.modules, USER_POLICY_MODULE)
+    path = os.path.join(str(folder), f"{USER_POLICY_MODULE}.py")
+    with open(path, "w") as f:
+        f.write(USER_POLICY_SOURCE)
+    return path
+
 
 def make_steps(num_steps: int = 20, batches=(6, 2), busy=(0.06, 0.04), first_step: int = 0,
                attempt: int = 0, start_wall: float = 1000.0, gpu: bool = False) -> pd.DataFrame:

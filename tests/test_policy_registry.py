@@ -16,7 +16,7 @@ from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.planner import Planner
 from hetero_ray.planning.rank_facts import RankFacts
 from tests import cli
-from tests.helpers import h100_document, with_cpu_probe
+from tests.helpers import h100_document, user_policy_file, with_cpu_probe
 
 
 class FrontLoadedPolicy(policies.StaticPolicy):
@@ -81,3 +81,46 @@ def test_a_second_class_cannot_take_a_registered_name(registered):
     with pytest.raises(ValueError, match="a name of its own"):
         policies.register_policy(Impostor)
     assert policies.register_policy(FrontLoadedPolicy) is FrontLoadedPolicy  # the same class again is fine
+
+
+# --- a policy in a user's file: what a CLI user names with --policy-module
+
+
+def test_the_cli_imports_a_users_policy_module_for_train_and_plan(tmp_path, monkeypatch, capsys):
+    from hetero_ray.builtin.config import TrainConfig
+    from hetero_ray.cli.main import build_parser
+    from hetero_ray.cli.train import config_from_args
+
+    path = user_policy_file(tmp_path, monkeypatch)
+    args = build_parser().parse_args(["train", "--policy-module", path, "--policy", "back_loaded"])
+    config = config_from_args(args)
+    assert (config.policy, config.policy_module) == ("back_loaded", path)
+    assert TrainConfig.from_dict(config.to_dict()) == config, "a worker's or a --resume's copy imports it again"
+
+    profile = tmp_path / "nodes.json"
+    profile.write_text(json.dumps(with_cpu_probe(h100_document())))
+    plan_json = tmp_path / "plan.json"
+    code, out, err = cli.run_cli(["plan", "--profile", str(profile), "--global-batch-size", "64", "--workers",
+                                  "gpu,cpu*2", "--policy-module", path, "--policy", "back_loaded",
+                                  "--json", str(plan_json)], capsys)
+    assert code == 0, err
+    assert [w["local_batch_size"] for w in json.loads(plan_json.read_text())["workers"]] == [16, 16, 32]
+
+
+@pytest.mark.parametrize("command", ["train", "plan"])
+@pytest.mark.parametrize("module, policy, message", [
+    ("{tmp}/none.py", "back_loaded", "--policy-module {tmp}/none.py: no such file"),
+    ("no_such_policies_module", "back_loaded", "--policy-module no_such_policies_module: cannot import it"),
+    ("{tmp}/broken.py", "back_loaded", "raised while it was imported: RuntimeError: no GPU here"),
+    ("{policy_file}", "front_back", "--policy must be one of static, proportional, dynamic, optimal, back_loaded; "
+                                    "got 'front_back'"),
+])
+def test_a_policy_module_that_does_not_give_the_policy_exits_2_saying_why(
+        tmp_path, monkeypatch, capsys, command, module, policy, message):
+    policy_file = user_policy_file(tmp_path, monkeypatch)
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no GPU here')\n")
+    fill = dict(tmp=tmp_path, policy_file=policy_file)
+    flags = ["--profile", str(tmp_path / "nodes.json"), "--global-batch-size", "64"] if command == "plan" else []
+    code, out, err = cli.run_cli([command, *flags, "--policy-module", module.format(**fill), "--policy", policy],
+                                 capsys)
+    assert code == 2 and message.format(**fill) in err, err

@@ -2,7 +2,9 @@
 
 - same math: 3 workers with an uneven split whose plan changes mid-epoch twice reach the
   weights of 1 worker; in bf16 (the --precision flag) with a plan change they follow its
-  fp32 losses within bf16's rounding;
+  fp32 losses within bf16's rounding, the bf16 run's first plan made by a policy of the
+  user's own (``--policy-module``: a file the driver, the workers and, by value, the planner
+  actor get);
 - exactly once: in that same fp32 run, sample_ids.parquet holds every index once per
   epoch, every rank's piece matches the plan in force, and every rank runs every step.
 """
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from hetero_ray.runs import run_files
-from tests.helpers import ONE_DEVICE_JOB
+from tests.helpers import ONE_DEVICE_JOB, user_policy_file
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -29,7 +31,7 @@ BF16_LOSS_TOLERANCE = 0.05
 
 
 def test_uneven_workers_under_plan_changes_train_each_sample_once_to_one_workers_weights_and_in_bf16(
-        one_worker_run, fast_config):
+        one_worker_run, fast_config, tmp_path, monkeypatch):
     from hetero_ray.builtin.driver import run_training
 
     one = one_worker_run
@@ -40,9 +42,11 @@ def test_uneven_workers_under_plan_changes_train_each_sample_once_to_one_workers
                                      plan_changes=[{"global_step": 4, "local_batch_sizes": [8, 16, 24]},
                                                    {"global_step": 17, "local_batch_sizes": [30, 10, 8]}],
                                      **ONE_DEVICE_JOB))
-    bf16 = run_training(fast_config(num_workers=3, batch_split=[26, 14, 8], precision="bf16", name="bf16",
-                                    rebalance_interval=1,
-                                    plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}], **ONE_DEVICE_JOB))
+    policy_module = user_policy_file(tmp_path, monkeypatch)
+    bf16 = run_training(fast_config(num_workers=3, policy="back_loaded", policy_module=policy_module, precision="bf16",
+                                    name="bf16", rebalance_interval=1,
+                                    plan_changes=[{"global_step": 6, "local_batch_sizes": [8, 16, 24]}],
+                                    **ONE_DEVICE_JOB))
 
     assert one.summary["global_steps"] == three.summary["global_steps"] == STEPS  # crosses the short last windows
     weights_one = torch.load(os.path.join(one.run_dir, "model_final.pt"), weights_only=True)
@@ -58,7 +62,9 @@ def test_uneven_workers_under_plan_changes_train_each_sample_once_to_one_workers
     bf16_loss, one_loss = _step_losses(bf16.run_dir), _step_losses(one.run_dir)
     assert len(bf16_loss) == len(one_loss) == STEPS
     plans = run_files.read_table(bf16.run_dir, "plans").sort_values("first_global_step")
-    assert [list(s) for s in plans["local_batch_sizes"]] == [[26, 14, 8], [8, 16, 24]]
+    # back_loaded's first plan, then the scripted change
+    assert [list(s) for s in plans["local_batch_sizes"]] == [[12, 12, 24], [8, 16, 24]]
+    assert plans["reason"].iloc[0] == "back_loaded: half on the last rank"
     assert np.abs(bf16_loss - one_loss).max() < BF16_LOSS_TOLERANCE, (bf16_loss, one_loss)
     assert not np.array_equal(bf16_loss, one_loss), "bf16 computed exactly as fp32: autocast did not run"
 

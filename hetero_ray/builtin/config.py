@@ -233,7 +233,8 @@ RESUME_MAY_CHANGE = frozenset({
     "address", "num_workers", "min_workers", "cpus_per_worker", "use_gpu", "backend",
     "worker_labels", "worker_devices",
     # the plan: each rank's share of the same global batch
-    "policy", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown", "plan_changes",
+    "policy", "policy_module", "batch_split", "rebalance_interval", "rebalance_threshold", "rebalance_cooldown",
+    "plan_changes",
     "emulate_speeds", "emulate_speed_changes", "emulate_devices", "emulate_devices_factor",
     # how each step computes: the gradient scaler's state travels in the checkpoint
     "precision",

@@ -52,8 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="check that the profile probed this model (default: whatever it probed)")
     parser.add_argument("--workers", metavar="SPEC",
                         help="ranks as [NODE:]KIND[*COUNT],… e.g. gpu,cpu*3 (default: one per probed device)")
-    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=policy_names(),
-                        help=f"the policy whose first plan to show (default {DEFAULT_POLICY})")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, metavar="POLICY",
+                        help=f"the policy whose first plan to show: {', '.join(policy_names())}, or one "
+                             f"--policy-module registers (default {DEFAULT_POLICY})")
+    parser.add_argument("--policy-module", metavar="MODULE",
+                        help="import this module first (a dotted name on the path, or a .py file): the policies "
+                             "it registers with @hetero_ray.planning.register_policy become --policy choices")
     parser.add_argument("--allreduce-ms", type=float, metavar="MS",
                         help="the gradient all-reduce of a step with every rank in, in ms (a run's least "
                              "wait per step, or a guess): the plan then leaves out ranks that cost more in "
@@ -68,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--global-batch-size must be a positive integer, got {args.global_batch_size}")
     if args.allreduce_ms is not None and not (math.isfinite(args.allreduce_ms) and args.allreduce_ms >= 0):
         raise UserError(f"--allreduce-ms must be a number of milliseconds ≥ 0, got {args.allreduce_ms}")
+    from hetero_ray.planning.policies import policy_class
+    from hetero_ray.planning.policy_module import load_policy_module
+
+    if args.policy_module:
+        load_policy_module("--policy-module", args.policy_module)
+    policy_class(args.policy)  # a registered one, or the message lists them
     if args.json:
         from hetero_ray.cli.profile import _check_writable
 

@@ -7,7 +7,8 @@ the best split, decide whether to switch.
 * :mod:`~hetero_ray.planning.capacity` — each rank's curve and memory cap from the node profiles;
 * :mod:`~hetero_ray.planning.solver` — the split minimising ``max_i t_i(b_i)``;
 * :mod:`~hetero_ray.planning.subset` — the group and split minimising ``max_{i∈G} t_i(b_i) + c(G)``;
-* :mod:`~hetero_ray.planning.policies` — static / proportional / dynamic / optimal decisions;
+* :mod:`~hetero_ray.planning.policies` — static / proportional / dynamic / optimal decisions, and the registry;
+* :mod:`~hetero_ray.planning.policy_module` — a user's module of policies, imported by name or file;
 * :mod:`~hetero_ray.planning.moves` — how far one move may take a rank beyond the shares it is known at;
 * :mod:`~hetero_ray.planning.balancer` — step records in, decisions at rebalance points out;
 * :mod:`~hetero_ray.planning.planner` — the one planning authority: first plan, versions, caps, end;
@@ -20,6 +21,7 @@ shell around :class:`~hetero_ray.planning.planner.Planner`.
 from hetero_ray.planning.cost_model import CurveFit, fit_curve
 from hetero_ray.planning.decision import Decision, PolicyConfig
 from hetero_ray.planning.estimates import ClusterEstimates, Estimates, RankEstimate
+from hetero_ray.planning.plan import Plan
 from hetero_ray.planning.policies import (
     DEFAULT_POLICY,
     DynamicPolicy,
@@ -44,6 +46,7 @@ __all__ = [
     "Estimates",
     "CurveFit",
     "OptimalPolicy",
+    "Plan",
     "Policy",
     "PolicyConfig",
     "ProportionalPolicy",

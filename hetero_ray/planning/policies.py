@@ -34,6 +34,7 @@ from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
+from hetero_ray import validate
 from hetero_ray.errors import ConfigError
 from hetero_ray.formatting import format_list
 from hetero_ray.planning.alike import alike_note, pool_alike
@@ -112,7 +113,7 @@ def policy_class(name: str) -> type:
         ConfigError: no policy has that name.
     """
     if name not in _REGISTERED:
-        raise ConfigError(f"policy must be one of {', '.join(_REGISTERED)}; got {name!r}")
+        raise ConfigError(f"{validate.named('policy')} must be one of {', '.join(_REGISTERED)}; got {name!r}")
     return _REGISTERED[name]
 
 

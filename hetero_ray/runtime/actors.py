@@ -13,6 +13,7 @@ never attaches to an actor that already exists.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Optional
 
@@ -170,8 +171,19 @@ def start_planner(experiment_name: str, run_dir: str, node_id: str, wait: bool =
     store started: the planner is handed its handle; ``run_dir`` keeps its state, so that a
     restart continues the plan in force."""
     store = get_actor(experiment_name, METRICS_STORE_ROLE)
+    if isinstance(planner_kwargs.get("policy"), type):
+        _ship_with_its_code(planner_kwargs["policy"])
     return start_actor(PlannerActor, experiment_name, PLANNER_ROLE, store, run_dir, node_id=node_id, wait=wait,
                        **planner_kwargs)
+
+
+def _ship_with_its_code(cls: type) -> None:
+    """A policy from a user's module (``--policy-module``, or a module their script imports)
+    travels to the planner actor with its code, so the actor's node needs no copy of the
+    module; hetero_ray's own are imported there, ``__main__``'s always travel so."""
+    module = sys.modules.get(cls.__module__)
+    if module is not None and cls.__module__ != "__main__" and not cls.__module__.startswith("hetero_ray."):
+        ray.cloudpickle.register_pickle_by_value(module)
 
 
 def start_data_feed(experiment_name: str, dataset_name: str, dataset, node_id: str):
