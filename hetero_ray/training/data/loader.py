@@ -2,44 +2,13 @@
 global step, under the plan in force, loaded by real DataLoader worker processes.
 
 Each ``iter(loader)`` runs the rest of one epoch of the global sampler
-(:mod:`hetero_ray.sampler`): step ``s`` yields the samples at this rank's piece of the
-window ``[s·B, (s+1)·B)``. A torch ``DataLoader`` does the loading; its batch sampler is
-:meth:`PlanFollowingLoader._index_batches`, so its worker processes prefetch and collate
-while the model computes, and "which samples did rank i see at step s" is still exactly
-the sampler's answer.
-
-Plans and prefetching. The DataLoader asks for step ``s + l``'s indices while step ``s``
-is being handed out (``l = num_workers × prefetch_factor`` batches in flight; 0 without
-worker processes). So the plan that takes effect at a rebalance point ``R`` is agreed on
-by all ranks at step ``R − L`` (one broadcast, entered by every rank at the same step) and
-applied from ``R`` on: every rank switches at the same step, and no index is ever cut by
-a plan that was not yet agreed. ``L`` is the largest ``l`` of all ranks, agreed when the
-loader is made: ranks may choose their own ``num_workers`` (natural on a mixed cluster),
-but a rank that entered the broadcast at its own ``R − l`` would meet another rank's
-gradient all-reduce there instead.
-
-Which steps are done. A step handed out counts as trained, is recorded and moves the
-position on, once the user asks for the next batch, reports, or leaves the loop after
-the prepared model's backward pass ran for it. A batch that was only looked at
-(``next(iter(loader))`` before training, a ``break`` before the backward pass) is not:
-the next ``iter()`` hands the same step out again, and enters no collective the other
-ranks would not (its plans were already agreed).
-
-Ranks left out. Under a plan that leaves this rank out (``b_i = 0``) it still runs every
-step, in step with the others, but on a *probe*: half as many samples of the window as its
-last share (of ``⌈B/n⌉`` if it never had one), or fewer where the plan says so (a probe
-must end within the step of the ranks in: :mod:`hetero_ray.planning.probes`), with weight 0
-and no all-reduce (the hook and the batch norm see ``takes_part`` False). Its step row says
-``local_batch_size`` 0 and ``probe_batch_size``; its busy time keeps its cost curve known, so the planner can bring
-it back when it pays (after a speed change too). The probe's samples are not consumed:
-the sample-id audit records none. At the step a plan brings ranks back, every rank
-first receives rank 0's parameters and optimiser state (:mod:`hetero_ray.training.rank.rejoin`).
-
-Each step also runs the machinery the user never calls: the step clock (data wait here,
-forward and backward through the prepared model's hooks), the weight ``b_i / B`` of the
-gradient hook, emulated device speed, in-training resource readings, and the step row
-sent to the metrics store when the next step starts (the optimiser step in between is
-part of the step).
+(:mod:`hetero_ray.sampler`): step ``s`` yields this rank's piece of the window
+``[s·B, (s+1)·B)``, through a torch ``DataLoader`` whose batch sampler is
+:meth:`PlanFollowingLoader._index_batches`. A plan is agreed by all ranks ``L`` steps
+before its rebalance point and applied from it, ``L`` being the largest
+``num_workers × prefetch_factor`` of all ranks (the indices the DataLoader asks for ahead).
+A rank left out runs a probe with weight 0, in step with the others. How plans,
+prefetching, finished steps and probes fit together: docs/worker-runtime.md#the-plan-following-loader
 """
 
 from __future__ import annotations

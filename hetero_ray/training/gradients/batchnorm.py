@@ -1,35 +1,15 @@
 """BatchNorm over the global batch when ranks hold unequal local batches.
 
-The gradient convention of :mod:`hetero_ray.training.gradients.weighting`: rank i holds b_i of the
-B samples, computes its loss as the mean over its own batch, L_i, and the DDP hook turns
-local gradients into Σ_i w_i · ∂L_i/∂θ with w_i = b_i / B. Local gradients are therefore
-in "unscaled" units: the true gradient of L = Σ_i w_i · L_i reaching rank i is w_i times
-the one autograd sees there.
+:class:`HeteroSyncBatchNorm` normalises as one device would on all B samples. Forward: per
+channel, one all-reduce (SUM, float64) of [Σx, Σx², n] over the ranks in,
 
-One device running BatchNorm on all B samples normalises with the statistics of all of
-them and back-propagates through those statistics into every sample. To reproduce that:
+    N = Σ_i n_i,   mean = S / N,   var = Q / N − mean²      (biased, to normalise)
+    running ← (1 − m) · running + m · (mean, var · N / (N − 1))
 
-- forward: per channel, one all-reduce (SUM, float64) of [Σx, Σx², n] over ranks,
-
-      N = Σ_i n_i,   mean = S / N,   var = Q / N − mean²      (biased, to normalise)
-      running ← (1 − m) · running + m · (mean, var · N / (N − 1))
-
-  so the running statistics are the same, bit for bit, on every rank;
-- backward: one all-reduce of the weighted per-channel sums of the upstream gradient,
-  from which each rank builds the true dx of its samples and hands autograd dx / w_i,
-  back in the unscaled units the hook expects.
-
-``torch.nn.SyncBatchNorm`` does neither: it runs only on accelerators, and its backward
-sums the ranks' unscaled upstream gradients with equal weight, which is the gradient of
-another loss as soon as the b_i differ.
-
-A rank whose piece of a short last window is empty runs one dummy sample with w_i = 0:
-it contributes no statistics and no gradient, and gets dx = 0 back.
-
-The ranks are those of the plan in force: with ranks left out, the statistics are
-all-reduced over the group of the ranks in (``weight_state.process_group``, the group the
-gradient hook reduces over), and a rank left out (``weight_state.takes_part`` False)
-normalises its probe with its running statistics, changes nothing and talks to nobody.
+Backward: one all-reduce of the weighted per-channel sums of the upstream gradient, from
+which each rank builds the true dx of its samples and hands autograd dx / w_i (the unscaled
+units of :mod:`hetero_ray.training.gradients.weighting`). Why not ``torch.nn.SyncBatchNorm``,
+and what empty shares and ranks left out do: docs/worker-runtime.md#exact-batch-norm
 """
 
 from __future__ import annotations

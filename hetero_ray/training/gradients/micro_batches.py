@@ -1,46 +1,16 @@
 """A share larger than the rank's memory cap, trained as several micro-batches in one step.
 
-The planner gives each rank the share its speed calls for. Where that share is larger
-than the largest batch the rank's device holds (its memory cap, measured when the nodes
-were profiled), :func:`micro_batches` cuts it into ``m = ⌈b_i / cap_i⌉`` micro-batches of
-nearly equal sizes ``k_1 … k_m`` (Σ k_j = b_i). The user's loop runs forward and backward
-on each, as on a batch; the gradients accumulate on the rank (DDP ``no_sync``) and only the
-last backward pass all-reduces: still ONE weighted all-reduce per step.
+:func:`micro_batches` cuts a share of ``b_i`` samples past the cap ``cap_i`` into
+``m = ⌈b_i / cap_i⌉`` micro-batches of nearly equal sizes ``k_1 … k_m``; the loop runs
+forward and backward on each, the gradients accumulate under DDP's ``no_sync``, and only
+the last backward all-reduces: still one weighted all-reduce per step. After micro-batch j
+the accumulated gradient is rescaled by ``k_j / k_{j+1}``, and the hook weights the last by
+``w_i · k_m / b_i`` (``WeightedAllReduceState.grad_scale``), so the all-reduce gives
+``Σ_i w_i · ĝ_i`` with ``ĝ_i = Σ_j (k_j / b_i) · g_j``: one device's step on the global
+batch. A model with hetero_ray's synced BatchNorm is never cut (its statistics are the
+global batch's); ``prepare_model(model, sync_batchnorm=False)`` opts in.
 
-The math. The loss of micro-batch j is the mean over its k_j samples, with gradient g_j;
-the rank's share needs the mean over its b_i samples,
-
-    ĝ_i = Σ_j (k_j / b_i) · g_j .
-
-Between micro-batches the accumulated gradient is rescaled so that after the backward of
-micro-batch j it is (1/k_j) · Σ_{l≤j} k_l · g_l: after micro-batch j the factor is
-k_j / k_{j+1} (1 for equal sizes). After the last one it is (b_i / k_m) · ĝ_i, and the
-hook weights it by ``w_i · k_m / b_i`` (``WeightedAllReduceState.grad_scale``), which gives
-the all-reduce ``Σ_i w_i · ĝ_i``: the step of one device on the global batch. A term of
-the loss that is no mean over samples (a weight penalty) comes out once per step too,
-since the factors k_j / b_i sum to 1.
-
-Busy time. The step's clock runs from the batch handed out to the last gradient bucket,
-which only the last micro-batch's backward reaches: the recorded busy time covers every
-micro-batch, so the planner's curve ``t(b) = max(τ, α + β·b)`` is fitted on what a share
-past the cap really costs (about m times a batch at the cap). Within it, the step row's
-``forward_time_s`` is the first micro-batch's forward pass and ``backward_time_s`` all the
-rest.
-
-Batch norm. hetero_ray's synced BatchNorm normalises with the statistics of the whole
-global batch in one pass (one all-reduce per layer); micro-batches would give each
-micro-batch its own statistics, and ranks with different numbers of micro-batches would
-enter different numbers of those all-reduces. So a model prepared with synced BatchNorm
-is never cut: its planner keeps every share within the memory cap, as without
-micro-batches, and a share over the cap anyway (an explicit split) is trained whole, with
-a warning. ``prepare_model(model, sync_batchnorm=False)`` opts in: each rank's BatchNorm
-then normalises each micro-batch on its own (statistics of k_j samples, running
-statistics updated once per micro-batch).
-
-The planner learns that the run cuts its shares from the first call (rank 0 says so at
-the next plan it asks for): until then, and for a model with synced BatchNorm, shares stay
-within the memory caps, so a loop that does not use micro-batches is never given a share
-its device cannot hold.
+Why, and what the busy time covers: docs/worker-runtime.md#micro-batches
 """
 
 from __future__ import annotations

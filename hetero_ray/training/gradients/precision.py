@@ -1,7 +1,7 @@
 """Mixed precision for a training step: autocast, and a gradient scaler for fp16.
 
-The pattern every loop follows (the built-in job's included), with ``prepare_model``'s
-gradient weighting and batch norm unchanged by it::
+The pattern every loop follows (the built-in job's included); ``prepare_model``'s gradient
+weighting and batch norm hold under it unchanged (why: docs/worker-runtime.md#precision)::
 
     precision = Precision.named("bf16", device)      # or fp16, fp32
     scaler = precision.make_scaler()                 # fp16 only; None otherwise
@@ -12,18 +12,6 @@ gradient weighting and batch norm unchanged by it::
     else:
         scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()
     # checkpoint scaler.state_dict() beside the optimiser's; load it on resume
-
-Why the weighting still holds: the parameters and their gradients stay fp32 under
-autocast, so the hook scales fp32 buckets by ``b_i / B`` as before. fp16's scaler
-multiplies every rank's loss by the same factor ``S`` and divides the summed gradient by
-``S`` before the step: ``Σ_i w_i·(S·g_i) / S = Σ_i w_i·g_i``. After the all-reduce every rank
-in holds the same gradient, so their scalers see the same infinities, skip the same steps
-and keep the same factor; a rank the plan leaves out sees none of them, and receives rank
-0's scaler when it is brought back (training/rank/replica_state.py). Near fp16's range a rank's
-own pass, on the mean over its b_i samples (per-sample gradients B / b_i times one
-device's before the hook weights them), can overflow where one device's would not; every
-rank then skips that step together. The batch norm reduces its moments in float64 whatever the
-input's dtype.
 """
 
 from __future__ import annotations

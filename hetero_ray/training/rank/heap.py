@@ -1,29 +1,13 @@
 """What is alive at an epoch's start leaves Python's later collections (``gc.freeze``).
 
-What the user's loop built before its first step (the model, the optimiser, the dataset,
-Ray's and torch's modules) is alive to the end; else Python's full collection, which runs
-when enough objects have piled up, walks all of it: a quarter of a second in a Ray worker
-holding torch, at a different step on each rank, which the others wait for at the next
-collective. Every rank calls :func:`freeze_heap` at the same step (an epoch's start),
-before the DataLoader's workers are first forked.
-
-Most epoch starts collect only what the last epoch made (the frozen objects are not
-walked), then freeze it. Every :data:`FULL_WALK_EVERY`-th call unfreezes first, so that
-the cycles that were frozen alive and died since (an epoch's own objects) are freed:
-frozen for good they never would be, and memory would grow with every epoch. Walking the
-whole heap at every epoch's start instead cost 0.2–0.3 s each time on every rank (a
-process holding torch, Ray and pandas: ~430,000 objects), a stall per epoch that short
-epochs feel. The calls are counted, not timed or sized, so every rank walks at the same
-epoch's start.
-
-Frozen objects are not listed by ``gc.get_objects()``. So that finding the instances of a
-few classes (:func:`live_instances`: the optimisers, schedulers and scalers a rank left out
-receives from rank 0) need not unfreeze and list the whole heap each time, the first
-lookup after a full walk lists it whole and remembers, weakly, the instances it froze
-again; each later freeze adds those of what it freezes, and a later lookup lists only
-what is not frozen. A run that never looks (no rank left out) lists nothing. A freeze
-this module did not make (a ``gc.freeze()`` elsewhere) is noticed by a marker object it
-would have frozen too, and the lookup lists the whole heap.
+What the loop built before its first step is alive to the end, and a full collection that
+walks it stalls one rank at a step of its own while the others wait. Every rank calls
+:func:`freeze_heap` at the same step (an epoch's start, before the DataLoader's workers are
+first forked): it collects what the last epoch made and freezes it, and every
+:data:`FULL_WALK_EVERY`-th call unfreezes first, so that frozen cycles that died since are
+freed. :func:`live_instances` finds the instances of a few classes without listing the
+whole heap each time, by remembering (weakly) those it froze. Why, and what it saves:
+docs/worker-runtime.md#the-heap
 """
 
 from __future__ import annotations

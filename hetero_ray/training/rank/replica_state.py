@@ -1,32 +1,14 @@
 """A replica's whole training state, copied from rank 0 to every rank.
 
-A rank the plan leaves out still runs the user's loop, on a probe with weight 0
-(:mod:`hetero_ray.training.data.loader`): its gradient is zero, but its optimiser step still
-applies momentum and weight decay, its fp16 ``GradScaler`` never sees the overflows of the
-ranks in (so its scale and growth tracker drift), and a learning-rate scheduler stepped
-only on steps the scaler did not skip (the Hugging Face Trainer's rule) runs ahead. None
-of it may reach anything the user observes, so at the points where it could — a rank
-brought back, the end of an epoch, an evaluation, see :class:`StaleRanks` — every rank
-receives rank 0's copy of all of it:
-
-- the prepared model's parameters and buffers;
-- every optimiser that steps a parameter of the model, with its state and its
-  ``param_groups`` (the learning rate among them);
-- every learning-rate scheduler of those optimisers, and every enabled ``GradScaler``.
-
-The user makes the optimisers, schedulers and scalers, and hands none of them to
-hetero_ray; they are found among the worker's live objects by type, when needed: the
-frozen instances an earlier lookup and the epoch starts' freezes remembered, and those
-made since (:func:`~hetero_ray.training.rank.heap.live_instances`; the whole heap is collected first only
-where two of a kind turn up, one of which may have died while frozen). Ranks may find
-them in another order, so rank 0 sends one table keyed by what is the same on every rank —
-an optimiser by the positions of its parameters in ``model.parameters()``, a scheduler by
-its optimiser's key and its class — and a rank that holds a different set is told so,
-instead of pairing one object's state with another's (or waiting in a broadcast no other
-rank enters).
-
-Rank 0 is the source: a plan never leaves it out (planning/policies.py), and it writes
-the checkpoints.
+A rank the plan leaves out still steps its optimiser, scaler and scheduler on a probe of
+weight 0, so its replica drifts. Where that could reach the user — a rank brought back,
+the end of an epoch, an evaluation (:class:`StaleRanks`) — every rank receives rank 0's
+model parameters and buffers, every optimiser of the model's parameters (state and
+``param_groups``), their learning-rate schedulers and every enabled ``GradScaler``. The
+user hands none of these to hetero_ray: they are found among the worker's live objects by
+type (:func:`~hetero_ray.training.rank.heap.live_instances`) and sent in one table keyed by
+what is the same on every rank. Why, and how the objects are found and paired:
+docs/worker-runtime.md#the-replica-state-and-rejoining
 """
 
 from __future__ import annotations

@@ -1,59 +1,16 @@
 """Emulated devices with the shape of real ones: each rank's busy time follows a device curve.
 
-``--emulate-speeds`` makes a rank a constant factor slower, so every emulated device is a
-line like this machine's CPU. A GPU is not: resnet18 on an H100 takes about 7 ms at every
-batch from 8 to 64 (the kernel-launch floor). ``--emulate-devices`` gives each rank a curve
+``--emulate-devices`` gives each rank a curve ``t_dev(b) = max(τ, α + β·b)``
+(:mod:`hetero_ray.planning.cost_model`'s family), from a device of a ``nodes.json`` or
+written out (``curve:FLOOR_MS:ALPHA_MS:BETA_MS``), and the rank pads its step so that its
+busy time at local batch ``b`` is
 
-    t_dev(b) = max(τ, α + β·b)      (planning/cost_model.py's family)
+    busy(b) = k · t_dev(b) / v      k ≥ 1: one factor for all ranks, measured before step 0
+                                       (:func:`common_factor`); v: the rank's emulated speed
 
-and the rank pads its step so that its busy time at local batch ``b`` is
-
-    busy(b) = k · t_dev(b) / v      v: the rank's emulated speed (1 unless --emulate-speeds
-                                       or --emulate-speed-changes say otherwise)
-
-**Where the curves come from** (one entry per rank, ``*COUNT`` repeats one):
-
-* ``PROFILE.json[:NODE][:gpuN|cpuN]``: a device of a ``nodes.json`` (``hetero-ray profile
-  --model M --json FILE``), refitted from its probe rows with the planner's own fit
-  (:func:`~hetero_ray.planning.cost_model.fit_curve`, as ``hetero-ray plan`` refits), so
-  the emulated device is what the planner would believe of the real one. ``NODE`` is a
-  node id prefix, hostname or IP; without ``gpuN|cpuN`` the profile's first probed GPU is
-  taken (else its first probed CPU).
-* ``curve:FLOOR_MS:ALPHA_MS:BETA_MS``: a curve written out, e.g. ``curve:0:2:0.5`` for a
-  CPU-like line of 2 ms + 0.5 ms per sample. Profiles rarely probe a CPU beside a GPU
-  (the H100 profile in tests/data does not), and a line is all a CPU rank needs.
-
-So "rank 0 behaves like the H100 in this nodes.json, ranks 1-2 like a CPU line" reads
-``--emulate-devices h100_nodes.json:gpu0,curve:0:2:0.5*2``. A path names a file on the
-driver's machine: the driver resolves every entry to its curve before anything starts and
-sends the numbers to the workers (:func:`hetero_ray.runtime.device_curves.device_curves`).
-
-**The common factor k.** A rank can only pad: it cannot run faster than this machine runs
-the model. The H100 curve is 7 ms where this CPU takes far longer, so every curve is
-stretched by one factor ``k ≥ 1``, the same for all ranks, which keeps the ratios between
-the emulated devices (the shape the planner must cope with) while no rank's target is
-ever below its real busy time:
-
-    k = max(1, HEADROOM · max_i max_{b ∈ 1…B} r_i(b) / t_dev,i(b))
-
-``r_i`` is rank i's real busy time, measured before step 0 with all ranks stepping the
-model at once (so ranks that share cores are measured sharing them) and fitted with the
-same curve; ``b`` runs over the whole range a plan may give one rank, up to the global
-batch ``B`` (a plan may leave the other ranks out). Measured once before step 0 rather
-than adapted online: k changing mid-run would move every rank's busy time at once, and
-the balancer would read it as the cluster changing; and agreeing on a new k needs a
-collective, which the gradient hook where the pad runs cannot enter. A step whose real
-work overruns its target anyway (a noisy neighbour, a bigger batch than measured) is not
-padded: it shows as measured, as a slowed device would (:attr:`CurveEmulator.overruns`).
-
-**The pad.** Like :class:`~hetero_ray.training.timing.emulation.SpeedEmulator`, the pad runs
-in the gradient hook and counts as busy time; unlike it, the curve is a whole step's time,
-so the rank sleeps once, before its last gradient bucket leaves, until
-``elapsed = k·t_dev(b)/v`` since the step began (earlier buckets leave as they are
-ready: the curve says nothing about how a device spreads its backward pass).
-
-Only the emulator reads the curves. Profiling, the warm-up lines of the first plan and
-every policy measure the padded steps, as they would measure real devices.
+The rank sleeps once per step, in the gradient hook before its last bucket leaves, and the
+pad counts as busy time; a step whose real work overruns its target is not padded. Why a
+curve, where the curves come from, and why k is fixed: docs/worker-runtime.md#emulated-devices
 """
 
 from __future__ import annotations

@@ -3,29 +3,14 @@
 A rank with emulated speed ``v`` (0 < v ≤ 1) behaves like a device ``1/v`` times slower:
 before each gradient bucket is handed to the all-reduce, it sleeps until
 
-    elapsed_wall = work / v
+    elapsed_wall = work / v      work: what the device did (on a CPU, the compute thread's
+                                 CPU time; on a GPU, wall time with its queue drained)
 
-so every bucket leaves when it would have left on the slower device, and the padding
-counts as busy time (the balancer must see the rank as slow). Nothing else is padded.
-
-``work`` is what the device did, not how long the host took to let it: on a CPU it is the
-compute thread's CPU time. Wall time would also count the moments the OS scheduler gave
-the core to another process, and the pad would multiply them by ``1/v`` — a 10 ms
-preemption of a rank at speed 0.25 would become 40 ms, which no slower device does. On a
-GPU the device's queue is drained and wall time is the work (the host is not the device).
-
-Speeds are relative: ranks that share a machine share its cores, and four ranks asking
-for 1 + 1 + 0.5 + 0.25 cores on a 2-core machine cannot all get them. The scheduler would
-then decide their speeds (a "full-speed" rank running at half speed while others compute)
-and the ratios asked for would be lost. So every speed is multiplied by one factor, the
-largest that lets the CPU ranks of every node run together on
-``USABLE_CORE_FRACTION`` of its cores (:func:`fit_to_cores`): 1 when they fit.
-
-Speeds may change at given global steps (``--emulate-speed-changes STEP:RANK:SPEED``), to
-test how the balancer follows a device that slows down mid-run.
-
-A speed makes every emulated device a line like this machine's; a device whose busy time
-has another shape (a GPU's floor) is emulated by :mod:`hetero_ray.training.timing.curve_emulation`.
+and the padding counts as busy time. Every speed is scaled by one factor so that each
+node's CPU ranks fit on ``USABLE_CORE_FRACTION`` of its cores (:func:`fit_to_cores`), and
+speeds may change at given steps (``--emulate-speed-changes``). A device of another shape
+(a GPU's floor): :mod:`hetero_ray.training.timing.curve_emulation`.
+Why: docs/worker-runtime.md#emulated-speeds
 """
 
 from __future__ import annotations
