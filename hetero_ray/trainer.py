@@ -37,12 +37,13 @@ from hetero_ray.constants import (
     CHECKPOINTS_TO_KEEP, CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ELASTIC_START_TIMEOUT_S,
     DEFAULT_PLACEMENT_TIMEOUT_S, PLACEMENT_TIMEOUT_S_ENV_VAR, TRAIN_DATASET, env_float,
 )
-from hetero_ray.errors import ConfigError, RunInterrupted, UserError
+from hetero_ray.errors import ConfigError, RunInterrupted
 from hetero_ray.hetero_config import HeteroConfig
 from hetero_ray.planning.policies import policy_class, policy_names
 from hetero_ray.profile_defaults import probe_batch_sizes_around
 from hetero_ray.profiling.profile_config import ProfileConfig
-from hetero_ray.runs import checkpoints, run_dir, run_files, run_lock, storage
+from hetero_ray.runs import storage
+from hetero_ray.runs.folder import RunFolder
 from hetero_ray.runtime import actors, cluster, node_checks
 from hetero_ray.runtime.cluster_view import ClusterViewRefresh
 from hetero_ray.runtime.failures import RunGuard
@@ -139,28 +140,17 @@ class HeteroTrainer:
                 ``interrupted``, and ``fit()`` under the same name continues from the
                 last checkpoint the loop reported (the message says when there is none).
         """
-        run = storage.resolve(self._run_config.storage_path, self._name, self._hetero.output_dir)
         # One driver per run directory (runs/run_lock.py): an existing one is locked
         # before anything in it is read; a new one as it is created.
         with contextlib.ExitStack() as held:
-            locked = os.path.isdir(run.run_dir)
-            if locked:
-                held.enter_context(run_lock.acquire(run.run_dir, self._job.words.locked_advice))
-            return self._fit(run, held, locked)
+            folder = RunFolder.open(self._run_config.storage_path, self._name, self._hetero.output_dir,
+                                    self._job.words, held)
+            return self._fit(folder)
 
-    def _fit(self, run: storage.RunStorage, held: contextlib.ExitStack, locked: bool) -> Result:
-        """Checks, then trains; ``held`` keeps the run directory's lock until fit() returns."""
-        hetero, job = self._hetero, self._job
-        resuming = run.continues_a_run()
-        if resuming and run.remote_run_uri is None:  # a snapshot a lost driver cut short: rebuilt, said
-            note = checkpoints.repair_torn_snapshot(run.run_dir, job.words.start_afresh)
-            if note:
-                self._emit(note)
-        if job.check_run_dir is not None:
-            job.check_run_dir()
-        elif not resuming and os.path.exists(os.path.join(run.run_dir, run_files.CONFIG_FILE)):
-            raise UserError(f"{run.run_dir} already holds a run without a checkpoint to continue from; choose "
-                            "another RunConfig(name=...) (nothing was overwritten)")
+    def _fit(self, folder: RunFolder) -> Result:
+        """Checks, then trains; the folder's lock is held until fit() returns."""
+        hetero, job, run = self._hetero, self._job, folder.storage
+        folder.check(self._emit, job.check_run_dir)
         cpus_per_worker = float((self._scaling.resources_per_worker or {}).get("CPU", 1))
         connection = cluster.connect(None, local_num_cpus=max(os.cpu_count() or 1, int(self._max_workers * cpus_per_worker + 0.999)),
                                      timeout_s=env_float(CONNECT_TIMEOUT_S_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S),
@@ -171,22 +161,15 @@ class HeteroTrainer:
         if run.remote_run_uri is None:  # checkpoints go to a path every worker node writes
             node_checks.check_nodes(run.run_dir, selectors, job.dataset, emit=self._emit)
         actors.check_name_free(self._name, job.words.name_setting)  # a live run of this name: refuse
-        created = run_dir.make(run.run_dir, held, locked, job.words)
-        if resuming and storage.take_back_tables(run):
-            self._emit(f"[hetero_ray] the run's tables were taken back from {run.remote_run_uri}")
-        run_dir.write_settings(run.run_dir, job.settings if job.settings is not None else {
-            "hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path}, created, job.words)
-        self._emit(f"[hetero_ray] run {self._name}: files in {run.run_dir}"
-                   + (f", copied to {run.remote_run_uri} at each checkpoint" if run.remote_run_uri else ""))
-        if resuming:
-            self._emit(f"[hetero_ray] resuming from {checkpoints.describe_latest(run.run_dir)}")
+        folder.create(job.settings if job.settings is not None else {
+            "hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path}, self._emit)
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
 
         device_mode = "mixed" if hetero.worker_devices is not None else ("gpu" if use_gpu else "cpu")
         uses_gpus = use_gpu or "gpu" in (hetero.worker_devices or ())
         make_trainer = functools.partial(self._torch_trainer, run, device_mode)
-        finished = run_lifecycle(self._run_spec(run, uses_gpus, cpus_per_worker), make_trainer, emit=self._emit)
+        finished = run_lifecycle(self._run_spec(folder, uses_gpus, cpus_per_worker), make_trainer, emit=self._emit)
         self._emit(f"[hetero_ray] finished: {finished.summary['global_steps']} global steps; files in {run.run_dir}")
         return finished.result
 
@@ -244,8 +227,8 @@ class HeteroTrainer:
         hetero = self._hetero
         return list(hetero.profile_batch_sizes or probe_batch_sizes_around(hetero.global_batch_size, self._max_workers))
 
-    def _run_spec(self, run: storage.RunStorage, use_gpu: bool, cpus_per_worker: float) -> RunSpec:
-        hetero, job = self._hetero, self._job
+    def _run_spec(self, folder: RunFolder, use_gpu: bool, cpus_per_worker: float) -> RunSpec:
+        hetero, job, run = self._hetero, self._job, folder.storage
         profiling = None
         if hetero.profiles_nodes:
             profiling = ProfilingSpec(ProfileConfig(model=hetero.profile_model, batch_sizes=self._probe_batch_sizes(),
@@ -268,7 +251,7 @@ class HeteroTrainer:
                 "global_batch_size": hetero.global_batch_size,
                 "emulate_speeds": list(hetero.emulate_speeds) if hetero.emulate_speeds else None,
             },
-            interruption=functools.partial(self._interrupted, run),
+            interruption=functools.partial(self._interrupted, folder),
             profiling=profiling,
             total_steps=job.total_steps,
             final_model=job.final_model,
@@ -276,10 +259,10 @@ class HeteroTrainer:
             data_feeds=self._datasets.feeds,
         )
 
-    def _interrupted(self, run: storage.RunStorage, signum: int, summary: dict[str, Any]) -> RunInterrupted:
+    def _interrupted(self, folder: RunFolder, signum: int, summary: dict[str, Any]) -> RunInterrupted:
         """What a stop raises: how far the run got, and how to continue it from the last
         checkpoint reported before the stop (the message says when there is none)."""
-        words = self._job.words
+        words, run = self._job.words, folder.storage
         name = SIGNAL_NAMES[signum] + (" (Ctrl-C)" if signum == signal.SIGINT else "")
         recorded = (f"interrupted by {name} at global step {summary['global_steps']}: summary.json says "
                     f"\"interrupted\", and the steps trained so far are in {run.run_dir}")
@@ -287,7 +270,7 @@ class HeteroTrainer:
             return RunInterrupted(f"{recorded}. No checkpoint was reported before the stop, so there is nothing to "
                                   f"continue: {words.start_afresh}", signum, resumable=False)
         return RunInterrupted(f"{recorded}. {words.continues(self._name)} continues from "
-                              f"{checkpoints.describe_latest(run.run_dir)}", signum, resumable=True)
+                              f"{folder.latest_checkpoint()}", signum, resumable=True)
 
 
 def _check_torch_config(torch_config: Optional[TorchConfig], scaling_config: ScalingConfig) -> None:

@@ -47,6 +47,7 @@ def walk(argv: list[str]) -> list[tuple[str, str]]:
     from hetero_ray.cli.main import build_parser
     from hetero_ray.cli.train import config_from_args
     from hetero_ray.runs import storage
+    from hetero_ray.runs.folder import RunFolder
 
     calls: list[tuple[str, str]] = []
 
@@ -73,7 +74,7 @@ def walk(argv: list[str]) -> list[tuple[str, str]]:
         trainer = builtin_trainer(config, device_mode, emit=lambda line: None)
         run = storage.resolve(os.path.abspath(config.storage_path), config.name, None)
         trainer._torch_trainer(run, device_mode, first_plan_wait_s=0.0)
-        trainer._run_spec(run, False, config.cpus_per_worker)
+        trainer._run_spec(RunFolder(run, trainer._job.words, held=None, locked=False), False, config.cpus_per_worker)
 
     drive()  # once untraced: what it imports runs its module code then, not in the walk
     sys.setprofile(profile)

@@ -337,15 +337,17 @@ def test_a_stop_says_whether_fit_again_continues(tmp_path):
 
     from hetero_ray.runs import storage
     from hetero_ray.runs.checkpoints import RAY_CHECKPOINT_SNAPSHOT
+    from hetero_ray.runs.folder import RunFolder
 
     trainer = HeteroTrainer(_loop, run_config=RunConfig(name="stopped", storage_path=str(tmp_path)),
                             hetero_config=HeteroConfig(global_batch_size=8))
     run = storage.resolve(str(tmp_path), "stopped", None)
     os.makedirs(run.run_dir)
-    early = trainer._interrupted(run, signal.SIGINT, {"global_steps": 3})
+    folder = RunFolder(run, trainer._job.words, held=None, locked=True)  # fit() holds its lock; not needed here
+    early = trainer._interrupted(folder, signal.SIGINT, {"global_steps": 3})
     assert not early.resumable and "No checkpoint was reported before the stop" in str(early)
     assert "fit() again under another RunConfig(name=...)" in str(early)
 
     open(os.path.join(run.run_dir, RAY_CHECKPOINT_SNAPSHOT), "w").write("{}")
-    later = trainer._interrupted(run, signal.SIGINT, {"global_steps": 30})
+    later = trainer._interrupted(folder, signal.SIGINT, {"global_steps": 30})
     assert later.resumable and "fit() again with RunConfig(name='stopped')" in str(later)
