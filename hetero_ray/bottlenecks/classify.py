@@ -2,34 +2,14 @@
 
 Pure: a DataFrame of step rows (columns of :data:`hetero_ray.runs.records.STEPS`) in,
 :class:`Verdict` objects out; no Ray, no torch. Every verdict carries the numbers behind
-it and a recommendation a person can act on.
-
-Per rank ``i``, over the window (medians, robust to a few odd steps):
-
-    b_i          local batch size               busy_i    busy time (data + fwd + bwd + pad)
-    c_i = busy_i / b_i   per-sample cost        data_i    data wait
-    wait_i       step − busy − optimiser: communicating, or waiting for slower ranks
-    comm         min_i wait_i per step: the slowest rank waits for nobody, so what it
-                 still waits is communication
-
-Verdicts (first match wins; the others it also matched are listed in ``evidence["also"]``):
-
-0. **left-out**: the plan gave the rank no share (median ``b_i = 0``): it ran probes only.
-   It is left out of the others' comparisons and of the equal-finish shares below.
-1. **input-bound**: ``data_i / busy_i ≥ input_share`` — the rank waits for its data; the
-   recommendation names what it read, by its step rows' ``data_source``: a Ray Data
-   dataset's pipeline, or the map-style DataLoader.
-2. **straggler**: ``busy_i ≥ straggler_ratio · median_{j≠i} busy_j`` *and* the others wait
-   for it (``median_{j≠i} wait_j / step_j ≥ wait_share``). Busy time is compared, not
-   per-sample cost: a slow device that was given a smaller share and finishes with the
-   others is not a straggler. The recommendation then uses per-sample costs: the
-   equal-finish share is ``b_i* = B · (1/c_i) / Σ_j (1/c_j)``, so move ``b_i − b_i*``.
-3. **memory-bound**: GPU peak memory ``≥ memory_fraction`` of the device, or the local
-   batch ``≥ memory_fraction`` of the rank's memory cap: it cannot take a larger share.
-4. **communication-bound**: ``comm / step ≥ comm_share`` with no straggler in the window
-   (otherwise the waiting is the straggler's doing).
-5. **under-utilised-gpu**: median GPU utilisation ``< low_gpu_util`` %.
-6. **balanced**: none of the above.
+it and a recommendation a person can act on. Per rank ``i``, over the window (medians):
+``b_i`` local batch, ``busy_i`` busy time, ``c_i = busy_i / b_i``, ``data_i`` data wait,
+``wait_i = step − busy − optimiser``, and per step ``comm = min_i wait_i`` (the slowest
+rank waits for nobody, so what it still waits is communication). The first verdict that
+matches wins, in the order of :data:`PRIORITY`, else ``balanced``; the others it matched
+are in ``evidence["also"]``. A straggler's recommended share is the equal-finish one,
+``b_i* = B · (1/c_i) / Σ_j (1/c_j)``. Thresholds: :class:`BottleneckThresholds`.
+Each verdict's rule and why: docs/dashboard.md#the-bottleneck-verdicts
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """The step's communication ``c(G)``: the gradient all-reduce of the ranks in the plan.
 
-A step under a plan whose ranks in are ``G`` takes
-
-    T = max_{i∈G} t_i(b_i) + c(G)
-
-(:mod:`hetero_ray.planning.subset`). ``c`` is learned online from the step records: the
-rank that finished its own work last waits for nobody but the all-reduce's tail, so a
-step's all-reduce time is the least ``wait_time_s`` of its ranks in (the time from its
-last gradient bucket to its all-reduce's end, measured by the communication hook). The
-level of a group is the median of its last :data:`WINDOW_STEPS` steps.
-
-Keyed by the group itself (the ranks in, not just their number): one slow link or one
-rank on another node makes a group's all-reduce slower whatever its size. One run has
-one backend (gloo or NCCL), so a balancer's estimates are per backend by construction.
-
-A group never run yet is predicted from the measured group nearest in size (the larger
-on a tie), scaled by the number of sequential hops of a ring all-reduce, ``2(k − 1)``:
+A step under a plan whose ranks in are ``G`` takes ``T = max_{i∈G} t_i(b_i) + c(G)``
+(:mod:`hetero_ray.planning.subset`). ``c`` is learned online per group of ranks in (the
+ranks themselves, not their number): a step's all-reduce is the least ``wait_time_s`` of
+its ranks in, a group's level the median of its last :data:`WINDOW_STEPS` steps. A group
+never run yet is scaled from the measured group nearest in size (the larger on a tie) by a
+ring all-reduce's hops:
 
     c(G) ≈ c(H) · (|G| − 1) / (|H| − 1)
 
-— latency-bound, as the all-reduce of a model small enough to be worth leaving ranks out
-for is. It is a first guess that decides whether to try a group; once the group is in
-force its own measurement replaces it, and a wrong guess is a plan the next decision (or
-the balancer's rollback) corrects. A group of one rank communicates nothing (the hook
-skips its all-reduce): ``c = 0``. Before any group is measured ``c`` is 0 everywhere,
-which gives the compute-only plan (every rank in).
-
-Plain Python, no Ray.
+One rank alone costs nothing, and before any group is measured ``c`` is 0 everywhere (the
+compute-only plan). Plain Python, no Ray.
+Why: docs/profiling-and-planning.md#communication-and-ranks-left-out
 """
 
 from __future__ import annotations

@@ -5,49 +5,12 @@
                                        α_i: the line's intercept (s; < 0 allowed above a floor)
                                        β_i ≥ 0: cost per sample (s/sample)
 
-A line is the case τ = 0 (α ≥ 0); a big GPU on a small model is flat (t = τ) from the
-smallest batch to hundreds or thousands of samples and a line beyond its knee
-``b_k = (τ − α)/β``. One family describes both, so a plan made from a GPU profile and one
-made from a CPU rank's steps go through the same solver.
-
-Fitted from timings at several batch sizes: by the balancer from the steps run under
-successive plans, by the profiler from probe timings. Both go through the same robust
-steps, written here once and vectorised over *segments* (one segment per rank, or one for
-a single fit):
-
-1. group the timings by batch size; per group take the median and a robust spread
-   ``σ_g = IQR_g / 1.349`` (the IQR of a normal distribution is 1.349 σ);
-2. reject outliers: keep ``t`` with ``max(med/3, med − 5σ_g) ≤ t ≤ min(3·med, med + 5σ_g)``
-   (the band is never narrower than ±10 % of the median, so quiet data keeps its points);
-   the group's value ``m_g`` is the **mean** of what is kept (:data:`MIN_POINTS_FOR_MEAN`
-   or more; the median of fewer);
-3. weighted least squares over the groups, weights ``w_g = 1/Var(m_g)`` with
-   ``Var(m_g) ≈ (π/2)·σ_g²/n_g`` (a sample median's variance: at least a kept mean's),
-   for each candidate shape (:func:`fit_groups`):
-
-   * *line*: ``α + β·b`` over every group (refitted through the origin if ``α < 0``);
-   * *floor + line*, knee at a measured size ``b_j``: ``τ + β·max(0, b − b_j)``, linear in
-     ``(τ, β)``; and knee between ``b_j`` and ``b_{j+1}``: ``τ`` the mean of the groups up
-     to ``b_j``, the line through the groups beyond (kept when the two meet in between).
-     Either side needs two sizes of its own (one size fits any level, two any line: a
-     single noisy point at either end would otherwise bend a line into a floor), and the
-     line must rise :data:`KNEE_MIN_RISE` above the floor by the largest size (less is a
-     flat curve's noise);
-   * a slope counts only when it is positive and well determined,
-     ``SE(β) = 1/sqrt(Σ w_g (h_g − h̄)²) ≤ max_slope_rel_se·β`` (default 30 %: batch sizes
-     close together under noise cannot resolve a slope); the floor is taken over the
-     line only when it lowers ``χ² = Σ w_g (m_g − t(b_g))²`` by :data:`KNEE_MIN_CHI2_GAIN`;
-
-4. with no slope that counts: *flat* when the sizes span at least a doubling
-   (:data:`FLAT_MIN_SIZE_RATIO`) and the data rule out throughput-proportional
-   (``β_prop − β̂ > PROPORTIONAL_REJECT_SIGMAS·SE(β̂)``, ``β_prop = m̄/b̄``: the time does
-   not grow the way a proportional rank's would), else *proportional*, ``α = 0,
-   β = Σ w b t / Σ w b²`` (= ``m/b`` for one batch size: nothing is known of the shape).
-
-A flat curve holds over the sizes measured; beyond the largest, ``b_max``, nothing says how
-long it stays flat, so it continues no faster than the throughput measured there:
-``t(b) = max(τ, τ·b/b_max)`` (``α = 0``, ``β = τ/b_max``). Every fit reports its relative
-error ``|t(b_g) − m_g| / m_g`` at each batch size it was fitted on.
+One family for a CPU rank's line and a big GPU's flat curve, fitted by the balancer from its
+steps and by the profiler from its probes through the same robust steps, vectorised over
+*segments* (one per rank, or one for a single fit): per batch size, outliers rejected and
+the mean of what is kept (:func:`group_stats`); then the shape the data support, by weighted
+least squares: "line", "floor+line", "flat", else "proportional" (:func:`fit_groups`).
+How, and why: docs/profiling-and-planning.md#the-cost-model-a-curve-with-a-floor
 """
 
 from __future__ import annotations

@@ -1,45 +1,14 @@
 """Per-rank estimates of the cost model from the step records of a running job.
 
-:class:`ClusterEstimates` keeps, per rank, the last ``window_steps`` valid records (a
-ring buffer) and turns them into an :class:`Estimates` snapshot on demand:
-
-* records with a NaN, infinite or non-positive ``busy_time_s`` are dropped on arrival;
-* per rank and batch size: outlier rejection and the mean of what is kept
-  (:func:`cost_model.group_stats` says why a mean, and when a median);
-  a batch size counts once it has ``min_points_per_size`` kept timings;
-* the *shape* of the curve ``t(b) = max(τ, α + β·b)``, ``τ_i : α_i : β_i``, comes from
-  the last fit that fixed one (several batch sizes, seen under successive plans: a line,
-  a floor and a line, or flat — :func:`cost_model.fit_groups`, the profiler's fit); the
-  *level* always comes from the freshest level: with ``m_L`` the kept mean at the most
-  recent batch size ``b_L``,
-
-      s_i = m_L / t_shape(b_L),     τ_i = s_i·τ_shape,   α_i = s_i·α_shape,   β_i = s_i·β_shape
-
-  so ``t_i(b_L) = m_L`` exactly. A rank that runs one plan long enough for the window to
-  hold a single batch size keeps its shape, and a speed change (the whole curve scales) is
-  tracked by the level alone. Until a shape was ever fixed, the shape is the one the rank
-  was seeded with (:meth:`ClusterEstimates.seed_shapes`: the curve its first plan was made
-  from, its warm-up's or its device's profile), else ``α = τ = 0``: throughput-proportional,
-  ``β_i = m_L/b_L``. Proportional is the opposite of a big GPU's curve, flat over the
-  batches one plan runs: a GPU measured at one share looked to the solver as if a smaller
-  share would be proportionally faster.
-* shared slowdowns: each time is first divided by its step's shared factor, the median
-  over the ranks of ``t_i,s / m_i`` (:meth:`ClusterEstimates._times_without_shared_noise`),
-  so a slow phase of the whole machine does not make ranks look unequal (a factor beyond
-  2× either way is most ranks changing speed at once, and is not divided out);
-* speed changes: when the median of a rank's last few records departs from its window
-  level by far more than the noise, the records from before the change are forgotten,
-  so a slowdown shows after ~5 steps instead of half a window
-  (:meth:`ClusterEstimates._forget_before_speed_changes`);
-* freshness: a rank is fresh when it has an estimate and its last record is at most
-  ``stale_after_steps`` behind the reference step.
-
-Everything but :meth:`ClusterEstimates.add` is vectorised over ranks, so a snapshot of
-1,024 ranks takes ~13 ms (9 of them for the shared factors). ``add`` only appends to a
-pending list (O(1)); the pending records are folded into the windows, vectorised, at the
-next snapshot (or when the list grows long).
-
-Runs inside the planner actor; plain Python, no Ray.
+:class:`ClusterEstimates` keeps each rank's last ``window_steps`` valid records and turns
+them into an :class:`Estimates` snapshot on demand: the *shape* of ``t(b) = max(τ, α + β·b)``
+is the last fit that fixed one (:func:`cost_model.fit_groups`), else the rank's seeded one
+(:meth:`ClusterEstimates.seed_shapes`), else proportional; the *level* is the kept mean
+``m_L`` at the most recent batch size ``b_L``: ``s = m_L / t_shape(b_L)`` scales τ, α and β.
+Each step's shared slowdown is divided out first, and a rank's records from before a speed
+change are forgotten (:meth:`ClusterEstimates._times_without_shared_noise`,
+:meth:`ClusterEstimates._forget_before_speed_changes`). Runs inside the planner actor;
+plain Python, no Ray. Why: docs/profiling-and-planning.md#per-rank-estimates
 """
 
 from __future__ import annotations

@@ -1,65 +1,15 @@
-"""Feeding or training: whether a CPU-only rank helps more by leaving its node's CPUs to
+"""Feeding or training: whether CPU-only ranks help more by leaving their nodes' CPUs to
 the Ray Data pipeline than by training, measured in the run itself.
 
-A run that reads a Ray Data ``"train"`` dataset runs its ``map_batches`` on the cluster's
-CPUs, the training ranks' nodes included. A CPU rank that trains uses its node's cores for
-its forward and backward passes; left out (``b_i = 0``, a one-sample probe a step with
-weight 0: training/data/loader.py) it leaves them to the pipeline, which may then feed the
-ranks in faster than the rank trained. Which is faster depends on the transform, the
-model and the machines, so it is measured, never assumed:
-
-1. a *training window*: the steps of a plan a decision has kept (settled), with every
-   candidate in — at least ``window_steps``, and as many more as it ran, up to
-   ``MAX_WINDOWS`` times that, each rounded up to whole epochs (below);
-2. a *feeding window*: the plan with the candidates left out (their shares go to the
-   other ranks in proportion to their shares: the policy's split of them, which it keeps
-   once the trial is over), at least ``window_steps`` steps, and longer while the verdict
-   is within the windows' noise either way (up to ``MAX_WINDOWS`` times as many): a
-   pipeline delivers in bursts, and a short window can miss or catch one;
-3. the faster one stays. Feeding wins when its rate beats training's by more than the
-   policies' threshold plus the windows' noise (below); training, when feeding falls
-   short of the threshold even one noise margin up. Where the longest windows still leave
-   the two within their noise, the measured rates decide against the threshold alone: no
-   more steps of the trial would tell them apart, and the one-time choice is the better
-   guess, said as such in its reason. Training keeps the shares it had.
-
-A window's rate is samples trained per second of wall-clock, as a separate run measures
-it: ``p_k`` is the wall time between the ends of steps ``k−1`` and ``k`` on rank 0 (which
-is always in, so it waits for whatever the step waits for: the pipeline, the slowest rank,
-the all-reduce), ``b_k`` the samples step ``k`` trained, over consecutive steps of one plan
-after ``settle_steps`` steps of it (a switch copies rank 0's state to a rank brought back;
-the pipeline changes pace). Periods run across an epoch's end, and a window spans whole
-epochs (``S`` steps each: its length a multiple of ``S``, at least ``window_steps``):
-between epochs the feed starts the next reading and the loop reports (or evaluates), and
-with the candidates out that wait was most of an epoch's wall time (1.8 s against 0.27 s
-of steps, on bench_ray_data.py --two-nodes: docs/benchmarks.md). Windows of periods inside
-an epoch left it out: 10,566 samples/s feeding where whole epochs of the same steps give
-2,720, against 3,951 training:
-
-    r = Σ b_k / Σ p_k           every wait counts: the steps that stall for the pipeline,
-                                and the epochs' ends, are what feeding changes, so no
-                                period is rejected as an outlier
-    se = sd(p) / (p̄ · √N)       the relative standard error of p̄ over N periods
-
-    g = r_feed / r_train − 1        noise = k · 2 · √(se_train² + se_feed²)
-
-    feeding, clearly:   g > threshold + noise        decided at once
-    training, clearly:  g + noise ≤ threshold        decided at once
-    neither:            the feeding window measures on; at its longest, g > threshold feeds
-
-``threshold`` and ``k`` are the policies' (``rebalance_threshold`` and ``noise_margin``,
-planning/policies.py): leaving ranks out must clear the bar any plan change clears, and two
-standard errors of the difference of the two means say when the windows already tell the
-two apart. So the verdict is always "feeding is faster by more than the threshold", on the
-longest windows the noise asks for.
-
-Candidates (:func:`feed_candidates`): beside GPU ranks, every CPU rank; on a cluster of CPU
-ranks alone, the ranks on nodes where rank 0 is not (a node of their own to give to the
-pipeline), or with ``same_node`` every rank but 0. Rank 0 is never one: it holds the run's
-state. The candidates are tried together, once per run; a decision to feed keeps them out
-for the rest of the run (every decision tells the policy: ``held_out`` of ``Policy.decide``).
-
-Plain Python: the balancer (planning/balancer.py) runs the trial; nothing here knows Ray.
+Once per run the balancer (planning/balancer.py) measures a *training window*, a kept plan
+with every candidate in, and a *feeding window*, the candidates left out: samples per
+second of wall-clock over whole epochs of rank 0's step periods. Feeding stays when it beats
+training by more than the policies' threshold plus the windows' noise; training, when it
+falls short of the threshold even one noise margin up; else the feeding window measures on,
+and at its longest the rates decide against the threshold alone. Candidates
+(:func:`feed_candidates`): beside GPU ranks, every CPU rank; among CPU ranks alone, those off
+rank 0's node (with ``same_node``, all but rank 0). Plain Python; nothing here knows Ray.
+Why and how: docs/profiling-and-planning.md#feeding-or-training
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """How far a rank's measured level moves from one decision to the next: the noise margin's
 standard error, measured instead of assumed.
 
-An adaptive policy adopts a move only when its predicted gain beats what estimation noise
-alone would fake (:mod:`hetero_ray.planning.policies`). The standard error of a rank's
-level from its window, ``sqrt(π/2)·σ/sqrt(n)``, holds for step-to-step jitter only. On a
-shared machine a rank's speed also wanders for tens of steps (the OS runs more workers
-than cores): successive timings are correlated, a window's level misses the rank's lasting
-speed by far more than that, identical ranks look different "beyond noise", and a policy
-moves samples after every wander — four identical CPU workers went from 8/8/8/8 to
-6/7/12/7, and back, on nothing. No window of 32 steps can tell a wander of 20 steps from a
-lasting difference; successive decisions can: a lasting difference is still there at the
-next decision, a wander is not.
-
-So at each decision, for every rank that ran the same local batch size at the previous
-decision, the change of its level (shared slowdowns are already divided out of the levels;
-what moved every rank alike is removed again as the median over the ranks),
+A rank's speed may wander for tens of steps, far beyond its window's standard error; only
+successive decisions tell a wander from a lasting difference. So for each rank at the same
+local batch size as at the previous decision, its level's change less the ranks' median,
 
     e_i = ln(m_i,now / m_i,before) − median_j ln(m_j,now / m_j,before)
 
-is kept for the last :data:`HISTORY_DECISIONS` decisions, pooled over ranks, and
-
-    se_forecast = 1.4826 · median |e|        (a robust standard deviation)
-
-is how far a rank's level will lie from today's at the next decision: the error a plan
-made today meets. It is the size of the i.i.d. error when timings are independent, and
-the size of the wander when they are not. A median over ranks and decisions ignores one
-rank's real speed change (one large ``e`` among many), so a real slowdown is still acted on.
-
-Plain Python, no Ray; state is JSON-safe (it goes into the policy's checkpoint).
+is kept for the last :data:`HISTORY_DECISIONS` decisions, pooled over ranks, and their
+robust standard deviation, ``se_forecast = 1.4826 · median |e| / √2`` (an ``e`` holds two
+levels' errors), is how far a rank's level will lie from today's at the next decision.
+Plain Python, no Ray; its state is JSON-safe (the policy's checkpoint holds it).
+Why: docs/profiling-and-planning.md#the-bar-a-new-plan-must-clear
 """
 
 from __future__ import annotations

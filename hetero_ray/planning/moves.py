@@ -1,39 +1,17 @@
 """Bounded moves: how far one move may take a rank beyond the shares it is known at.
 
-At a share a rank has run, its busy time is measured; beyond, it is a line extrapolated
-from smaller shares, and under a CPU quota that line can be wrong for the whole step, not
-just the extra samples: a rank whose steps fit in the quota's burst looks fast, and past
-the burst every sample runs at the quota's sustained rate (on the ⅓-core testbed the first
-decision moved 63/193 to 129/127 for a predicted −33 % and the step doubled). So a move is
-sized for the case that the extrapolation is that wrong: the step then gets at most
-``L`` = :data:`MOVE_LOSS_BOUND` longer, until the rollback at its check point.
-
-A rank's *known* share ``m_i`` is the largest it ran in this worker group whose measured
-busy time its current curve does not put more than :data:`DISPUTE_MARGIN` lower: a share
-the curve has forgotten (a quota's throttled steps, before the rank fell back into its
-burst and the estimates took that for a speed change) is no ground to extrapolate from.
-Busy for ``t̂_i(m_i)`` of a step of ``T``, the rank used its cores for ``f_i = t̂_i(m_i)/T``
-of the step; under a quota it cannot use more than the quota on average, so its sustained
-speed is at least ``f_i`` times the one measured (and assumed no worse than ``1/K``,
-:data:`BURST_FACTOR`: harsher quotas are for the CPU readings to find, planning/quota.py).
-Its busy time at ``b`` samples is then at most ``t̂_i(m_i)·(b/m_i)·min(K, 1/f_i)``, within
-``(1 + L)·T`` while
+Beyond the shares a rank has run, its busy time is extrapolated, and under a CPU quota the
+extrapolation can be wrong for the whole step. A move is sized for that case: the step then
+gets at most ``L`` = :data:`MOVE_LOSS_BOUND` longer, until the rollback at its check point:
 
     b  ≤  cap_i  =  max(b_i, m_i, ⌊ m_i · (1 + L) · max(1, T / (K · t̂_i(m_i))) ⌋)
 
-with ``T = max_{j in} t̂_j(b_j)``, the plan in force's predicted step. A rank near the step
-may grow by a quarter of its known share per move; a rank idle most of the step (a fast
-device beside slow ones) further; a rank whose curve disputes every share it ran, not at
-all. The balancer gives these caps to the policy beside the others (memory, rollbacks,
-quotas), so a move goes as far towards the best split as they allow and must still clear
-the policy's gain threshold. A move that gives a rank more than its known share is a
-*trial*: the balancer checks it after :data:`TRIAL_CHECK_STEPS` steps instead of half an
-interval, and a trial that made the step slower is rolled back at once, in force from the
-trial's own check point (plan.next_point), where the ranks ask the planner again. A trial
-that held is measured at its new shares, so the next decision may go further. Ranks never measured in this group
-get no cap. The bounds yield where they alone would keep the global batch from fitting
-(:func:`lift_to_hold`): a quota that forces a slow rank down leaves its samples nowhere
-else to go, and the plan in force is then the one known to be bad. Pure: rows in, caps out.
+``b_i``: rank i's share now; ``m_i``: the largest it ran in this worker group that its
+current curve does not dispute by more than :data:`DISPUTE_MARGIN`; ``K`` = :data:`BURST_FACTOR`;
+``T``: the plan in force's predicted step. A move beyond ``m_i`` is a *trial*, checked after
+:data:`TRIAL_CHECK_STEPS` steps; the bounds yield where they alone would keep the global
+batch from fitting (:func:`lift_to_hold`). Pure: rows in, caps out.
+Why: docs/profiling-and-planning.md#a-move-is-bounded
 """
 
 from __future__ import annotations

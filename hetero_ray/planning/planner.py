@@ -4,45 +4,12 @@ It owns the run's one policy instance, the plan in force and the version counter
 scripted plan changes still to come, the memory caps, the node profiles, the balancer
 (estimates from the step records, decisions at rebalance points) and where the run ends.
 Rank 0 asks it for the plan (:meth:`Planner.plan_for`) at every rebalance point; the
-workers' step records feed it (:meth:`Planner.add_steps`). Plain class, no Ray, no files:
-the actor that holds it (:mod:`hetero_ray.runtime.planner_actor`) keeps its state on disk.
-
-The first plan of a worker group comes from measurements when there are any: the ranks'
-own warm-up lines (under emulated speeds, which only the ranks' emulators know: see
-training/timing/warmup.py) with the memory caps of the node profiles; on clusters with GPUs, each
-CPU rank's warm-up line beside each GPU rank's profiled one (the CPU-only nodes are profiled
-after the first plan: runtime/node_profiling.py); else the profiles alone,
-which give each rank the busy-time line of the device it runs on
-(:mod:`hetero_ray.planning.capacity`); else, where no profiles will come (several
-CPU-only nodes: :meth:`Planner.first_plan_from_cores`), the CPU cores each rank can use
-within its node's cgroup quota; else equal shares. An explicit split for the
-number of workers wins over all of them. The planner answers for a world size it has not
-seen too, which is what happens after an elastic restart: a fresh first plan for the new
-number of workers, with the same global batch. While profiles are on their way
-(:meth:`Planner.await_capabilities`: the nodes are profiled beside the workers' start), a
-first plan that would use them is not made: ``plan_for`` answers ``{"awaiting": ...}`` and
-rank 0 asks again. Profiles that come after the group's first plan are kept for the next
-first plan, and give the ranks that had no memory cap theirs from the next rebalance point.
-Emulated speeds never reach this module.
-
-The memory caps bound the shares until rank 0 says that the loop trains a share past its
-rank's cap in micro-batches (``plan_for(micro_batches=True)``, see
-training/gradients/micro_batches.py); from then on, for the rest of the run, shares are bounded by
-time alone, and the caps go to the ranks with every plan (``memory_caps`` of the reply) as
-the size of their micro-batches.
-
-Later plans are the balancer's (:mod:`hetero_ray.planning.balancer`), made with the same
-policy and within the same caps as the first; an adopted one is in force from rank 0's
-next rebalance point. The planner numbers every plan, the balancer's too (it proposes
-shares, not versions), so a decision row names the version its plan was given even when a
-scripted change or a resume came in between. Plan versions only ever increase, also across
-a restart of the planner (:meth:`Planner.load_state_dict`) and a ``--resume``
-(:meth:`Planner.resume_from`).
-
-A run that reads a Ray Data pipeline (``feed_trial``) also gets, with each worker group's
-first plan, a feeding trial of the ranks :func:`~hetero_ray.planning.feed_trial.feed_candidates`
-picks from where the ranks run: the balancer measures them training and left out, and
-keeps the faster (planning/feed_trial.py).
+workers' step records feed it (:meth:`Planner.add_steps`). A worker group's first plan comes
+from the measurements there are (:meth:`Planner.plan_for` says which); later plans are the
+balancer's (:mod:`hetero_ray.planning.balancer`), within the same caps, each numbered here
+(versions only increase). Plain class, no Ray, no files: the actor that holds it
+(:mod:`hetero_ray.runtime.planner_actor`) keeps its state on disk.
+Which first plan, and why: docs/profiling-and-planning.md#one-planner
 """
 
 from __future__ import annotations

@@ -1,44 +1,17 @@
 """CPU quotas as caps: how far a rank's share may grow before its node's quota stalls it.
 
-Under a CPU quota (a cgroup limit: Kubernetes CPU limits, ``docker --cpus``) a device runs
-at full speed for the quota's share of every period and is then stopped until the next.
-While its steps fit in that burst its busy time is short, so a cost line fitted there says
-more samples are cheap; the first move beyond the quota stalls every step into the next
-period — a cliff, which the balancer's rollback finds only after an interval at about
-twice the step time. The quota and the CPU the ranks use under it show the cliff before
-any move does: the ranks of a node that use ``u`` cores of a ``q``-core quota can run at
-most ``q / u`` times their samples per second, so at the plan's step time at most that
-many times their shares:
+Under a CPU quota (a cgroup limit: Kubernetes CPU limits, ``docker --cpus``) a step that
+outgrows the quota's burst stalls into its next period: a cliff no fitted line shows, which
+the quota and the CPU the ranks use under it show before any move does. A reading of one
+plan's steps (``u_j`` cores at steps of ``T`` seconds with ``b_j`` samples) gives the CPU a
+sample costs, ``c_j = u_j·T/b_j``. At the plan in force (shares ``b'_j``, step ``T'``) the
+ranks of a node with a ``q``-core quota then have
 
-    room = USABLE_FRACTION · q / Σ_{j on i's node} u_j,    cap_i = ⌊b_i · room⌋
+    room = USABLE_FRACTION · q · T' / Σ_j c_j·b'_j,    cap_i = ⌊b'_i · room⌋   (room ≥ 1)
 
-Only :data:`USABLE_FRACTION` of the quota counts: a process near its quota is throttled
-already in the periods where its steps bunch up. Where ``room ≥ 1`` the cap stops a growth
-the quota cannot carry and never asks a rank to shrink. Where the node's ranks use more
-than :data:`STALL_FRACTION` of their quota, their shares are over their caps (the planner
-moves such a plan whatever its predicted gain: a rank stalling into the quota's next
-period every few steps is slower than any straight line fitted through its steps says).
-In between the cap is the share itself, so that a rank the cap just shrank is not grown
-back at once, nor shrunk again by noise. Only readings of the plan in force ask a rank to
-shrink: one carried over from the plan before (below) counts a step's fixed CPU per
-sample, which overstates what fewer samples cost.
-
-A reading counts only when it covers steps of one plan: the in-training profiler's
-``cpu_util`` covers the steps from ``cpu_util_from_step`` on
-(:mod:`hetero_ray.training.timing.resource_sampler`), and steps of two plans ran two shares. It
-need not be the plan in force — right after a plan change there is no reading of the new
-plan yet, and a move then is as likely to find the cliff as any other — because what a
-reading gives is the CPU a sample costs: rank ``j`` using ``u_j`` cores at steps of
-``T`` seconds with ``b_j`` samples spends ``c_j = u_j·T/b_j`` CPU-seconds a sample (its
-fixed CPU per step counted per sample: too much when the rank grows, the only time a
-cap matters, so the cap errs on the safe side), so at
-the plan in force (shares ``b'_j``, step time ``T'``) the node's ranks fit its quota while
-
-    Σ_j c_j·b'_j ≤ USABLE_FRACTION · q · T'
-
-and each rank's cap is its share times the room that leaves (for a reading of the plan in
-force, the formula above). The ranks of a Ray node share its quota (a node's processes
-live in one container or cgroup). Ranks without a quota, or without readings, get no cap.
+and where they use more than :data:`STALL_FRACTION` of it (a reading of the plan in force),
+their shares are over their caps; in between, the cap is the share. Ranks without a quota
+or a reading get no cap. Why: docs/profiling-and-planning.md#cpu-quotas-as-caps
 """
 
 from __future__ import annotations

@@ -3,34 +3,12 @@
     minimise   max_i t_i(b_i),   t_i(b) = max(τ_i, α_i + β_i·b)   (β_i ≥ 0, τ_i ≥ 0)
     subject to Σ_i b_i = B,   lo_i ≤ b_i ≤ hi_i,   b_i integer
 
-The curve is :mod:`~hetero_ray.planning.cost_model`'s: a line (τ = 0), or a floor the
-busy time never goes below (a GPU's launch-bound regime) and a line above it.
-
-Continuous relaxation (water-filling): every rank that is not at a bound finishes at a
-common time ``T``; ``b_i(T) = clamp((T − α_i)/β_i, lo_i, hi_i)`` once ``T ≥ τ_i`` (``lo_i``
-before) and ``T`` solves ``Σ b_i(T) = B`` (:func:`continuous_split`, exact, by sorting the
-breakpoints; at ``T = τ_i`` rank i's count jumps to the knee: its floor's samples are free).
-
-Integer problem: think of rank i's k-th sample beyond ``lo_i`` as a unit finishing at
-``t_i(lo_i + k)``. Giving each unit in turn to the rank that would finish it first (greedy)
-is optimal for a separable minimax of non-decreasing costs, and it takes exactly the
-``B − Σ lo_i`` units that finish earliest. So with
-
-    b_i(L) = clamp(⌊(L − α_i)/β_i⌋, lo_i, hi_i)   if L ≥ τ_i,   else lo_i
-             (a flat rank, β_i = 0: hi_i once L ≥ max(τ_i, α_i))   (units finishing by L)
-
-the answer is ``b(L*)`` at the smallest level ``L*`` with ``Σ b_i(L*) ≥ B``, less the
-surplus among the units finishing exactly at ``L*``. ``L*`` is found by bisection on
-``L`` (each probe is one vectorised pass); when a probe hits ``Σ b_i(L) = B`` exactly,
-that is the answer. Units finishing exactly at ``L*`` are handed out round-robin — one per
-rank per round, in the order they finish, then by the line under the floor (the faster
-rank first), then by rank — so ranks on a common floor share
-it evenly (identical GPUs get identical shares), the result is deterministic, and a faster
-rank (smaller β, equal α and τ) never gets less. The integer optimum is at most
-``max_i β_i`` above the continuous one.
-
-Shares proportional to throughput are the special case ``α_i = τ_i = 0``
-(:func:`proportional_split`).
+The curve is :mod:`~hetero_ray.planning.cost_model`'s. :func:`continuous_split` solves the
+relaxation exactly (water-filling on a common finishing time ``T``); :func:`solve_split`
+finds the integer optimum by bisection on the level ``L`` at which the samples finishing by
+``L`` first cover ``B``, ties handed out round-robin, so identical ranks get identical
+shares. Shares proportional to throughput are the case ``α_i = τ_i = 0``
+(:func:`proportional_split`). Why it is exact: docs/profiling-and-planning.md#the-split-solver
 """
 
 from __future__ import annotations

@@ -2,29 +2,14 @@
 
 :class:`NodeCapability` (one per node, holding :class:`DeviceCapability` per device) is
 what a node profiler reports and what ``nodes.json`` and ``hetero-ray profile --json``
-hold. The document shape is::
-
-    {"model": "simple_cnn" | null, "batch_sizes": [8, 16, 32, 64],
-     "nodes": [{"node_id", "ip", "hostname", "resources", "labels", "status": "ok" | "failed",
-                "error", "cpu": {"model", "physical_cores", "logical_cores", "ram_bytes",
-                "cpu_quota_cores"}, "profile_time_s", "stage_times_s",
-                "devices": [{"kind": "cpu" | "gpu", "name", "index", "matmul_tflops_fp32",
-                             "matmul_tflops_bf16", "matmul_tflops_fp16", "memory_bandwidth_gbps",
-                             "h2d_gbps", "d2h_gbps", "memory_total_bytes", "sm_count",
-                             "compute_capability", "driver_version", "cuda_version",
-                             "power_limit_w", "pcie_gen", "pcie_width", "alpha_s",
-                             "beta_s_per_sample", "floor_s", "fit_shape", "fit_max_rel_error",
-                             "fit_r2", "max_batch_size",
-                             "max_batch_size_method", "probe": [{"batch_size", "busy_time_s"}]}]}]}
-
-Every figure is measured on that node (or read from NVML); a figure that was not measured
-is null. What the planner makes of them (each rank's busy-time curve
-``t_i(b) = max(τ_i, α_i + β_i·b)``, ``τ`` being ``floor_s``
-and memory cap) is in :mod:`hetero_ray.planning.capacity`, which reads these documents.
-
-Emulated speeds (``--emulate-speeds``) are not applied here: a node profile cannot tell
-the ranks of one machine apart, so under emulation the ranks measure themselves before
-step 0 (:mod:`hetero_ray.training.timing.warmup`) and only their memory caps come from here.
+hold (:func:`capabilities_document`; the document's fields:
+docs/profiling-and-planning.md#what-a-node-profile-holds). Every figure is measured on
+that node (or read from NVML); a figure that was not measured is null. What the planner
+makes of them (each rank's busy-time curve ``t_i(b) = max(τ_i, α_i + β_i·b)``, ``τ`` being
+``floor_s``, and memory cap) is in :mod:`hetero_ray.planning.capacity`. Emulated speeds
+are not applied here: a node profile cannot tell the ranks of one machine apart, so under
+emulation the ranks measure themselves before step 0
+(:mod:`hetero_ray.training.timing.warmup`) and only their memory caps come from here.
 """
 
 from __future__ import annotations

@@ -1,44 +1,16 @@
 """The model-specific probe: the real model's busy time at several batch sizes, the fitted
 cost curve, and the largest batch that fits in memory, on one device.
 
-Busy time here is what a training rank's ``busy_time_s`` measures minus the gather from
-the in-memory dataset: copy the batch to the device, forward, loss, backward (a GPU is
-synchronised before the clock stops). Each timing is the mean of a block of back-to-back
-steps lasting at least :data:`MIN_BLOCK_S` (:data:`GPU_MIN_BLOCK_S` on a GPU) — sustained
-speed, which is what a CPU quota or a clocking-down GPU gives a training worker; a block's
-steps reuse one host batch, since making data is not the step. Batch sizes are visited
-round-robin — a block of every size, then another… — so a machine that slows down while
-probing shifts every size alike instead of bending the curve. The curve
-
-    t(b) = max(τ, α + β·b)
-
-is fitted by :func:`hetero_ray.planning.cost_model.fit_curve` (outlier rejection per size,
-weighted least squares; a floor, a line, or both), the same fit the balancer uses on step
-records.
-
-Which sizes: the given ones (where the first plans' shares will lie), then doubling beyond
-the largest until the busy time has clearly grown with the batch — the last two doublings
-each grew it by more than :data:`PROBE_GROWTH_STOP`, so two sizes lie on the line above
-the floor and fix its slope — or the memory cap, an out-of-memory error or the time budget
-stops it. A big GPU is flat (its launch-bound floor) up to hundreds or
-thousands of samples; a probe that stopped in the flat part would leave the plan to guess
-where the floor ends. A CPU rank grows ~2× per doubling from the start and probes only the
-given sizes.
-
-Largest batch:
-
-- GPU: double from the largest probed size until a step runs out of memory, then bisect
-  between the last size that fit and the first that did not; every out-of-memory error is
-  caught and the cache emptied. Memory for training-only state is held during the search:
-  3× the parameter bytes (gradient bucket of DDP + AdamW's two moments; SGD needs less).
-- CPU: running out of RAM is not an exception but the OOM killer, so the cap is computed:
-  ``b_max = (ram_fraction·available_RAM − fixed) / per_sample``, where ``per_sample`` is
-  the growth of the tensors autograd saves for backward between two batch sizes (measured
-  with saved-tensor hooks) times :data:`BACKWARD_PEAK_FACTOR`, plus the input itself, and
-  ``fixed`` is 4× the parameter bytes (weights, gradients, two optimiser moments).
-
+Each timing is the mean of a block of back-to-back steps (copy the batch to the device,
+forward, loss, backward) lasting at least :data:`MIN_BLOCK_S` (:data:`GPU_MIN_BLOCK_S` on a
+GPU), the sizes visited round-robin; beyond the given sizes it doubles until two doublings
+each grew the busy time by more than :data:`PROBE_GROWTH_STOP`. The curve
+``t(b) = max(τ, α + β·b)`` is fitted by :func:`hetero_ray.planning.cost_model.fit_curve`,
+the balancer's fit. The largest batch: on a GPU, doubling then bisection with out-of-memory
+errors caught; on a CPU, computed as
+``b_max = (ram_fraction·available_RAM − fixed) / per_sample`` (:func:`ram_bound_batch_size`).
 :func:`search_max_batch_size` takes the "run one step at batch b" callable, so tests drive
-it with a fake allocator.
+it with a fake allocator. Why each choice: docs/profiling-and-planning.md#profiling-a-node
 """
 
 from __future__ import annotations
@@ -367,7 +339,7 @@ def probe_model(
     search_time_budget_s: float = DEFAULT_SEARCH_TIME_BUDGET_S,
     on_stage: Callable[[str], None] = lambda stage: None,
 ) -> ProbeResult:
-    """Probes the model of ``recipe`` on ``device``; see the module docstring.
+    """Probes the model of ``recipe`` on ``device`` (docs/profiling-and-planning.md#profiling-a-node).
 
     Args:
         recipe: how to build the model, make its batches and compute its loss (a

@@ -1,29 +1,14 @@
 """The run directory: where each file lives, and how tables are written and read.
 
-Layout of ``<output-dir>/<experiment-name>/``::
-
-    config.json          the resolved configuration
-    attempts.json        one entry per worker-group start: attempt id, resume step, workers
-                         (and, under --emulate-devices, the curves' factor it used)
-    planner_state.json   the planner's plan, version counter, caps, node profiles, scripted
-                         changes to come, and the worker group it serves with the run's end
-    steps.parquet        one row per step and rank            } merged from parts/ at the end;
-    plans.parquet        plan history                         } while running, readers merge
-    epochs.parquet       one row per epoch                    } parts/<table>/*.parquet
-    decisions.parquet    balancer decisions                   }
-    sample_ids.parquet   with --record-sample-ids             }
-    summary.json         totals and steady throughput
-    model_final.pt       the final model's state_dict
-    checkpoint_*/        Ray Train's checkpoints, listed in its checkpoint_manager_snapshot.json
-                         (what --resume continues from)
-
-Every file is written to a temporary name, fsynced, and renamed into place, and the
-folder is fsynced after the rename: the rename is the commit point (as in PyTorch's
-distributed checkpointing), so neither a reader, a run that fails, nor a machine that
-loses power mid-write ever sees a half-written file under its final name. A part torn
-all the same (written by an older version, or on a filesystem that ignores fsync) is
-skipped by readers with a warning that names it; the metrics store sets it aside when it
-starts (:func:`set_aside_unreadable_parts`) and recovers its rows from the write-ahead log.
+The layout of ``<output-dir>/<experiment-name>/`` (``config.json``, ``attempts.json``,
+``planner_state.json``, the Parquet tables, ``summary.json``, ``model_final.pt``, Ray
+Train's ``checkpoint_*/``) is docs/run-files.md. A table's rows land in
+``parts/<table>/*.parquet`` while the run goes, which readers merge, and are merged into
+``<table>.parquet`` at its end. Every file is written to a temporary name, fsynced and
+renamed into place, its folder fsynced after: the rename is the commit point, so nobody
+sees a half-written file under its final name. Readers skip a torn part with a warning;
+the metrics store sets it aside (:func:`set_aside_unreadable_parts`) and recovers its rows
+from the write-ahead log. Why: docs/run-files.md#written-whole-or-not-at-all
 """
 
 from __future__ import annotations

@@ -2,33 +2,16 @@
 ``hetero_ray.train.get_dataset_shard("train")``.
 
 Ray Data cannot cut a stream into unequal pieces that follow a plan (``streaming_split``
-gives equal or first-come splits), so the training dataset is not split at all. One feed
-reads each epoch of it in a fixed order (``preserve_order``: the same rows at the same
-positions in every reading) and answers ``rows(epoch, start, stop)``: positions
-``[start, stop)`` of that epoch. Each rank asks for its piece of every step's window, as
-the global sampler (:mod:`hetero_ray.sampler`) cuts it; the pipeline's ``map_batches``
-runs once per row, on whichever nodes Ray Data schedules it (the cluster's CPU-only
-nodes included), not once per rank.
-
-Position is the whole state: a rank that asks again for rows the feed has dropped (a
-worker group restarted from a checkpoint, the feed itself restarted by Ray) makes it read
-the epoch again from its start and skip to them, so a resume continues after the last
-trained row. With ``local_shuffle_buffer_size`` the rows of each block of that many
-positions are shuffled with a seed of (seed, epoch, block): a new order each epoch that
-every reading repeats.
-
-Rows stay until every rank has asked for a later position; a rank that asks for the next
-epoch no longer holds the last one.
-
-Two of Ray Data 2.60's waits are kept out of the steps. A new execution takes ~0.3 s to
-start, which each epoch's first step would wait for: once the ranks are four-fifths
-through an epoch, the feed begins the next reading (one, and only one, ahead; none on an
-epoch's last step). Not sooner: the feed cannot tell the last epoch from the others, so
-the reading begun in it is work for nothing, beside training. And an execution's resource
-limits are zero until their first refresh, a second in, so a short one ran one map task
-at a time: the feed's executions refresh them every 0.1 s. A reading is the same rows in
-every epoch (the epoch's shuffle is applied here), so what was read ahead serves whichever
-reading comes next; :meth:`DataFeed.close` stops it at the run's end.
+gives equal or first-come splits), so the training dataset is not split: the feed reads each
+epoch in a fixed order (``preserve_order``) and answers ``rows(epoch, start, stop)``, the
+pieces of each step's window that the global sampler (:mod:`hetero_ray.sampler`) cuts; the
+pipeline's ``map_batches`` runs once per row, not per rank. Position is the whole state: a
+request for rows already dropped (a restarted worker group or feed) reads the epoch again and
+skips to them. Rows stay until every rank has asked for a later position. Every reading
+yields the same rows; the feed applies the epoch's shuffle (``local_shuffle_buffer_size``:
+each block of positions, seeded by seed, epoch and block), so the reading it begins
+four-fifths through an epoch (:data:`READ_AHEAD_AT`) serves whichever epoch comes next.
+Use: docs/api.md#ray-data-datasets-and-get_dataset_shard; why, and figures: docs/benchmarks.md#ray-data
 """
 
 from __future__ import annotations

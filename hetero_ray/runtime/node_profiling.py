@@ -1,41 +1,16 @@
 """Profiling a run's nodes for its first plan, beside the worker group's start where that
 costs the plan nothing.
 
-A node profile (the hardware, and the model's busy-time line and largest batch on each
-device) takes seconds: a profiler process per node, micro-benchmarks, the model at a few
-batch sizes. Run before the workers start, those seconds come before the first step.
-
-On a single machine without GPUs the profilers run while the worker group starts
-(reserving no logical CPUs, so that none keeps a worker from its slot), and the planner
-holds the group's first plan until the profiles are in: rank 0's first plan request
-waits for them, saying so, no longer than the profiling's own timeout. There, the
-profile's line cannot tell the ranks apart anyway (they share the node's), so measuring
-it while the workers start costs the plan nothing; what the plan needs from it is the
-memory cap.
-
-On several nodes without GPUs no node is profiled: the ranks measure themselves. A profile
-before the workers' start delays the first step by its whole length, and the slowest node's
-profile is the longest — on a node short of CPU, the one whose profile matters most. Beside
-the start it competes with it for that CPU: both take about as long as one after the other,
-and the node is measured slower than it is, by an amount that differs from node to node (the
-README's benchmarks give the figures). What such a cluster needs for its first plan the
-ranks know at once: the CPU cores each can use within its node's cgroup quota (the planner's
-:meth:`~hetero_ray.planning.planner.Planner.first_plan_from_cores`); the model's cost per
-sample on each rank is measured by the first steps, which the balancer plans from.
-``hetero-ray profile`` still profiles such a cluster on demand.
-
-With GPUs, the nodes with GPUs are profiled first: the out-of-memory search fills the
-very GPUs the workers are about to take, and the largest batch it finds is a cap no count
-can tell. That is all that runs before the workers start, and no longer than the
-profiling's timeout (a node not done by then counts as failed). The CPU-only nodes are
-not profiled before the first step: a CPU node's probe is the slow one (resnet18's kept an
-H100's first step waiting more than 100 s), and it would say nothing the ranks cannot
-measure themselves. Their ranks time the model's step in a short warm-up instead
-(training/timing/warmup.py, within its own time budget), and the first plan takes each CPU rank's
-line from there and each GPU rank's from its GPU's profile. The CPU-only nodes are
-profiled once the first plan is made, beside training: their profiles reach the planner
-when they are done (the memory caps of their ranks from the next rebalance point, and the
-first plan of any later worker group), and nodes.json and the summary's verdicts.
+A node profile takes seconds, which before the workers' start come before the first step.
+So: on a single machine without GPUs the profilers run while the worker group starts
+(reserving no logical CPUs), and rank 0's first plan request waits for them; on several
+nodes without GPUs no node is profiled, and the first plan shares the batch by the CPU
+cores each rank can use (:meth:`~hetero_ray.planning.planner.Planner.first_plan_from_cores`);
+with GPUs, the nodes with GPUs are profiled before the workers start (the out-of-memory
+search needs their GPUs free), and the CPU-only nodes once the first plan is made, beside
+training, their ranks timing the model in a warm-up (:mod:`hetero_ray.training.timing.warmup`)
+meanwhile. Why, and where each profile goes:
+docs/profiling-and-planning.md#when-a-node-is-profiled-and-why
 """
 
 from __future__ import annotations

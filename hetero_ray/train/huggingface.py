@@ -1,61 +1,17 @@
-"""Hugging Face ``transformers.Trainer`` on hetero_ray's unequal shares.
+"""Hugging Face ``transformers.Trainer`` on hetero_ray's unequal shares: Ray Train's recipe
+(``ray.train.huggingface.transformers``) with one import changed, to
+``from hetero_ray.train.huggingface import RayTrainReportCallback, prepare_trainer``.
 
-Ray Train's recipe (``ray.train.huggingface.transformers``) carries over with one import
-changed::
-
-    from hetero_ray.train.huggingface import RayTrainReportCallback, prepare_trainer
-
-    def train_loop_per_worker(config):
-        trainer = transformers.Trainer(model=model, args=TrainingArguments(...), train_dataset=dataset,
-                                       callbacks=[RayTrainReportCallback()])
-        trainer = prepare_trainer(trainer)
-        trainer.train()
-
-What :func:`prepare_trainer` changes, and why:
-
-- **The model** goes through ``hetero_ray.train.prepare_model`` (DDP with the ``b_i / B``
-  gradient hook, the busy-time clock, exact BatchNorm) and is handed to the Trainer as its
-  wrapped model, so neither the Trainer nor Accelerate wraps it again in a DDP that
-  averages the ranks with equal weight.
-- **The training data** goes through ``hetero_ray.train.prepare_data_loader`` (the
-  Trainer's dataset and collator): this rank's share of every global batch under the plan
-  in force, every sample once per epoch, also across plan changes and restarts. The global
-  batch is ``HeteroConfig.global_batch_size``, not ``per_device_train_batch_size``.
-- **The loss.** The hook weights rank ``i`` by ``w_i = b_i / B`` where DDP weights ``1/n``.
-  A loss that is the mean over the local batch (``ℓ_i``) then gives the global batch's mean
-  as it stands: so it is for a model whose ``forward`` takes no ``**kwargs`` (nor a
-  ``compute_loss_func``). Where it takes them, the Trainer passes ``num_items_in_batch``
-  (with ``average_tokens_across_devices``, the default: the items of the whole global
-  batch, ``T``) and multiplies the loss by ``n`` for DDP's ``1/n``, trusting the model to
-  divide a sum by ``T``. The bridge checks, at the first step it does so (evaluation
-  included): this rank's batch through the Trainer's loss with ``T`` and ``2T`` (eval mode,
-  no gradient), summed over the ranks (one all-reduce, the same verdict on every rank):
-
-  - halved: **counted in items** (a causal LM's ``ForCausalLMLoss``; also the Trainer's
-    label smoother). The Trainer gives ``n · S_i / T`` (``S_i`` this rank's summed token
-    losses) so that ``(1/n) Σ`` of it is ``Σ S_i / T``. Rank ``i`` back-propagates it over
-    ``n · w_i``; after the hook's ``w_i`` it adds ``S_i / T``, and the step is the
-    one-device token mean.
-  - unchanged: **a plain mean that ignores** ``num_items_in_batch`` (BERT's and most
-    ``*ForSequenceClassification`` models in transformers 5). The Trainer gives ``n · ℓ_i``;
-    rank ``i`` back-propagates it over ``n``, ``ℓ_i``, and the step is the one-device mean
-    (the Trainer's own DDP averages ``n · ℓ_i``: ``n`` times one device's gradient, even on
-    equal shares).
-  - in between (e.g. a router's auxiliary loss added to a token loss): treated as counted,
-    with a warning; the part that is not divided by ``T`` is summed over the ranks, as the
-    Trainer's own DDP sums it.
-- **The logged loss.** The Trainer logs the plain mean over ranks of what each rank's
-  training step returns; each rank returns ``n · w_i`` times the loss it back-propagates,
-  so that mean is the sum over ranks of ``w_i`` times it, as the hook sums the gradients:
-  the loss of the global batch, as one device logs it, for all three kinds.
-
-:class:`RayTrainReportCallback` reports through ``hetero_ray.train.report``: the Trainer's
-logs reach the run's ``reports`` table, and each Trainer checkpoint (with the merged logs)
-reaches Ray Train's ``Result`` together with hetero_ray's sampler position and plan.
-
-Evaluation keeps the Trainer's own loader: its gathers need equal batches on every rank.
-The Trainer multiplies a plain mean by ``n`` there as well; the bridge divides it back, so
-such a model's evaluation loss is one device's, not ``n`` times it.
+:func:`prepare_trainer` overrides the Trainer's model (``hetero_ray.train.prepare_model``:
+DDP that weights rank ``i`` by ``w_i = b_i / B``), its training data (this rank's share of
+``HeteroConfig.global_batch_size`` under the plan), its loss and its logged loss, so that a
+step and its logged loss are one device's on the global batch. The loss the Trainer hands
+over is ``n · S_i / T`` for a loss counted in items (``S_i`` this rank's summed item losses,
+``T`` the global batch's items), back-propagated over ``n · w_i`` so that rank ``i`` adds
+``S_i / T``; or ``n · ℓ_i`` for a plain mean ``ℓ_i``, back-propagated over ``n``. Which of the
+two, the first step the Trainer scales tells. :class:`RayTrainReportCallback` reports through
+``hetero_ray.train.report``; evaluation keeps the Trainer's own loader.
+How and why: docs/api.md#how-the-trainer-bridge-works
 """
 
 from __future__ import annotations
@@ -157,8 +113,8 @@ def prepare_trainer(trainer):
     The model is prepared by hetero_ray (call neither ``prepare_model`` nor
     ``prepare_data_loader`` yourself for it), the training data follows the run's plan,
     and the loss and the logged loss are weighted as one device on the global batch
-    computes them (see the module's docstring). To resume after a restart, pass the
-    Trainer's checkpoint from ``hetero_ray.train.get_checkpoint()`` to
+    computes them (docs/api.md#how-the-trainer-bridge-works). To resume after a restart,
+    pass the Trainer's checkpoint from ``hetero_ray.train.get_checkpoint()`` to
     ``trainer.train(resume_from_checkpoint=...)``: the data position comes from hetero_ray,
     so the Trainer does not skip batches itself.
 
