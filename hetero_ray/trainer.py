@@ -7,17 +7,9 @@ follow each device's speed.
                             hetero_config=HeteroConfig(global_batch_size=256))
     result = trainer.fit()          # a ray.train.Result
 
-``fit()`` checks everything it can before anything is written, starts the run's actors
-(metrics store, planner) on the driver's node, profiles the nodes with the
-user's model when ``HeteroConfig.profile_model`` says how to build it, runs a
-``TorchTrainer`` whose workers run the user's loop inside a hetero_ray session
-(:mod:`hetero_ray.training.rank.entry`), and writes the run's tables and ``summary.json`` —
-also when training fails — where the dashboard and ``hetero-ray report`` read them.
-Everything after the checks is :mod:`hetero_ray.runtime.lifecycle`.
-
-It is the one driver path: ``hetero-ray train`` builds a ``HeteroTrainer`` for the
-built-in job and calls ``fit()`` (:mod:`hetero_ray.builtin.driver`), handing over what a
-user's loop does not have, as values (:class:`~hetero_ray.runtime.job.JobFacts`).
+``fit()`` checks everything it can before anything is written, then runs
+:mod:`hetero_ray.runtime.lifecycle`; ``hetero-ray train`` calls it too
+(:mod:`hetero_ray.builtin.driver`). What ``fit()`` does, in order: docs/api.md#heterotrainer
 """
 
 from __future__ import annotations

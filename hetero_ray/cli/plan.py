@@ -1,24 +1,15 @@
 """``hetero-ray plan``: what-if planning from a saved profile, without starting Ray.
 
-    hetero-ray plan --profile nodes.json --global-batch-size 512
     hetero-ray plan --profile nodes.json --global-batch-size 512 --workers gpu,cpu*3 --json plan.json
-    hetero-ray plan --profile nodes.json --global-batch-size 512 --workers 28c424db:gpu,10.0.0.7:cpu*2
 
-Reads a ``nodes.json`` written by ``hetero-ray profile --model M --json FILE`` (or by a
-training run), prints each probed device's busy-time curve ``t(b) = max(floor, α + β·b)``
-with its error at every probed batch size, then the first plan the planner would make for
-the given workers — the run's own planner and policy (:class:`~hetero_ray.planning.planner.Planner`),
-not a copy — with its predicted step time and throughput. ``--json FILE`` writes the same,
-with the measured and the predicted busy time at every probed size of every device.
-
-A profile from before the curve had a floor (no ``fit_shape``) holds a line fitted to the
-probe; its devices are refitted from their probe rows with today's curve, and the output
-says so.
-
-``--workers``: comma-separated ranks ``[NODE:]KIND[*COUNT]``, KIND ``gpu`` or ``cpu``, NODE a
-node id prefix, hostname or IP. Without NODE a ``gpu`` rank takes the next probed GPU not yet
-taken (nodes in file order), a ``cpu`` rank the first node with a probed CPU. Default: one
-rank per probed GPU, and one CPU rank on each node that has a probed CPU and no probed GPU.
+Reads a ``nodes.json`` (from ``hetero-ray profile --model M --json FILE`` or a training run),
+prints each probed device's busy-time curve ``t(b) = max(floor, α + β·b)`` with its error at
+every probed size, then the first plan the run's own planner and policy
+(:class:`~hetero_ray.planning.planner.Planner`) would make for the given workers, with its
+predicted step time and throughput; ``--json FILE`` writes the same. A profile from before
+the curve had a floor (no ``fit_shape``) is refitted from its probe rows. ``--workers``:
+comma-separated ranks ``[NODE:]KIND[*COUNT]`` (default: one per probed device).
+Usage and details: docs/profiling-and-planning.md#what-if-planning-hetero-ray-plan
 """
 
 from __future__ import annotations

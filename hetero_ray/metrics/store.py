@@ -2,22 +2,13 @@
 
 Workers send batches of records fire-and-forget. The store holds the run's small tables
 (attempts, workers, plans, epochs, decisions, node profiles) and hands rows to its two
-halves: a :class:`~hetero_ray.runs.writer.RunWriter` makes them durable (a
-write-ahead log, Parquet parts at least every ``parquet_flush_interval_s``, one merged
-file per table on :meth:`MetricsStore.finalize`), and a
-:class:`~hetero_ray.metrics.step_window.StepWindow` keeps the most recent step rows for
-live queries (the dashboard, the driver's progress line). The analyses it answers live
-with their subjects: :mod:`hetero_ray.metrics.summary` and :mod:`hetero_ray.runs.trajectory`
-(bottleneck verdicts are the reader's: the live app applies the one rule of
-:mod:`hetero_ray.bottlenecks.judge` to the steps and profiles it fetches).
-
-Plain class, no Ray import: the actor in :mod:`hetero_ray.runtime.actors` wraps it. If
-that actor restarts, a new instance picks up the attempt table and the part sequence from
-the run directory, so nothing already on disk is lost.
-
-A write that fails (the disk is full, the folder went read-only) is not retried: the
-store stops writing, keeps serving live readers, and says why in :meth:`failure`. The
-driver's run guard polls that and stops training, so a run never goes on unrecorded.
+halves: a :class:`~hetero_ray.runs.writer.RunWriter` makes them durable (parts at least every
+``parquet_flush_interval_s``, one file per table on :meth:`MetricsStore.finalize`), and a
+:class:`~hetero_ray.metrics.step_window.StepWindow` keeps the most recent step rows for live
+queries. The analyses live with their subjects (:mod:`hetero_ray.metrics.summary`,
+:mod:`hetero_ray.runs.trajectory`). Plain class, no Ray import: the actor in
+:mod:`hetero_ray.runtime.actors` wraps it. Restarts, and a write that fails
+(:meth:`MetricsStore.failure`): docs/run-files.md#the-metrics-store
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Planning: the plan, and how it is made and changed — estimate each rank's cost, solve for
-the best split, decide whether to switch.
+"""Planning, in pure Python and numpy: the plan, and how it is made and changed (the actor
+:mod:`hetero_ray.runtime.planner_actor` is a thin shell around :class:`~hetero_ray.planning.planner.Planner`).
 
 * :mod:`~hetero_ray.planning.plan` — the plan: each rank's share of the global batch;
 * :mod:`~hetero_ray.planning.cost_model` — ``t_i(b) = max(τ_i, α_i + β_i·b)`` and its robust fit;
@@ -7,15 +7,12 @@ the best split, decide whether to switch.
 * :mod:`~hetero_ray.planning.capacity` — each rank's curve and memory cap from the node profiles;
 * :mod:`~hetero_ray.planning.solver` — the split minimising ``max_i t_i(b_i)``;
 * :mod:`~hetero_ray.planning.subset` — the group and split minimising ``max_{i∈G} t_i(b_i) + c(G)``;
-* :mod:`~hetero_ray.planning.policies` — static / proportional / dynamic / optimal decisions, and the registry;
-* :mod:`~hetero_ray.planning.policy_module` — a user's module of policies, imported by name or file;
-* :mod:`~hetero_ray.planning.moves` — how far one move may take a rank beyond the shares it is known at;
+* :mod:`~hetero_ray.planning.policies` — static, proportional, dynamic, optimal; the registry;
+* :mod:`~hetero_ray.planning.policy_module` — a user's module of policies, by name or file;
+* :mod:`~hetero_ray.planning.moves` — how far one move may take a rank beyond its known shares;
 * :mod:`~hetero_ray.planning.balancer` — step records in, decisions at rebalance points out;
 * :mod:`~hetero_ray.planning.planner` — the one planning authority: first plan, versions, caps, end;
 * :mod:`~hetero_ray.planning.simulation` — a simulated cluster to drive policies without Ray.
-
-Pure Python and numpy; the planner actor (:mod:`hetero_ray.runtime.planner_actor`) is a thin
-shell around :class:`~hetero_ray.planning.planner.Planner`.
 """
 
 from hetero_ray.planning.cost_model import CurveFit, fit_curve

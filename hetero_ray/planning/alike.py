@@ -1,24 +1,15 @@
 """Ranks that measure alike get one curve: identical devices, equal shares.
 
-Two identical ranks never measure the same: their busy times differ by estimation noise
-(on a shared machine, by whichever of them the scheduler favoured in the window), and the
-split solver, exact for the curves it is given, turns that noise into shares — 34 and 39
-of 96 for the two equal-speed ranks of ``make demo``. A difference the plan could not be
-moved for is no reason to split ranks unequally. So the split is solved twice: once with
-every rank's own curve, giving shares ``b*``; then ranks whose curves agree at both their
-shares (``d = max over b ∈ {b*_f, b*_j} of |ln(t_j(b)/t_f(b))|``) within the gain a move
-must clear, or cannot be told apart in their own noise,
+The split is solved twice: once with every rank's own curve, giving shares ``b*``; then ranks
+whose curves agree at both their shares within the tolerance, or within their own noise,
 
-    e^d − 1  ≤  tolerance                  (= threshold + noise margin, policies.py)
-    or   d  ≤  z·sqrt(se_f² + se_j²)        (se: relative standard errors)
+    d = max over b ∈ {b*_f, b*_j} of |ln(t_j(b)/t_f(b))|
+    e^d − 1  ≤  tolerance  (= threshold + noise margin)   or   d  ≤  z·sqrt(se_f² + se_j²)
 
-are given their group's mean curve ``(ᾱ, β̄, τ̄)`` for the second solve, whose round-robin
-on ties keeps their shares within one sample of each other. Comparing at the shares, not
-at one common size, keeps apart two different devices whose curves merely cross there (a
-fast rank with a large fixed cost and a slow one with a small one). Groups are formed from
-the fastest rank (per sample at its share) up: a group's first rank ``f`` is the reference
-of every rank that joins it, so small steps never chain into a wide spread. Pure: numbers
-in, numbers out.
+(``se``: relative standard errors; ``z``: :data:`ALIKE_SIGMAS`) get their group's mean curve
+``(ᾱ, β̄, τ̄)`` for the second solve. Groups form from the fastest rank (per sample at its
+share) up; a group's first rank ``f`` is the reference of every rank that joins it.
+Pure: numbers in, numbers out. Why: docs/profiling-and-planning.md#alike-ranks-share-one-proposal
 """
 
 from __future__ import annotations

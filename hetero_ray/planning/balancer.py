@@ -1,29 +1,15 @@
 """The balancer: per-step records in, decisions out, in time for each rebalance point.
 
 Plain class, owned by the planner (:mod:`hetero_ray.planning.planner`), which acts on what
-it returns. It learns the plan in force from the records themselves (each row carries its
-``plan_version`` and ``local_batch_size``), so it never decides on a plan the workers are
-not running. Its jobs, each explained in docs/profiling-and-planning.md:
-
-- **In time.** Records arrive in batches, steps after they ran, so it decides for the next
-  point ``B`` once the next batch would come too late:
-
-      g = newest step every rank has reported;  lead = ⌈lag / step time⌉ + gap + 1
-      if g + lead ≥ B and no adopted proposal is pending: decide at g
-
-  counted in steps (``gap``: the most steps run between two of the last batches), so a
-  pause in which no step runs does not push decisions past their points.
-- **Prediction beside outcome.** An adopted decision's row waits for the new plan's
-  ``achieved_step_time_s`` (``max_{i∈G} t_i + c(G)`` as a kept mean); every row carries
-  ``rest_of_step_s``, what a step takes beyond that.
-- **A worse plan is never kept.** After ``rollback_check_steps`` (a trial beyond the known
-  shares: ``TRIAL_CHECK_STEPS``, at its own check point) the step is compared with the plan
-  it replaced; slower by :data:`ROLLBACK_MARGIN`, the old shares come back at once, and the
-  ranks it grew may grow half as far next time (not at all past :data:`CLIFF_FACTOR` × the
-  prediction). Later decisions judge it again (:data:`REVERT_MARGIN`), unless the ranks it
-  left alone slowed as much. Moves are bounded before that (planning/moves.py, quota.py).
-- **The feeding trial** (planning/feed_trial.py): candidates left out for whole epochs
-  beside a window with them in; the faster stays. No policy decision while it runs.
+it returns. It learns the plan in force from the records (each row's ``plan_version`` and
+``local_batch_size``), decides for the next point ``B`` once the next batch of records would
+come too late, and records each adopted decision's ``achieved_step_time_s`` beside its
+prediction. A worse plan is never kept: checked after ``rollback_check_steps`` (a trial:
+``TRIAL_CHECK_STEPS``), it is rolled back when slower by :data:`ROLLBACK_MARGIN`, the ranks
+it grew capped half way (at their old shares past :data:`CLIFF_FACTOR` × the prediction: a
+cliff), and judged again by later decisions (:data:`REVERT_MARGIN`). It also runs the
+feeding trial (planning/feed_trial.py).
+Why: docs/profiling-and-planning.md#the-balancer-moving-work-while-training-runs
 """
 
 from __future__ import annotations

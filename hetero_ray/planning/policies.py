@@ -1,29 +1,15 @@
 """Rebalance policies: from estimates to a decision (keep the plan, or adopt a new one).
 
-A policy changes nothing itself: :meth:`Policy.initial_plan` and :meth:`Policy.decide`
-return a plan or a :class:`~hetero_ray.planning.decision.Decision`, and the planner acts on
-them. A policy is one class, made known by :func:`register_policy`:
-
-============  =====================================================================
-``static``        equal shares; never changes.
-``proportional``  shares proportional to profiled throughput; fixed after the first plan.
-``dynamic``       shares proportional to measured throughput: ``t_i(b) = b / samples_per_s_i``.
-``optimal``       minimise ``max_{i∈G} t_i(b_i) + c(G)`` with the fitted curves
-                  ``t_i(b) = max(τ_i, α_i + β_i·b)`` and the learned all-reduce ``c`` of the
-                  ranks in, ``G`` (:func:`subset.solve_subset_split`): a rank that costs
-                  more in communication than it adds is left out. Rank 0 is always in.
-============  =====================================================================
-
-The adaptive policies adopt a proposal only when
-
-    gain = (P_current − P_proposed) / P_current  >  threshold + noise margin
-
-the margin being what estimation noise alone would fake, ``k·se·sqrt(2 ln n)`` over the
-*contenders* (ranks within :data:`CONTENDER_SIGMAS` standard errors of the slowest), each
-``se`` at least the levels' measured drift between decisions (planning/forecast.py). A gain
-under ``confirm_below``× the bar waits for the next decision to see it again. A plan with a
-rank over its cap moves whatever the gain. The reasoning and its measurements:
-docs/profiling-and-planning.md.
+A policy changes nothing itself: :meth:`Policy.initial_plan` and :meth:`Policy.decide` return
+a plan or a :class:`~hetero_ray.planning.decision.Decision`, and the planner acts on them.
+Each is one class, made known by :func:`register_policy`: ``static`` (equal shares),
+``proportional`` (profiled throughput), ``dynamic`` (measured throughput) and ``optimal``,
+the ranks in ``G`` and split minimising ``max_{i∈G} t_i(b_i) + c(G)``
+(:func:`~hetero_ray.planning.subset.solve_subset_split`; rank 0 always in). The adaptive
+ones adopt a proposal whose gain clears ``threshold + k·se·sqrt(2 ln n)``, ``n`` the
+*contenders* (within :data:`CONTENDER_SIGMAS` standard errors of the slowest), twice when
+under ``confirm_below``× that, and at once when a rank is over its cap.
+Why: docs/profiling-and-planning.md#the-bar-a-new-plan-must-clear
 """
 
 from __future__ import annotations

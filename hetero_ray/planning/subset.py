@@ -4,20 +4,12 @@
         T(G, b) = max_{i∈G} t_i(b_i) + c(G),     Σ_{i∈G} b_i = B,   b_i = 0 for i ∉ G
 
 ``t_i`` is the cost curve (:mod:`~hetero_ray.planning.cost_model`), ``c(G)`` the step's
-communication for the group that takes part (e.g. the gradient all-reduce over G, learned
-per backend and group size), given by the caller. A rank outside G trains on nothing and
-does not take part in the all-reduce, so a slow rank that adds more to ``c`` than it takes
-off ``max t`` is better left out: the H100 alone ran simple_cnn at 2× the samples/s of the
-H100 with three CPU ranks, whose all-reduce added 2.6 ms to a 3.2 ms step.
-
-For a fixed G the best split is :func:`solver.solve_split` over G (``c(G)`` is a constant
-there). Over the groups: every non-empty group is tried up to
-:data:`EXHAUSTIVE_MAX_RANKS` ranks (2ⁿ − 1 splits, the exact optimum); beyond, the candidates
-are the k fastest ranks for every k (fastest by throughput at their share of the all-rank
-optimum) and the groups met by dropping, one at a time, the rank whose removal lowers T the
-most — never worse than all ranks or the best prefix, with no guarantee beyond. Ties go to
-the larger group (a rank is left out only when that is strictly faster), then to the lower
-ranks. Pure: no Ray, nothing applied here.
+communication for the ranks in G, given by the caller; a rank outside G trains on nothing and
+takes no part in the all-reduce. For a fixed G the split is :func:`solver.solve_split`'s;
+every group is tried up to :data:`EXHAUSTIVE_MAX_RANKS` ranks (the exact optimum), beyond that
+the fastest prefixes and greedy drops. Ties go to the larger group, then the lower ranks.
+Pure: no Ray, nothing applied here.
+Why: docs/profiling-and-planning.md#communication-and-ranks-left-out
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Multi-node preflight: every node that will host a worker can write the run's folder, sees
 the driver's copy of it, and sees the dataset the driver checked.
 
-The driver's own checks (:mod:`hetero_ray.builtin.preflight`) look at the driver's disk only; on a
-cluster, workers on other nodes write checkpoints into the run directory and read
-``--data-dir`` themselves. A node whose copy of the folder is read-only (or a different,
-unshared disk) fails the run at its first checkpoint; a node with other CIFAR files
-trains on other samples without anyone noticing. So, after connecting and before anything
-is written, one small task per hosting node (pinned to it, no CPU reserved) probes that
-node's view, and the driver compares: any difference is a :class:`UserError` naming the
-nodes.
-
-Writable is not shared: the default ``--storage-path runs`` exists at the same path on every
-node, each on its own disk, and a worker restarted elsewhere would not find the checkpoint
-(Ray Train itself checks this only at the first checkpoint). So the driver leaves a marker
-file with a random token in the folder for the time of the check, and every node must read
-that token there.
-
-Three parts: :func:`probe` runs on a node (plain Python), :func:`problems` decides (pure),
-:func:`check_nodes` fans out with Ray. A one-node cluster on the driver's own node needs
-no fan-out (the driver's checks already saw that node's disk), so local runs pay nothing.
+After connecting and before anything is written, one small task per hosting node (pinned to
+it, no CPU reserved) probes that node's view: it writes in the run's folder, reads there the
+random token of a marker file the driver leaves for the time of the check, and fingerprints
+the dataset as a worker loads it. The driver compares: any difference is a
+:class:`UserError` naming the nodes. A one-node cluster on the driver's own node needs no
+fan-out. Three parts: :func:`probe` runs on a node (plain Python), :func:`problems` decides
+(pure), :func:`check_nodes` fans out with Ray.
+Why: docs/operations.md#why-every-node-is-checked
 """
 
 from __future__ import annotations

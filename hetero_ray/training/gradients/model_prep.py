@@ -2,21 +2,13 @@
 the gradient weighting, the busy-time clock and (where it has BatchNorm) exact
 statistics of the whole global batch.
 
-- The communication hook (:mod:`hetero_ray.training.gradients.weighting`) scales each gradient
-  bucket by ``b_i / B`` and all-reduces with SUM: the gradient of the global batch,
-  whatever the split. The loader sets ``b_i / B`` before each step; a backward pass
-  outside the loader's steps (the user's own ``DataLoader``) is averaged as DDP
-  averages, and without ``prepare_data_loader`` at all rank 0 says once that the plan's
-  unequal shares need it.
-- The hook's callbacks end this rank's busy time at its last gradient bucket, pad it
-  where speeds are emulated, and note when the all-reduce completed; a forward hook
-  marks the end of the forward pass. Hooks cannot be handed the step they run in, so
-  they mark the step in progress of the session's
-  :class:`~hetero_ray.training.rank.current_step.CurrentStep`.
-- BatchNorm layers become :class:`~hetero_ray.training.gradients.batchnorm.HeteroSyncBatchNorm`,
-  whose statistics are those of the global batch (unequal local batches included) and
-  whose running statistics are identical on every rank. Such a model is never cut into
-  micro-batches (:mod:`hetero_ray.training.gradients.micro_batches`).
+The communication hook (:mod:`hetero_ray.training.gradients.weighting`) weights each rank by
+``b_i / B``, set by the loader before each step (``1/n`` outside the loader's steps); the
+clock's hooks mark the step in progress of the session's
+:class:`~hetero_ray.training.rank.current_step.CurrentStep`; BatchNorm layers become
+:class:`~hetero_ray.training.gradients.batchnorm.HeteroSyncBatchNorm`, and such a model is
+never cut into micro-batches (:mod:`hetero_ray.training.gradients.micro_batches`).
+Why: docs/worker-runtime.md#one-devices-gradient-under-unequal-shares and the sections after it
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """Gradients of the global batch from unequal local batches.
 
-DDP's default all-reduce averages rank gradients with equal weight 1/n. With local
-batches of different sizes that is wrong: rank i's gradient is the mean over its b_i
-samples, so the global-batch gradient is
+Rank i's gradient is the mean over its b_i samples, so the global-batch gradient is
 
     g = (1/B) Σ_j ∇ℓ_j = Σ_i (b_i / B) · g_i,       g_i = (1/b_i) Σ_{j ∈ rank i} ∇ℓ_j
 
-The communication hook below scales each bucket by w_i = b_i / B and all-reduces with
-SUM, which gives exactly g on every rank. For the last, shorter window of an epoch, B is
-the window's size, so the step is the mean over the samples actually seen, as one device
-would compute it.
-
-A plan may leave ranks out (``b_i = 0``, :mod:`hetero_ray.planning.subset`): the ranks in
-all-reduce over a process group of their own (``process_group``, switched by the loader at
-the step the plan takes effect), and a rank left out takes no part at all — its hook
-returns a zero gradient at once, so it neither waits for the others nor makes them wait.
-Its parameters fall behind; it receives them again when it is brought back
-(:mod:`hetero_ray.training.rank.rejoin`). With a group of one rank there is nothing to reduce.
-
-The hook is also where a rank's busy time ends: DDP hands a bucket to the hook as soon
-as its gradients are ready, and the last bucket marks the end of this rank's own work,
-before it waits for anybody else (see :mod:`hetero_ray.training.timing.steps`).
+The communication hook below scales each bucket by w_i = b_i / B and all-reduces with SUM
+over the group of the plan's ranks in (``process_group``), which gives exactly g on every
+rank; for the last, shorter window of an epoch, B is the window's size. A rank left out
+(``b_i = 0``) gets a zero gradient at once. The last bucket ends the rank's busy time
+(:mod:`hetero_ray.training.timing.steps`). Why DDP's own average (weights 1/n) is wrong, and
+the ranks left out: docs/worker-runtime.md#one-devices-gradient-under-unequal-shares
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's annotations at

@@ -2,22 +2,13 @@
 
 :func:`run_user_loop` is the ``train_loop_per_worker`` handed to Ray Train. It restores
 hetero_ray's part of the checkpoint (on a restart), starts the worker's session (a
-collective: attempt id, where every rank runs), calls the user's function with the
-user's config, and closes the session whatever happens, so the last step rows reach the
-store. A user mistake that torch reports deep inside autograd comes back as a
-:class:`UserError` that says what to change; the run then stops without retries.
-
-So does any exception the user's loop raises before this rank completed a step in this
-worker group (a TypeError in the model, a bad config key): a restart runs the same code
-on the same data from the same checkpoint and meets it again, so Ray Train's retries
-would only make the person wait for the same traceback. Errors a restart can cure — a
-peer lost mid-collective, a Ray actor or node gone — are still retried.
-
-After the first completed step a lost node and a bug look alike from one rank, so the
-rank only marks its error with the global step it was at (:func:`failed_at_step`); the
-driver's :class:`~hetero_ray.runtime.failures.RunGuard` sees every rank's error and stops
-the run when the same error came at the same step from every rank, or again after a
-restart.
+collective), calls the user's function with the user's config, and closes the session
+whatever happens, so the last step rows reach the store. A mistake torch reports deep inside
+autograd, and an error the loop raises before this rank completed a step in the worker group
+(unless a restart can cure it), come back as a :class:`UserError`: the run stops without
+retries. Later errors a restart cannot cure are marked with their global step
+(:func:`failed_at_step`) for the driver's :class:`~hetero_ray.runtime.failures.RunGuard`.
+Why: docs/worker-runtime.md#the-ranks-session
 """
 
 from __future__ import annotations

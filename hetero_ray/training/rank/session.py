@@ -1,24 +1,14 @@
 """One worker's place in a hetero_ray run: who it is, whom it talks to, which plan is in force.
 
 :class:`WorkerSession` is made once per worker-group start, before the user's
-``train_loop_per_worker`` runs, by :func:`hetero_ray.training.rank.entry.run_user_loop`. The
-public functions of :mod:`hetero_ray.train` find it with :func:`current`; there is at most
-one per process, and using the API outside a run says so instead of failing later.
-
-What it holds, all fixed for the worker group's life (the session is frozen):
-- the worker's :class:`~hetero_ray.training.rank.identity.WorkerIdentity` (rank, world size,
-  device, node, attempt id, every rank's node) and the run's settings;
-- the handles of the run's actors (metrics store, planner), and what the warm-up measured;
-- the step in progress (:class:`~hetero_ray.training.rank.current_step.CurrentStep`), where
-  the prepared model's hooks find it;
-- the plan protocol (:meth:`agree_on_plan`): at each rebalance point all ranks enter one
-  broadcast and leave with rank 0's plan and the memory caps (the loader keeps both), and
-  the process group of its ranks in;
-- the step recorder (rows reach the store in batches; :meth:`flush_records` waits for
-  them, e.g. before a checkpoint that covers them is registered);
-- :class:`LoopParts`: the loader and the prepared model, each set once by the API
-  function that makes it (``prepare_data_loader``, ``prepare_model``), as the values
-  those functions return.
+``train_loop_per_worker`` runs, by :func:`hetero_ray.training.rank.entry.run_user_loop`, and
+is frozen. It holds the worker's :class:`~hetero_ray.training.rank.identity.WorkerIdentity`,
+the run's settings and actors, the step in progress
+(:class:`~hetero_ray.training.rank.current_step.CurrentStep`), the plan protocol
+(:meth:`WorkerSession.agree_on_plan`), the step recorder
+(:meth:`WorkerSession.flush_records`) and the :class:`LoopParts`. The public functions of
+:mod:`hetero_ray.train` find it with :func:`current` (at most one per process).
+What each part is for: docs/worker-runtime.md#the-ranks-session
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """The in-training profiler: GPU and process readings attached to a rank's step records.
 
-Runs on every training worker. Reading NVML and psutil takes a fraction of a millisecond
-but may stall (a GPU under reset, a busy /proc), so the training step never does it: every
+Runs on every training worker. The training step never reads NVML or psutil itself: every
 ``interval_steps`` steps :meth:`ResourceSampler.maybe_sample` wakes a daemon thread that
-takes the readings, and returns at once with the latest ones it has. A row therefore
-carries readings at most one interval old.
-
-Columns filled (those of the steps table; absent → null in Parquet):
-
-- ``gpu_util`` (percent, NVML's last sample period), ``gpu_mem_used_bytes`` and
-  ``gpu_mem_total_bytes`` (NVML: the whole device, all processes), ``gpu_temp_c``,
-  ``gpu_power_w`` — from the :class:`~hetero_ray.profiling.gpu.GpuReader`, GPU ranks only;
-- ``gpu_mem_peak_bytes``: ``torch.cuda.max_memory_allocated`` since the previous reading
-  (the peak is reset after each reading, so it follows plan changes);
-- ``cpu_util`` (percent of one core, this process, since the previous reading) and
-  ``rss_bytes`` — psutil, every rank; ``cpu_util_from_step``, the global step at which the
-  reading before it was asked for (the steps ``cpu_util`` covers begin there, so the
-  planner can tell a reading of the plan in force from one of the plan before);
-- ``cpu_quota_cores``: the cgroup CPU quota the process runs under
-  (:mod:`hetero_ray.profiling.cgroup`), on ranks that have one.
-
-On a rank without a GPU the GPU columns are left out, never invented.
+takes the readings, and returns at once with the latest ones it has, so a row carries
+readings at most one interval old. It fills the steps table's GPU columns (NVML through the
+:class:`~hetero_ray.profiling.gpu.GpuReader`, and torch's memory peak; GPU ranks only),
+``cpu_util``, ``rss_bytes`` and ``cpu_util_from_step`` (psutil, every rank) and
+``cpu_quota_cores`` (:mod:`hetero_ray.profiling.cgroup`). On a rank without a GPU the GPU
+columns are left out, never invented. Each column, and why a thread:
+docs/worker-runtime.md#resource-readings
 """
 
 from __future__ import annotations
