@@ -125,7 +125,8 @@ class HeteroConfig:
             OutputConfig(record_sample_ids=self.record_sample_ids)
             if self.worker_devices is not None:
                 devices = validate.device_kinds(validate.named("worker_devices"), self.worker_devices)
-                self._store(worker_devices=ClusterConfig(num_workers=len(devices), worker_devices=devices).worker_devices)
+                cluster = ClusterConfig(num_workers=len(devices), worker_devices=devices)
+                self._store(worker_devices=cluster.worker_devices)
             check_shares(plan, self.global_batch_size)
         object.__setattr__(self, "plan", plan)
         object.__setattr__(self, "emulation", emulation)

@@ -95,7 +95,6 @@ class OptimizationConfig:
         validate.choice(named("precision"), self.precision, PRECISIONS)
 
 
-
 @dataclass(frozen=True)
 class ProbeChoice:
     """``hetero-ray profile --model M [--dataset D]``: a built-in model to probe on every
@@ -111,7 +110,8 @@ class ProbeChoice:
         if self.dataset is not None:
             validate.choice(named("dataset"), self.dataset, DATASETS)
             if self.model is None:
-                raise ConfigError(f"{named('dataset')} only shapes the {named('model')} probe; pass {named('model')} too")
+                raise ConfigError(f"{named('dataset')} only shapes the {named('model')} probe; "
+                                  f"pass {named('model')} too")
 
 
 TITLE = "hetero_ray.title"  # a part's heading in --help
@@ -158,8 +158,8 @@ class TrainConfig:
         check_ranks(self.plan, self.emulation, self.global_batch_size, self.num_workers)
         if self.dataset not in FILE_DATASETS and self.num_samples < self.global_batch_size:
             raise ConfigError(
-                f"{named('num_samples')} {self.num_samples} is smaller than {named('global_batch_size')} {self.global_batch_size}; "
-                "one epoch would not fill one global batch"
+                f"{named('num_samples')} {self.num_samples} is smaller than {named('global_batch_size')} "
+                f"{self.global_batch_size}; one epoch would not fill one global batch"
             )
         check_shares(self.plan, self.global_batch_size)
 

@@ -50,11 +50,7 @@ def escaping_links(run_dir: str) -> list[str]:
     found = []
 
     def scan(directory: str, depth: int) -> None:
-        try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
+        for entry in _entries(directory):
             if entry.is_symlink():
                 if inside(run_dir, entry.path) is None:
                     found.append(os.path.relpath(entry.path, run_dir).replace(os.sep, "/"))
@@ -63,6 +59,14 @@ def escaping_links(run_dir: str) -> list[str]:
 
     scan(run_dir, 0)
     return found
+
+
+def _entries(directory: str) -> list[os.DirEntry]:
+    """A folder's entries by name; none where it cannot be listed (gone, or not readable)."""
+    try:
+        return sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return []
 
 
 _NOT_RUN_FOLDERS = {run_files.PARTS_DIR, "ray_train", "__pycache__"}  # inside a run, or no run at all
@@ -76,11 +80,7 @@ def find_runs(runs_dir: str, max_depth: int) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
 
     def scan(directory: str, depth: int) -> None:
-        try:
-            children = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError:
-            return
-        for child in children:
+        for child in _entries(directory):
             if child.name.startswith(".") or child.name in _NOT_RUN_FOLDERS or not child.is_dir():
                 continue
             real = os.path.realpath(child.path)
