@@ -98,8 +98,8 @@ def write_run(run_dir: str, num_rows: int, num_ranks: int = 4) -> None:
     for name, rows in ((PLANS, plans), (EPOCHS, epochs), (DECISIONS, decisions)):
         run_files.write_table(run_files.table_path(run_dir, name), to_table(name, rows))
     run_files.write_json(os.path.join(run_dir, run_files.CONFIG_FILE), {
-        "experiment_name": os.path.basename(run_dir), "policy": "optimal", "num_workers": num_ranks,
-        "batch_size": 256, "epochs": num_steps // 5000, "num_samples": 5000 * 256, "dataset": "synthetic_image"})
+        "name": os.path.basename(run_dir), "policy": "optimal", "num_workers": num_ranks,
+        "global_batch_size": 256, "epochs": num_steps // 5000, "num_samples": 5000 * 256, "dataset": "synthetic_image"})
     run_files.write_json(os.path.join(run_dir, run_files.ATTEMPTS_FILE),
                          [{"attempt": 0, "start_global_step": 0, "num_workers": num_ranks, "wall_time": 1.7e9}])
     run_files.write_json(os.path.join(run_dir, run_files.SUMMARY_FILE),  # a finished run
