@@ -26,7 +26,6 @@ class Flag:
     Attributes:
         help: what the flag does (for a switch that is on by default, what its ``--no-…``
             does); ``(default …)`` is added from the field's default.
-        name: default ``--field-name``; ``--no-field-name`` for a switch that is on by default.
         type: parses the flag's text (default: kept as text).
         metavar: how the value is shown in ``--help``.
         repeat: the flag may be given several times; the setting is the list of values.
@@ -36,7 +35,6 @@ class Flag:
     """
 
     help: str
-    name: Optional[str] = None
     type: Optional[Callable[[str], Any]] = None
     metavar: Optional[str] = None
     repeat: bool = False
@@ -51,10 +49,9 @@ def setting(default=dataclasses.MISSING, help: str = "", *, default_factory=data
 
 
 def flag_name(f: dataclasses.Field) -> str:
-    """What the user types for field ``f``: its flag, or ``--field-name`` for a field without one."""
+    """What the user types for field ``f``: ``--field-name``; ``--no-field-name`` for a switch
+    that is on by default (one name per setting: the flag is the field's)."""
     flag = f.metadata.get(FLAG)
-    if flag is not None and flag.name:
-        return flag.name
     dashed = "--" + f.name.replace("_", "-")
     if flag is not None and f.default is True:
         return "--no-" + dashed[2:]

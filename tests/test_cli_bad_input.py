@@ -104,7 +104,7 @@ PROFILE_CASES = [
     ("probe sizes not integers", ["--batch-sizes", "8,x"], "comma-separated integers"),
     ("zero cpus per worker", ["--cpus-per-worker", "0"], "--cpus-per-worker must be a positive number"),
     ("ram fraction above one", ["--ram-fraction", "1.5"], "--ram-fraction must be in (0, 1]"),
-    ("zero timeout", ["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    ("zero timeout", ["--timeout-s", "0"], "--timeout-s must be a positive number of seconds"),
 ]
 
 

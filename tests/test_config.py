@@ -243,6 +243,6 @@ def test_profile_flags_become_settings():
 
     choice, config = config_from_args(_profile_args(
         "--model", "mlp", "--dataset", "synthetic_image", "--batch-sizes", "32,8", "--cpus-per-worker", "2",
-        "--ram-fraction", "0.25", "--timeout", "30"))
+        "--ram-fraction", "0.25", "--timeout-s", "30"))
     assert (choice.model, choice.dataset, config.batch_sizes) == ("mlp", "synthetic_image", (8, 32))
     assert (config.cpus_per_worker, config.ram_fraction, config.timeout_s) == (2.0, 0.25, 30.0)

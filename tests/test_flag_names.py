@@ -65,6 +65,16 @@ def test_every_train_flag_is_the_name_of_the_setting_it_sets():
     assert set(setting_names()) - flagged == {"min_workers"}, "min_workers is set by --num-workers MIN-MAX"
 
 
+def test_every_profile_flag_is_the_name_of_the_setting_it_sets():
+    from hetero_ray.builtin.config import ProbeChoice
+    from hetero_ray.profiling.profile_config import ProfileConfig
+
+    settings = {f.name for cls in (ProbeChoice, ProfileConfig) for f in dataclasses.fields(cls)}
+    for flag, action in _flags("profile").items():
+        if action.dest in settings and not isinstance(action, DeprecatedFlag):
+            assert flag == "--" + action.dest.replace("_", "-"), f"{flag} sets {action.dest}"
+
+
 def test_the_run_name_and_where_runs_go_are_ray_trains_words_everywhere():
     train, plan = _flags("train"), _flags("plan")
     for flag in ("--global-batch-size", "--name", "--storage-path"):

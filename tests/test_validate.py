@@ -66,7 +66,7 @@ def test_the_profilers_config_names_the_profile_commands_flags():
         ProfileConfig(batch_sizes=(8,))
     with pytest.raises(ConfigError, match=r"--ram-fraction must be in \(0, 1\]"):
         ProfileConfig(ram_fraction=1.5)
-    with pytest.raises(ConfigError, match="--timeout must be a positive number of seconds"):
+    with pytest.raises(ConfigError, match="--timeout-s must be a positive number of seconds"):
         ProfileConfig(timeout_s=0)
     assert ProfileConfig(batch_sizes=[32, 8, 8]).batch_sizes == (8, 32)
 

@@ -34,7 +34,7 @@ class ProfileConfig:
         DEFAULT_RAM_FRACTION, "CPU nodes: share of available RAM one worker's batch may use", type=float)
     timeout_s: float = setting(
         DEFAULT_PROFILE_TIMEOUT_S, "seconds for the whole cluster; nodes not done are reported as failed",
-        name="--timeout", type=float, metavar="TIMEOUT")
+        type=float, metavar="SECONDS", aliases=("--timeout",))
     # No flag: set from Python only (tests shorten the micro-benchmarks).
     microbench_s: float = DEFAULT_MICROBENCH_S
     probe_cpu_on_gpu_nodes: bool = False  # GPU nodes train on their GPUs; skip the CPU probe
@@ -42,13 +42,14 @@ class ProfileConfig:
     def __post_init__(self):
         if self.model is not None and not isinstance(self.model, ProfileModel):
             raise ConfigError(f"ProfileConfig.model must be a hetero_ray.ProfileModel(build=..., make_batch=...) "
-                              f"or None (a built-in model's: hetero_ray.builtin.recipe.builtin_recipe({self.model!r})), "
-                              f"got {type(self.model).__name__}")
-        object.__setattr__(self, "batch_sizes", tuple(validate.probe_sizes("--batch-sizes", self.batch_sizes or ())))
-        validate.positive_number("--cpus-per-worker", self.cpus_per_worker)
-        validate.positive_number("--timeout", self.timeout_s, unit="seconds")
+                              f"or None (a built-in model's: hetero_ray.builtin.recipe.builtin_recipe("
+                              f"{self.model!r})), got {type(self.model).__name__}")
+        sizes = validate.probe_sizes(validate.named("batch_sizes"), self.batch_sizes or ())
+        object.__setattr__(self, "batch_sizes", tuple(sizes))
+        validate.positive_number(validate.named("cpus_per_worker"), self.cpus_per_worker)
+        validate.positive_number(validate.named("timeout_s"), self.timeout_s, unit="seconds")
         validate.positive_number("microbench_s", self.microbench_s, unit="seconds")
-        validate.fraction("--ram-fraction", self.ram_fraction, of="the available RAM")
+        validate.fraction(validate.named("ram_fraction"), self.ram_fraction, of="the available RAM")
 
     @property
     def num_threads(self) -> int:
