@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import tempfile
 
-import numpy as np
 import pytest
 import torch
 

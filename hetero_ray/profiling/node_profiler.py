@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from hetero_ray.profiling.capability import CPU, FAILED, GPU, DeviceCapability, NodeCapability
 from hetero_ray.profiling.profile_config import ProfileConfig
