@@ -28,6 +28,9 @@ class RunFolder:
     words: Wording
     held: Optional[contextlib.ExitStack]  # keeps the lock until the driver is done with the run
     locked: bool  # the folder existed, and its lock was taken before anything was read
+    # Whether fit() continues a run of this name, asked once (under the lock): with URI storage
+    # the answer reads the URI, and a crashed driver's controller may still write its snapshot.
+    resuming: bool = False
 
     @classmethod
     def open(cls, storage_path: Optional[str], name: str, output_dir: Optional[str], words: Wording,
@@ -36,15 +39,11 @@ class RunFolder:
         locked = os.path.isdir(run.run_dir)
         if locked:
             held.enter_context(run_lock.acquire(run.run_dir, words.locked_advice))
-        return cls(run, words, held, locked)
+        return cls(run, words, held, locked, run.continues_a_run())
 
     @property
     def path(self) -> str:
         return self.storage.run_dir
-
-    @property
-    def resuming(self) -> bool:
-        return self.storage.continues_a_run()
 
     def check(self, emit: Callable[[str], None], own_check: Optional[Callable[[], None]] = None) -> None:
         """A resume's torn snapshot rebuilt (said); then ``own_check`` (a front end's
