@@ -25,7 +25,7 @@ from hetero_ray.flags import (
 )
 from hetero_ray.planning.decision import PolicyConfig
 from hetero_ray.planning.policies import DEFAULT_POLICY, policy_names
-from hetero_ray.planning.policy_module import load_policy_module
+from hetero_ray.planning.policy_module import HELP as POLICY_MODULE_HELP, load_policy_module
 from hetero_ray.profile_defaults import DEFAULT_PROFILE_TIMEOUT_S
 from hetero_ray.validate import named
 
@@ -138,9 +138,7 @@ class PlanConfig:
     """How the global batch is shared out, and when the shares may change."""
 
     # A module of the user's, imported first: the policies it registers become choices.
-    policy_module: Optional[str] = setting(
-        None, "import this module first (a dotted name on the path, or a .py file): the policies it registers "
-              "with @hetero_ray.planning.register_policy become --policy choices", metavar="MODULE")
+    policy_module: Optional[str] = setting(None, POLICY_MODULE_HELP, metavar="MODULE")
     # optimal: minimise the predicted step time with the fitted cost model.
     policy: str = setting(DEFAULT_POLICY, one_of(policy_names()))  # the built-in ones; any registered one passes
     batch_split: Optional[list[int]] = setting(

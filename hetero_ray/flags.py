@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from hetero_ray.validate import flag_of
+
 FLAG = "hetero_ray.flag"  # the key of a field's metadata that holds its Flag
 
 
@@ -51,9 +53,8 @@ def setting(default=dataclasses.MISSING, help: str = "", *, default_factory=data
 def flag_name(f: dataclasses.Field) -> str:
     """What the user types for field ``f``: ``--field-name``; ``--no-field-name`` for a switch
     that is on by default (one name per setting: the flag is the field's)."""
-    flag = f.metadata.get(FLAG)
-    dashed = "--" + f.name.replace("_", "-")
-    if flag is not None and f.default is True:
+    dashed = flag_of(f.name)
+    if f.metadata.get(FLAG) is not None and f.default is True:
         return "--no-" + dashed[2:]
     return dashed
 

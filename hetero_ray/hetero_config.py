@@ -4,11 +4,11 @@ is shared out — validated when it is built.
 The names are those of ``hetero-ray train``'s settings (``--policy`` is ``policy``,
 ``--rebalance-interval`` is ``rebalance_interval``, …), and so are the checks and the
 defaults: a ``HeteroConfig`` is made of the same parts as the built-in job's
-:class:`~hetero_ray.builtin.config.TrainConfig` (the plan, emulation, profiling, …), which check
-their own fields once, and the rules that join them are the same functions, run under the
-API's words (:func:`in_api_words`): an error names ``HeteroConfig.policy`` here where it
-names ``--policy`` to a CLI user. Settings that depend on the number of workers (a per-rank list) are checked again by
-:class:`~hetero_ray.trainer.HeteroTrainer`, which knows it.
+:class:`~hetero_ray.builtin.config.TrainConfig` (the plan, emulation, profiling, …), which
+check their own fields once, and the rules that join them are the same functions, run under
+the API's words (:func:`in_api_words`): an error names ``HeteroConfig.policy`` here where it
+names ``--policy`` to a CLI user. Settings that depend on the number of workers (a per-rank
+list) are checked again by :class:`~hetero_ray.trainer.HeteroTrainer`, which knows it.
 """
 
 from __future__ import annotations

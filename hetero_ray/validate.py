@@ -22,6 +22,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from hetero_ray.errors import ConfigError
 
+
 def flag_of(setting: str) -> str:
     """The flag of a setting: ``profile_timeout_s`` → ``--profile-timeout-s``."""
     return "--" + setting.replace("_", "-")

@@ -18,6 +18,8 @@ import os
 import time
 from typing import Callable, Optional, Sequence
 
+from hetero_ray.validate import flag_of
+
 RAY_JOB_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 JOB_OUTPUT_DIR_ENV_VAR = "HETERO_RAY_JOB_OUTPUT_DIR"
 DEFAULT_JOB_OUTPUT_DIR = "~/hetero_ray"  # the submitting user's home on the head node: outlives the job
@@ -65,7 +67,7 @@ def resolve_output_paths(command: str, argv: Sequence[str], environ: Optional[di
     if command == "bench" and output_dir is None:  # the bench's own default, under the root
         output_dir = os.path.join("runs", time.strftime("bench-%Y%m%d-%H%M%S"))
     if output_dir is not None and not os.path.isabs(os.path.expanduser(output_dir)):
-        added += ["--" + setting.replace("_", "-"), os.path.join(root, output_dir)]
+        added += [flag_of(setting), os.path.join(root, output_dir)]
     json_path = getattr(args, "json", None)
     if json_path and not os.path.isabs(os.path.expanduser(json_path)):
         added += ["--json", os.path.join(root, json_path)]

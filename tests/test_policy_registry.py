@@ -112,6 +112,7 @@ def test_the_cli_imports_a_users_policy_module_for_train_and_plan(tmp_path, monk
     ("{tmp}/none.py", "back_loaded", "--policy-module {tmp}/none.py: no such file"),
     ("no_such_policies_module", "back_loaded", "--policy-module no_such_policies_module: cannot import it"),
     ("{tmp}/broken.py", "back_loaded", "raised while it was imported: RuntimeError: no GPU here"),
+    ("{tmp}/json.py", "back_loaded", "--policy-module {tmp}/json.py: a module named json is already imported"),
     ("{policy_file}", "front_back", "--policy must be one of static, proportional, dynamic, optimal, back_loaded; "
                                     "got 'front_back'"),
 ])
@@ -119,6 +120,7 @@ def test_a_policy_module_that_does_not_give_the_policy_exits_2_saying_why(
         tmp_path, monkeypatch, capsys, command, module, policy, message):
     policy_file = user_policy_file(tmp_path, monkeypatch)
     (tmp_path / "broken.py").write_text("raise RuntimeError('no GPU here')\n")
+    (tmp_path / "json.py").write_text("raise AssertionError('never imported: json is the standard one')\n")
     fill = dict(tmp=tmp_path, policy_file=policy_file)
     flags = ["--profile", str(tmp_path / "nodes.json"), "--global-batch-size", "64"] if command == "plan" else []
     code, out, err = cli.run_cli([command, *flags, "--policy-module", module.format(**fill), "--policy", policy],

@@ -34,6 +34,7 @@ _WORKER_RE = re.compile(r"^(?:(?P<node>[^:*]+):)?(?P<kind>cpu|gpu)(?:\*(?P<count
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from hetero_ray.planning.policies import DEFAULT_POLICY, policy_names
+    from hetero_ray.planning.policy_module import HELP as POLICY_MODULE_HELP
 
     parser.add_argument("--profile", required=True, metavar="FILE",
                         help="a nodes.json written by `hetero-ray profile --model M --json FILE`")
@@ -46,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY, metavar="POLICY",
                         help=f"the policy whose first plan to show: {', '.join(policy_names())}, or one "
                              f"--policy-module registers (default {DEFAULT_POLICY})")
-    parser.add_argument("--policy-module", metavar="MODULE",
-                        help="import this module first (a dotted name on the path, or a .py file): the policies "
-                             "it registers with @hetero_ray.planning.register_policy become --policy choices")
+    parser.add_argument("--policy-module", metavar="MODULE", help=POLICY_MODULE_HELP)
     parser.add_argument("--allreduce-ms", type=float, metavar="MS",
                         help="the gradient all-reduce of a step with every rank in, in ms (a run's least "
                              "wait per step, or a guess): the plan then leaves out ranks that cost more in "

@@ -12,6 +12,10 @@ import sys
 
 from hetero_ray.errors import ConfigError
 
+# --policy-module's help, for hetero-ray train (PlanConfig's flag) and hetero-ray plan.
+HELP = ("import this module first (a dotted name on the path, or a .py file): the policies it registers with "
+        "@hetero_ray.planning.register_policy become --policy choices")
+
 
 def load_policy_module(name: str, module: str) -> None:
     """Imports ``module`` — a dotted module name on the path, or a ``.py`` file — so that
@@ -28,6 +32,10 @@ def load_policy_module(name: str, module: str) -> None:
                 raise ConfigError(f"{name} {module}: no such file (on this node); pass a .py file every node "
                                   f"that reads the configuration can read, or a dotted module name on the path")
             stem = os.path.splitext(os.path.basename(path))[0]
+            loaded_file = getattr(sys.modules.get(stem), "__file__", None)
+            if stem in sys.modules and (loaded_file is None or os.path.abspath(loaded_file) != path):
+                raise ConfigError(f"{name} {module}: a module named {stem} is already imported "
+                                  f"({loaded_file or 'built in'}); rename the file")
             if stem not in sys.modules:  # the same file twice registers its policies once
                 spec = importlib.util.spec_from_file_location(stem, path)
                 loaded = importlib.util.module_from_spec(spec)
