@@ -7,13 +7,11 @@ Helpers live here, not in a test module, so that no test module imports another.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 
 import numpy as np
@@ -27,15 +25,6 @@ from hetero_ray.runs.records import DATA_LOADER_SOURCE, STEP_COLUMNS
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@functools.lru_cache(maxsize=None)
-def help_of(*command: str) -> subprocess.CompletedProcess:
-    """``python COMMAND --help`` from the repository root, as a user runs it, once per test
-    process: the docs' check of every documented command and an example's own check read the
-    same run (each costs the example's imports, ~4–10 s)."""
-    return subprocess.run([sys.executable, *command, "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": REPO_ROOT})
 
 
 def assert_loads(model, weights: dict) -> None:

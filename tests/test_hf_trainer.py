@@ -35,7 +35,6 @@ transformers = pytest.importorskip("transformers")
 
 from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
-from tests.helpers import help_of  # noqa: E402
 from tests.hf_models import (  # noqa: E402
     EPOCHS, SEED, TokenSequences, make_dataset, make_model, one_device_trainer, training_args,
 )
@@ -196,12 +195,6 @@ def test_example_fine_tunes_in_bf16_on_emulated_speeds(ray_session, tmp_path):
     assert torch.equal(model.transformer.wte.weight, weights["transformer.wte.weight"])
     steps = pd.read_parquet(os.path.join(tmp_path, "hf-example", "steps.parquet"))
     assert sorted(steps["global_step"].unique()) == [0, 1, 2, 3]
-
-
-def test_example_runs_standalone_with_help():
-    done = help_of("examples/hf_trainer.py")
-    assert done.returncode == 0, done.stderr
-    assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
 
 
 def _trainer(tmp_path, **overrides):

@@ -27,7 +27,6 @@ lightning = pytest.importorskip("lightning")
 
 from hetero_ray import HeteroConfig, HeteroTrainer  # noqa: E402
 from hetero_ray.errors import UserError  # noqa: E402
-from tests.helpers import help_of  # noqa: E402
 from tests.lightning_models import EPOCHS, SEED, BatchNormClassifier, one_device_trainer  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,13 +176,6 @@ def test_ray_trains_recipe_names_are_all_here():
     assert issubclass(hetero_lightning.RayDDPStrategy, DDPStrategy)
     assert issubclass(hetero_lightning.RayLightningEnvironment, LightningEnvironment)
     assert hetero_lightning.RayTrainReportCallback.CHECKPOINT_NAME == ray_lightning.RayTrainReportCallback.CHECKPOINT_NAME
-
-
-def test_example_runs_standalone_with_help():
-    done = help_of("examples/lightning_module.py")
-    assert done.returncode == 0, done.stderr
-    assert "--worker-devices" in done.stdout and "ray job submit --working-dir ." in done.stdout
-    assert "--global-batch-size" in done.stdout and "--use-gpu" in done.stdout
 
 
 def test_the_hugging_face_prepare_trainer_points_a_lightning_trainer_to_its_own():
