@@ -84,12 +84,16 @@ class RecordingStore:
     def __init__(self):
         self.steps: list[dict] = []
         self.sample_ids: list[dict] = []
+        self.plans: list[dict] = []
 
     def add(self, steps=(), sample_ids=()):
         self.steps.extend(steps)
         self.sample_ids.extend(sample_ids)
 
-    def __getattr__(self, name: str):  # add_plan, add_report, register_worker: not needed here
+    def add_plan(self, row: dict) -> None:
+        self.plans.append(row)
+
+    def __getattr__(self, name: str):  # add_report, register_worker: not needed here
         return lambda *args, **kwargs: None
 
 

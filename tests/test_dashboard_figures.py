@@ -100,6 +100,17 @@ def test_plan_changes_list_only_real_changes():
     assert list(changes["first_global_step"]) == [10, 30] and list(changes["split"]) == ["5/3", "6/2"]
 
 
+def test_the_plan_table_marks_a_trials_check_and_reads_a_run_recorded_before_it():
+    plans = pd.DataFrame({"plan_version": [1, 0, 2], "first_global_step": [10, 0, 17], "attempt": [0, 0, 0],
+                          "local_batch_sizes": [[9, 3], [6, 6], [6, 6]], "reason": ["trial", "first", "rollback"],
+                          "wall_time": [1.0, 0.0, 2.0], "check_after_steps": [7, None, None]})
+    table = frames.plan_table(plans)
+    assert list(table.columns) == frames.PLAN_COLUMNS
+    assert list(table["plan_version"]) == [0, 1, 2] and list(table["check_after_steps"]) == ["", 7, ""]
+    older = frames.plan_table(plans.drop(columns="check_after_steps"))
+    assert list(older["check_after_steps"]) == ["", "", ""]
+
+
 def test_epoch_progress_gives_totals_and_an_eta():
     config = {"epochs": 4, "num_samples": 80, "batch_size": 8, "dataset": "synthetic_image"}
     progress = frames.epoch_progress(make_steps(20), pd.DataFrame(columns=["epoch"]), config)

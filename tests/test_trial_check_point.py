@@ -42,7 +42,8 @@ def _rank(rank: int, world_size: int, out_dir: str) -> dict:
                                         planner=planner, storage=os.path.join(out_dir, case),
                                         rebalance_interval=INTERVAL)
         results[case] = {"seen": seen, "asked_at": planner.asked_at,
-                         "sample_ids": [i for row in store.sample_ids for i in row["sample_indices"]]}
+                         "sample_ids": [i for row in store.sample_ids for i in row["sample_indices"]],
+                         "plans": [(row["first_global_step"], row["check_after_steps"]) for row in store.plans]}
     return results
 
 
@@ -56,6 +57,11 @@ def test_a_trial_rolled_back_at_its_check_point_switches_every_rank_there(ranks)
                 [6] * TRIAL_POINT + [3] * (CHECK_POINT - TRIAL_POINT) + [6] * (25 - CHECK_POINT)]
     assert [r["rolled back"]["seen"] for r in ranks] == expected
     assert ranks[0]["rolled back"]["asked_at"] == [0, TRIAL_POINT, CHECK_POINT, 20]
+
+
+def test_plans_parquet_says_which_plan_is_a_trial_and_when_it_is_checked(ranks):
+    assert ranks[0]["rolled back"]["plans"] == [(0, None), (TRIAL_POINT, CHECK_AFTER), (CHECK_POINT, None)]
+    assert ranks[1]["rolled back"]["plans"] == [], "rank 0 records the plans"
 
 
 def test_a_trial_that_held_is_kept_to_the_next_point(ranks):

@@ -27,8 +27,7 @@ def layout(catalog=None):
 def build(source, catalog=None) -> dict:
     decisions = source.derived("decisions", lambda: frames.decisions_frame(source.decisions()))
     plans = source.plans()
-    plan_table = plans.sort_values("first_global_step")[["plan_version", "first_global_step", "attempt",
-                                                        "local_batch_sizes", "reason"]] if not plans.empty else plans
+    plan_table = frames.plan_table(plans) if not plans.empty else plans
     decision_table = decisions[["global_step", "outcome", "reason", "split", "left_out", "predicted_gain"]].tail(DECISIONS_SHOWN) \
         if not decisions.empty else decisions
     if not decision_table.empty:

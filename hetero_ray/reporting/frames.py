@@ -215,6 +215,18 @@ def rank_table(steps: pd.DataFrame, window_steps: int = BREAKDOWN_WINDOW_STEPS) 
 
 # ---- plans, epochs, decisions ----------------------------------------------------------
 
+PLAN_COLUMNS = ["plan_version", "first_global_step", "attempt", "local_batch_sizes", "reason", "check_after_steps"]
+
+
+def plan_table(plans: pd.DataFrame) -> pd.DataFrame:
+    """Every plan in the order it came into force; a trial's ``check_after_steps`` (blank
+    for the others, and in a run recorded before the column)."""
+    if plans.empty:
+        return pd.DataFrame(columns=PLAN_COLUMNS)
+    table = plans.reindex(columns=PLAN_COLUMNS).sort_values(["first_global_step", "plan_version"], kind="stable")
+    return table.assign(check_after_steps=table["check_after_steps"].map(lambda n: "" if pd.isna(n) else int(n)))
+
+
 def plan_changes(plans: pd.DataFrame) -> pd.DataFrame:
     """Plans after the first (each marks a change), with a readable split."""
     columns = ["first_global_step", "plan_version", "split", "reason"]

@@ -88,8 +88,7 @@ def load_run(run_dir: str) -> LoadedRun:
     plans = source.plans()
     run.tables = {
         "Ranks (recent steps)": frames.rank_table(steps),
-        "Plans": plans[["plan_version", "first_global_step", "attempt", "local_batch_sizes", "reason"]]
-        if not plans.empty else plans,
+        "Plans": frames.plan_table(plans) if not plans.empty else plans,
         "Balancer decisions": decisions[["global_step", "outcome", "reason", "split", "predicted_gain"]]
         if not decisions.empty else decisions,
         "Bottlenecks": verdict_frame(verdicts),

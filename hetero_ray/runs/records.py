@@ -63,6 +63,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("plan_version", _i64), ("first_global_step", _i64), ("epoch", _i64), ("step", _i64),
         ("attempt", _i64), ("num_workers", _i64), ("global_batch_size", _i64),
         ("local_batch_sizes", pa.list_(_i64)), ("reason", pa.string()), ("wall_time", _f64),
+        # A trial (shares a rank never ran: planning/moves.py): the steps after which it is
+        # checked, and rolled back there if it made the step slower; null for any other plan.
+        ("check_after_steps", _i64),
     ]),
     EPOCHS: pa.schema([
         ("epoch", _i64), ("global_step", _i64), ("attempt", _i64), ("train_loss", _f64),

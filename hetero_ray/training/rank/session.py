@@ -184,7 +184,7 @@ class WorkerSession:
                 "epoch": position.epoch, "step": position.step, "attempt": identity.attempt,
                 "num_workers": plan.num_workers, "global_batch_size": plan.global_batch_size,
                 "local_batch_sizes": list(plan.local_batch_sizes), "reason": plan.reason,
-                "wall_time": time.time(),
+                "wall_time": time.time(), "check_after_steps": plan.check_after_steps or None,
             })
             if current is not None:
                 self.log(f"global step {position.global_step}: plan {current} → {plan} ({plan.reason})")
