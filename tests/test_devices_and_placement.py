@@ -10,7 +10,7 @@ import pytest
 from hetero_ray.builtin.config import TrainConfig
 from hetero_ray.constants import DEVICE_LABEL
 from hetero_ray.runtime.cluster import NodeResources, placeable_workers, unmatched_selectors
-from hetero_ray.runtime.progress import restart_message
+from hetero_ray.runtime.progress import attempt_nodes, restart_message, waiting_line
 from hetero_ray.training.rank.devices import choose_device
 from tests.helpers import built_in_job_trainer
 
@@ -58,6 +58,18 @@ def test_restart_message_names_lost_nodes_and_the_resume_step():
                               {"node-aaaaaaaa", "node-bbbbbbbb"}, {"node-aaaaaaaa"})
     assert message == ("node node-bbb lost; continuing with 3 workers from step 1200 "
                        "(was 4; same global batch, plan recomputed)")
+
+
+def test_the_wait_before_the_first_step_says_what_it_waits_for():
+    """The workers' start until every worker of the newest attempt registered (a worker of
+    the attempt before does not count), then the loop's own start up to its first step."""
+    attempts = [{"attempt": 0}, {"attempt": 1}]
+    assert attempt_nodes([], {}) is None and attempt_nodes(attempts, {}) is None
+    assert attempt_nodes(attempts, {0: {"attempt": 1, "node_id": "a"}, 1: {"attempt": 0, "node_id": "b"}}) is None
+    assert attempt_nodes(attempts, {0: {"attempt": 1, "node_id": "a"}, 1: {"attempt": 1, "node_id": "b"}}) \
+        == (1, {"a", "b"})
+    assert waiting_line(False, 12) == "[hetero_ray] waiting for the workers to start (12s)…"
+    assert waiting_line(True, 75) == "[hetero_ray] waiting for the first step (1m15s)…"
 
 
 def test_the_built_in_jobs_worker_devices_place_each_worker_by_its_label(monkeypatch, tmp_path):

@@ -58,6 +58,21 @@ def restart_message(previous: dict, current: dict, previous_nodes: set, current_
     return message
 
 
+def attempt_nodes(attempts: list[dict], workers: dict) -> Optional[tuple[int, set]]:
+    """The newest attempt and its workers' nodes once every registered worker is of that
+    attempt (the store's ``attempts()`` and ``workers()``); None before."""
+    if attempts and workers and all(w.get("attempt") == attempts[-1]["attempt"] for w in workers.values()):
+        return attempts[-1]["attempt"], {w["node_id"] for w in workers.values()}
+    return None
+
+
+def waiting_line(workers_started: bool, waited_s: float) -> str:
+    """Before the first step: Ray placing and starting the workers, then the loop's own
+    start on them (imports, the model, the data; a node profile) up to its first step."""
+    awaited = "the first step" if workers_started else "the workers to start"
+    return f"[hetero_ray] waiting for {awaited} ({format_duration(waited_s)})…"
+
+
 class ProgressPrinter:
     """Polls the metrics store in a background thread and prints a line every interval."""
 
@@ -92,8 +107,7 @@ class ProgressPrinter:
             self._watch_restarts()
             line = format_progress(progress, self._total_steps)
             if line is None:
-                self._emit(f"[hetero_ray] waiting for the workers to start "
-                           f"({format_duration(time.monotonic() - waiting_since)})…")
+                self._emit(waiting_line(bool(self._nodes_by_attempt), time.monotonic() - waiting_since))
             elif line != self._last_line:
                 self._emit(f"[hetero_ray] {line}")
                 self._last_line = line
@@ -105,8 +119,9 @@ class ProgressPrinter:
             workers = ray.get(self._store.workers.remote(), timeout=self._interval_s)
         except Exception:  # noqa: BLE001 - the store restarting; next tick
             return
-        if attempts and workers and all(w.get("attempt") == attempts[-1]["attempt"] for w in workers.values()):
-            self._nodes_by_attempt[attempts[-1]["attempt"]] = {w["node_id"] for w in workers.values()}
+        started = attempt_nodes(attempts, workers)
+        if started is not None:
+            self._nodes_by_attempt[started[0]] = started[1]
         if len(attempts) > self._attempts_seen:
             if self._attempts_seen > 0:
                 self._pending_restart = (attempts[self._attempts_seen - 1], attempts[-1])
