@@ -88,6 +88,7 @@ class ProgressPrinter:
         self._attempts_seen = 0
         self._nodes_by_attempt: dict[int, set] = {}
         self._pending_restart: Optional[tuple[dict, dict]] = None
+        self._workers_started = False  # every registered worker is of the newest attempt
 
     def __enter__(self):
         self._thread.start()
@@ -107,7 +108,7 @@ class ProgressPrinter:
             self._watch_restarts()
             line = format_progress(progress, self._total_steps)
             if line is None:
-                self._emit(waiting_line(bool(self._nodes_by_attempt), time.monotonic() - waiting_since))
+                self._emit(waiting_line(self._workers_started, time.monotonic() - waiting_since))
             elif line != self._last_line:
                 self._emit(f"[hetero_ray] {line}")
                 self._last_line = line
@@ -120,6 +121,7 @@ class ProgressPrinter:
         except Exception:  # noqa: BLE001 - the store restarting; next tick
             return
         started = attempt_nodes(attempts, workers)
+        self._workers_started = started is not None
         if started is not None:
             self._nodes_by_attempt[started[0]] = started[1]
         if len(attempts) > self._attempts_seen:
