@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -276,9 +275,9 @@ class Cluster:
         self._temp = tempfile.mkdtemp(prefix="gpuchk")
         self._processes = []
         common = ["start", "--block", "--disable-usage-stats", f"--temp-dir={self._temp}"]
-        # No dashboard: a GPU machine's Ray may lack its packages (ray[default]), and the check needs none.
-        self._start(log_dir, "ray_gpu_node", [*common, "--head", f"--port={port}", "--include-dashboard=false",
-                                              f"--num-cpus={gpu_node_cpus}",
+        # The dashboard where Ray has its packages (ray[default]): Ray Train's placement-group
+        # cleaner finds each run's controller through it; without it every run's end waits 12 s.
+        self._start(log_dir, "ray_gpu_node", [*common, "--head", f"--port={port}", f"--num-cpus={gpu_node_cpus}",
                                               f"--num-gpus={num_gpus}", f"--labels={DEVICE_LABEL}=gpu"], {})
         time.sleep(5)  # the head listens before a node may join
         # The CPU node sees no GPU, as a CPU-only machine.

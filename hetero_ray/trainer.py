@@ -157,6 +157,9 @@ class HeteroTrainer:
             "hetero_config": hetero.to_dict(), "name": self._name, "storage_path": run.storage_path}, self._emit)
         self._emit(f"[hetero_ray] Ray: {'local cluster started' if connection.started_local else connection.address}"
                    + (f", dashboard {connection.dashboard_url}" if connection.dashboard_url else ""))
+        note = cluster.dashboard_note(connection)
+        if note:
+            self._emit(note)
 
         device_mode = "mixed" if hetero.worker_devices is not None else ("gpu" if use_gpu else "cpu")
         uses_gpus = use_gpu or "gpu" in (hetero.worker_devices or ())

@@ -9,7 +9,9 @@ import pytest
 
 from hetero_ray.builtin.config import TrainConfig
 from hetero_ray.constants import DEVICE_LABEL
-from hetero_ray.runtime.cluster import NodeResources, placeable_workers, unmatched_selectors
+from hetero_ray.runtime.cluster import (
+    Connection, NodeResources, dashboard_note, placeable_workers, unmatched_selectors,
+)
 from hetero_ray.runtime.progress import attempt_nodes, restart_message, waiting_line
 from hetero_ray.training.rank.devices import choose_device
 from tests.helpers import built_in_job_trainer
@@ -70,6 +72,12 @@ def test_the_wait_before_the_first_step_says_what_it_waits_for():
         == (1, {"a", "b"})
     assert waiting_line(False, 12) == "[hetero_ray] waiting for the workers to start (12s)…"
     assert waiting_line(True, 75) == "[hetero_ray] waiting for the first step (1m15s)…"
+
+
+def test_a_cluster_without_a_dashboard_is_said_with_what_it_costs_and_the_fix():
+    assert dashboard_note(Connection("127.0.0.1:6379", False, "http://127.0.0.1:8265")) is None
+    note = dashboard_note(Connection("127.0.0.1:6379", False, None))
+    assert "runs no dashboard" in note and "waits 12 s" in note and "--include-dashboard=true" in note
 
 
 def test_the_built_in_jobs_worker_devices_place_each_worker_by_its_label(monkeypatch, tmp_path):

@@ -329,5 +329,8 @@ def test_node_lost_with_elastic_training(reference, tmp_path):
     assert [a["num_workers"] for a in attempts] == [3, 2], attempts
     resumed_at = attempts[1]["start_global_step"]
     assert f"lost; continuing with 2 workers from step {resumed_at}" in output
+    # the head runs a dashboard, through which Ray Train's placement-group cleaner sees the
+    # controller: it stops with the run rather than after 12 s of looking for one
+    assert "Failed to stop PlacementGroupCleaner" not in output and "runs no dashboard" not in output, output[-3000:]
     print(f"\nnode lost: the 2-worker group started {attempts[1]['wall_time'] - killed_at:.1f} s after the node "
           f"vanished, at step {resumed_at}")

@@ -129,6 +129,15 @@ def _init_with_timeout(address: str, timeout_s: float) -> None:
         raise UserError(f"cannot connect to the Ray cluster at {address}: {outcome['error']}") from None
 
 
+def dashboard_note(connection: Connection) -> Optional[str]:
+    """What a run on a cluster without Ray's dashboard should know; None with one."""
+    if connection.dashboard_url:
+        return None
+    return ("[hetero_ray] note: this Ray cluster runs no dashboard. Ray Train's placement-group cleaner looks "
+            "each run's controller up through it; without one, every run's end waits 12 s for the cleaner. "
+            "Start the head with `ray start --head --include-dashboard=true` (ray[default]).")
+
+
 def _dashboard_url() -> Optional[str]:
     try:
         url = ray._private.worker.get_dashboard_url()
