@@ -78,6 +78,7 @@ def test_a_cluster_without_a_dashboard_is_said_with_what_it_costs_and_the_fix():
     assert dashboard_note(Connection("127.0.0.1:6379", False, "http://127.0.0.1:8265")) is None
     note = dashboard_note(Connection("127.0.0.1:6379", False, None))
     assert "runs no dashboard" in note and "waits 12 s" in note and "--include-dashboard=true" in note
+    assert dashboard_note(Connection("ray://10.0.0.5:10001", False, None, via_client=True)) is None
 
 
 def test_the_built_in_jobs_worker_devices_place_each_worker_by_its_label(monkeypatch, tmp_path):

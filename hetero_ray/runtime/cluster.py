@@ -34,6 +34,8 @@ class Connection:
     address: str
     started_local: bool  # by this process (a second connect, e.g. by HeteroTrainer.fit after the CLI's, says so too)
     dashboard_url: Optional[str]
+    # Through Ray Client (ray://): the driver's process cannot read the dashboard's address.
+    via_client: bool = False
 
 
 _started_here: Optional[str] = None  # the address of the local Ray this process started
@@ -54,7 +56,7 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
     global _started_here
     if ray.is_initialized():
         address = ray.get_runtime_context().gcs_address
-        return Connection(address, address == _started_here, _dashboard_url())
+        return Connection(address, address == _started_here, _dashboard_url(), _via_client())
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None and join_local_cluster:
         address = running_local_cluster()
@@ -69,7 +71,7 @@ def connect(address: Optional[str], *, local_num_cpus: int, timeout_s: float,
     if prepare_auth_env(address):  # the CLI set it before Ray loaded; a Python caller may not have
         reload_ray_auth_config()
     _init_with_timeout(address, timeout_s)
-    return Connection(address, False, _dashboard_url())
+    return Connection(address, False, _dashboard_url(), _via_client())
 
 
 def running_local_cluster() -> Optional[str]:
@@ -130,12 +132,19 @@ def _init_with_timeout(address: str, timeout_s: float) -> None:
 
 
 def dashboard_note(connection: Connection) -> Optional[str]:
-    """What a run on a cluster without Ray's dashboard should know; None with one."""
-    if connection.dashboard_url:
+    """What a run on a cluster without Ray's dashboard should know; None with one (or
+    where the driver cannot tell: through Ray Client)."""
+    if connection.dashboard_url or connection.via_client:
         return None
     return ("[hetero_ray] note: this Ray cluster runs no dashboard. Ray Train's placement-group cleaner looks "
             "each run's controller up through it; without one, every run's end waits 12 s for the cleaner. "
             "Start the head with `ray start --head --include-dashboard=true` (ray[default]).")
+
+
+def _via_client() -> bool:
+    from ray.util.client import ray as client
+
+    return client.is_connected()
 
 
 def _dashboard_url() -> Optional[str]:
