@@ -26,8 +26,6 @@ def layout(catalog=None):
 
 def build(source, catalog=None) -> dict:
     decisions = source.derived("decisions", lambda: frames.decisions_frame(source.decisions()))
-    plans = source.plans()
-    plan_table = frames.plan_table(plans) if not plans.empty else plans
     decision_table = decisions[["global_step", "outcome", "reason", "split", "left_out", "predicted_gain"]].tail(DECISIONS_SHOWN) \
         if not decisions.empty else decisions
     if not decision_table.empty:
@@ -37,7 +35,8 @@ def build(source, catalog=None) -> dict:
         "balancer-efficiency": figures.efficiency_figure(run_frames.cluster_plot(source), run_frames.changes(source)),
         "balancer-decisions": figures.decisions_figure(decisions),
         "balancer-predicted": figures.predicted_vs_achieved_figure(decisions, run_frames.cluster_plot(source)),
-        "balancer-plans": [html.H3("Plans"), ui.table(plan_table, empty="No plan recorded yet.")],
+        "balancer-plans": [html.H3("Plans"),
+                           ui.table(frames.plan_table(source.plans()), empty="No plan recorded yet.")],
         "balancer-table": [html.H3("Recent decisions"), ui.table(
             decision_table, empty="No balancer decisions in this run: a rebalancing policy (e.g. --policy optimal) "
                                   "records one every --rebalance-interval steps.")],

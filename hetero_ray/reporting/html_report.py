@@ -85,10 +85,9 @@ def load_run(run_dir: str) -> LoadedRun:
         "Predicted vs achieved step time": figures.predicted_vs_achieved_figure(decisions, cluster_plot),
         "GPUs": figures.gpu_figure(frames.downsample(frames.gpu_frame(steps), by="rank")),
     }
-    plans = source.plans()
     run.tables = {
         "Ranks (recent steps)": frames.rank_table(steps),
-        "Plans": frames.plan_table(plans) if not plans.empty else plans,
+        "Plans": frames.plan_table(source.plans()),
         "Balancer decisions": decisions[["global_step", "outcome", "reason", "split", "predicted_gain"]]
         if not decisions.empty else decisions,
         "Bottlenecks": verdict_frame(verdicts),
